@@ -1,0 +1,271 @@
+"""Run configuration: what a user writes in ``run.toml`` / ``run.json`` and what ``TrainingRun`` receives.
+
+Every field has bounds and a one-line doc, so this module is the configuration reference.
+``dgrpo schema`` exports ``RunSpec.model_json_schema()`` for ``temporal workflow start --input`` users.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from schemas.errors import RunSpecError
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+
+DEFAULT_CONTROL_QUEUE = "dgrpo-control"
+DEFAULT_INFERENCE_QUEUE = "dgrpo-inference"
+DEFAULT_TRAINER_QUEUE = "dgrpo-trainer"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LoraConfig(_Strict):
+    """The LoRA adapter trained on top of the base model."""
+
+    rank: int = Field(16, ge=1, le=1024)
+    """LoRA rank r."""
+    alpha: float = Field(32.0, gt=0)
+    """LoRA scaling alpha (the update is scaled by alpha / rank)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the LoRA input during training."""
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """Module names to adapt, or ``all-linear`` for every projection."""
+
+
+class TrainConfig(_Strict):
+    """How one GRPO step updates the adapter. Per step, as in ART's ``model.train(config=...)``."""
+
+    learning_rate: float = Field(2e-4, gt=0, le=1.0)
+    """AdamW learning rate. LoRA on a small model wants ~1e-4..5e-4, far above full fine-tuning."""
+    epsilon: float = Field(0.2, gt=0, le=10)
+    """Lower PPO clip: the ratio is clipped at 1 - epsilon."""
+    epsilon_high: float | None = Field(None, gt=0, le=10)
+    """Upper PPO clip (1 + epsilon_high); None means the same as epsilon."""
+    importance_sampling: Literal["ppo_clip", "cispo"] = "ppo_clip"
+    """``ppo_clip``: clipped surrogate. ``cispo``: truncated-IS weight (detached) times logprob."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the KL penalty to the base policy (adapter disabled); 0 turns it off."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradients are clipped to this global norm."""
+    micro_batch_size: int = Field(8, ge=1, le=4096)
+    """Sequences per forward/backward; halved automatically after an out-of-memory failure."""
+    epochs: int = Field(1, ge=1, le=16)
+    """Passes over the step's data (each with one optimizer step per pass)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay on the LoRA parameters."""
+    scale_rewards: bool = True
+    """Divide group-centred rewards by the group's std (GRPO); False keeps only the centring (Dr. GRPO)."""
+    advantage_eps: float = Field(1e-6, gt=0)
+    """Added to the std before dividing."""
+    length_weighting: bool = False
+    """Weight each trajectory's tokens so every trajectory counts equally, whatever its length."""
+    max_seq_len: int = Field(2048, ge=16)
+    """Longer sequences are dropped (and counted) rather than truncated."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """Trainer compute precision. fp32 keeps the importance ratio exact against fp32 sampling logprobs."""
+    seed: int = Field(0, ge=0)
+    """Seed for anything random in the step."""
+
+
+class ModelSpec(_Strict):
+    """The model being trained, named as in ART."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    """The trainable model's name; served adapters answer to ``<name>@<step>``."""
+    project: str = Field("default", pattern=NAME_PATTERN)
+    """Groups runs for metrics (W&B project)."""
+    base_model: str = Field(min_length=1)
+    """An HF model dir, an HF hub id, a LoRA adapter dir to warm-start from, or ``smollm2-135m-instruct``."""
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    """The adapter's shape."""
+
+
+class TaskSpec(_Strict):
+    """The environment: the user's rollout function and the scenarios it plays."""
+
+    rollout: str = Field(pattern=IMPORT_PATH_PATTERN)
+    """``module:function``, an ``async def rollout(model, scenario) -> Trajectory`` found on PYTHONPATH."""
+    scenarios: str | list[dict[str, Any]]
+    """``module:function`` returning a list of dicts, a ``.jsonl``/``.parquet`` path, or the list inline."""
+    max_exceptions: int = Field(0, ge=0)
+    """Failed rollouts tolerated per step (recorded with their group); one more fails the step."""
+    rollout_timeout_s: float = Field(600.0, gt=0)
+    """One rollout taking longer than this counts as a failed rollout."""
+    rollout_concurrency: int = Field(64, ge=1)
+    """Rollouts run at once by the inference worker."""
+
+    @model_validator(mode="after")
+    def _check_scenarios(self) -> TaskSpec:
+        if isinstance(self.scenarios, str):
+            s = self.scenarios
+            if not (":" in s and not s.startswith(("/", ".")) or s.endswith((".jsonl", ".parquet"))):
+                raise ValueError(
+                    "scenarios must be 'module:function', a path ending in .jsonl or .parquet, or a list of dicts"
+                )
+        elif not self.scenarios:
+            raise ValueError("scenarios is an empty list; give at least one scenario")
+        return self
+
+
+class JudgeConfig(_Strict):
+    """How trajectories are scored."""
+
+    kind: Literal["rollout", "ruler", "both"] = "rollout"
+    """``rollout``: the reward the rollout set. ``ruler``: an LLM judge ranks each group. ``both``: the
+    judge's score, with the rollout's own reward kept in metrics as ``original_reward``."""
+    model: str | None = None
+    """Judge model name on ``base_url``; None uses the base model on our own server."""
+    base_url: str | None = None
+    """An OpenAI-compatible endpoint; None uses the inference worker's server."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the judge's API key (never the key itself)."""
+    rubric: str | None = None
+    """Extra instructions for the judge; None uses the default RULER rubric."""
+    max_tokens: int = Field(512, ge=16)
+    """Tokens the judge may write."""
+
+
+class StorageSpec(_Strict):
+    """Where trajectories and checkpoints go. Endpoint and credentials come from the worker's env."""
+
+    bucket: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    """S3 bucket; None uses ``DGRPO_S3_BUCKET`` from the worker's environment."""
+
+
+class ServingSpec(_Strict):
+    """How the inference worker serves the policy."""
+
+    engine: Literal["cpu", "vllm"] = "cpu"
+    """``cpu``: our transformers + peft server. ``vllm``: ``vllm serve`` with runtime LoRA loading."""
+    keep_adapters: int = Field(3, ge=1)
+    """Newest adapters kept loaded (leased ones are kept as well)."""
+
+
+class TaskQueues(_Strict):
+    """Temporal task queues of the three workers."""
+
+    control: str = DEFAULT_CONTROL_QUEUE
+    inference: str = DEFAULT_INFERENCE_QUEUE
+    trainer: str = DEFAULT_TRAINER_QUEUE
+
+
+class MetricsSpec(_Strict):
+    """Where metrics go besides the run's metrics Parquet."""
+
+    wandb: bool = True
+    """Log to W&B (offline unless ``WANDB_API_KEY`` is set in the worker's environment)."""
+
+
+class RunSpec(_Strict):
+    """A whole GRPO training run: the input of the ``TrainingRun`` workflow."""
+
+    run_id: str = Field(pattern=NAME_PATTERN)
+    """Unique id; also the workflow id. Starting a run with an existing id resumes it."""
+    model: ModelSpec
+    """The model being trained."""
+    task: TaskSpec
+    """The rollout function and scenarios."""
+    steps: int = Field(ge=1, le=1_000_000)
+    """Training steps to run (the run ends at step == steps)."""
+    groups_per_step: int = Field(ge=1, le=100_000)
+    """Scenarios per step; each becomes one group."""
+    group_size: int = Field(ge=2, le=4096)
+    """Rollouts per scenario; GRPO compares them with each other, so at least 2."""
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    """The optimizer and loss settings."""
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    """How rollouts are scored."""
+    mode: Literal["sync", "pipelined", "shared"] = "sync"
+    """``sync``: one stage at a time. ``pipelined``: step n+1 rolls out while step n trains.
+    ``shared``: one device; inference sleeps while training runs."""
+    max_staleness: int = Field(1, ge=0)
+    """Pipelined mode: groups sampled more than this many policy steps ago are dropped."""
+    shared_device: bool = False
+    """True when inference and training share one device; pipelined mode is then refused."""
+    storage: StorageSpec = Field(default_factory=StorageSpec)
+    """Object store bucket."""
+    serving: ServingSpec = Field(default_factory=ServingSpec)
+    """Inference server settings."""
+    task_queues: TaskQueues = Field(default_factory=TaskQueues)
+    """Task queues the workers listen on."""
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    """Metrics sinks."""
+    continue_as_new_every: int = Field(5, ge=1)
+    """Steps per workflow run before continue-as-new keeps history bounded."""
+    seed: int = Field(0, ge=0)
+    """Seed for scenario order and sampling."""
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> RunSpec:
+        if self.mode == "pipelined" and self.shared_device:
+            raise ValueError(
+                "mode 'pipelined' needs dedicated inference and trainer devices, but shared_device is true; "
+                "use mode 'shared' (or 'sync'), or run inference and training on separate devices"
+            )
+        return self
+
+
+_PATTERN_HINTS = {
+    NAME_PATTERN: "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
+    IMPORT_PATH_PATTERN: "use an import path 'package.module:function' (a module on PYTHONPATH)",
+}
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """One line per problem: ``<source>: <field.path>: <what is wrong> (got <value>)``."""
+    lines = [f"{source}: {err.error_count()} problem(s) in the run spec:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "missing":
+            msg = "missing; this field is required"
+        elif e["type"] == "extra_forbidden":
+            msg = "unknown field; remove it or check its spelling (see `dgrpo schema`)"
+        elif e["type"] == "string_pattern_mismatch":
+            pattern = str((e.get("ctx") or {}).get("pattern", ""))
+            msg = _PATTERN_HINTS.get(pattern, msg)
+        got = "" if e["type"] in ("missing", "extra_forbidden") else f" (got {e.get('input')!r})"
+        lines.append(f"  - {loc}: {msg}{got}")
+    return "\n".join(lines)
+
+
+def parse_run_spec(data: Any, source: str = "run spec") -> RunSpec:
+    """Validate a decoded mapping into a RunSpec, raising RunSpecError with field-naming messages."""
+    if not isinstance(data, dict):
+        raise RunSpecError(f"{source}: a run spec is a table/object of fields, got {type(data).__name__}")
+    try:
+        return RunSpec.model_validate(data)
+    except ValidationError as err:
+        raise RunSpecError(format_validation_error(err, source)) from None
+
+
+def load_run_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> RunSpec:
+    """Load a RunSpec from a ``.toml`` or ``.json`` file, with optional dotted-key overrides."""
+    p = Path(path)
+    if not p.is_file():
+        raise RunSpecError(f"{p}: no such run spec file")
+    text = p.read_text()
+    try:
+        if p.suffix == ".toml":
+            data: Any = tomllib.loads(text)
+        elif p.suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise RunSpecError(f"{p}: a run spec file ends in .toml or .json")
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
+        raise RunSpecError(f"{p}: not valid {p.suffix[1:].upper()}: {err}") from None
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return parse_run_spec(data, str(p))

@@ -1,0 +1,63 @@
+"""References and small summaries that workflows pass around instead of data."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ObjectRef(_Strict):
+    """One object in the store (or a local file), pinned by its content hash."""
+
+    uri: str = Field(pattern=r"^(s3://[^/]+/.+|file://.+)$")
+    """``s3://bucket/key`` or ``file:///abs/path``."""
+    size: int = Field(ge=0)
+    """Size in bytes."""
+    sha256: str = Field(pattern=SHA256_PATTERN)
+    """Hex sha256 of the content."""
+
+
+class ManifestEntry(_Strict):
+    path: str
+    """Path relative to the checkpoint prefix."""
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=SHA256_PATTERN)
+
+
+class Manifest(_Strict):
+    """The file list of a directory upload; written last, so its presence means complete."""
+
+    files: list[ManifestEntry]
+    """Every file of the upload, with its size and sha256."""
+    metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    """Small facts about the upload (step, run id, base model)."""
+
+
+class CheckpointRef(_Strict):
+    """A complete (manifested) checkpoint of a run."""
+
+    run_id: str
+    step: int = Field(ge=0)
+    """The step this adapter is the result of (step 0 is the starting adapter)."""
+    uri: str = Field(pattern=r"^(s3://[^/]+/.+/|file://.+/)$")
+    """The checkpoint prefix, ending in ``/``."""
+    manifest_sha256: str = Field(pattern=SHA256_PATTERN)
+    """sha256 of the manifest file, so a reader can tell it read the one that was published."""
+
+
+class TrajectoriesRef(_Strict):
+    """A step's trajectories in the store, with the summary a workflow needs."""
+
+    ref: ObjectRef
+    run_id: str
+    step: int = Field(ge=0)
+    n_groups: int = Field(ge=0)
+    n_trajectories: int = Field(ge=0)
+    n_exceptions: int = Field(0, ge=0)
+    reward_mean: float | None = None
+    reward_std: float | None = None

@@ -1,0 +1,207 @@
+"""Trajectories as ART records them: chat messages (context) interleaved with assistant choices (trainable).
+
+A ``Choice`` mirrors the ``Choice`` object the openai SDK returns, plus the token ids the server sampled
+(``token_ids``, as vLLM returns them with ``return_token_ids``) and the exact prompt token ids, so the trainer
+never re-tokenizes. An openai ``Choice`` (or any pydantic model with the same fields) is accepted as is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback as tb
+from collections.abc import Awaitable, Iterable
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+SCHEMA_VERSION = 1
+"""Version of the trajectory record; written into every Parquet file's metadata."""
+
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def _check_message(message: dict[str, Any]) -> dict[str, Any]:
+    role = message.get("role")
+    if role not in MESSAGE_ROLES:
+        raise ValueError(f"a chat message needs 'role' in {MESSAGE_ROLES}, got {role!r}")
+    return message
+
+
+Message = Annotated[dict[str, Any], AfterValidator(_check_message)]
+"""A plain OpenAI chat message (``{"role": ..., "content": ...}``); context, never trained on."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TopLogprob(_Strict):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(_Strict):
+    """One sampled token's logprob, as in OpenAI's ``choice.logprobs.content``."""
+
+    token: str
+    """The token's text (vLLM's ``token_id:<n>`` form when it returns tokens as ids)."""
+    logprob: float
+    """Log-probability of the token under the sampling policy."""
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(_Strict):
+    content: list[TokenLogprob] | None = None
+    refusal: list[TokenLogprob] | None = None
+
+
+_CHOICE_FIELDS = ("index", "finish_reason", "message", "logprobs", "token_ids", "prompt_token_ids")
+
+
+class Choice(_Strict):
+    """An assistant turn the policy sampled: the trainable part of a trajectory."""
+
+    index: int = Field(0, ge=0)
+    """Position of this choice among the ``n`` the request asked for."""
+    finish_reason: str | None = None
+    """Why sampling stopped: ``stop``, ``length``, ``tool_calls``."""
+    message: Message
+    """The assistant message (``role``, ``content``, ``tool_calls``)."""
+    logprobs: ChoiceLogprobs | None = None
+    """Per-token sampling logprobs; the importance ratio's denominator."""
+    token_ids: list[int] | None = None
+    """Completion token ids exactly as sampled (vLLM ``return_token_ids``)."""
+    prompt_token_ids: list[int] | None = None
+    """Prompt token ids exactly as the server tokenized them."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_openai(cls, value: Any) -> Any:
+        # An openai SDK Choice: keep the known fields, lift server extras (token ids) out of model_extra.
+        if isinstance(value, BaseModel) and not isinstance(value, Choice):
+            data = value.model_dump(exclude_none=True)
+            extra = value.model_extra or {}
+            out = {k: data[k] for k in _CHOICE_FIELDS if k in data}
+            for key in ("token_ids", "prompt_token_ids"):
+                if key not in out and extra.get(key) is not None:
+                    out[key] = list(extra[key])
+            if isinstance(out.get("message"), dict):
+                out["message"] = {k: v for k, v in out["message"].items() if v is not None}
+            return out
+        return value
+
+    def sampled_logprobs(self) -> list[float] | None:
+        """The per-token logprobs as a plain list, or None when the server returned none."""
+        if self.logprobs is None or self.logprobs.content is None:
+            return None
+        return [t.logprob for t in self.logprobs.content]
+
+
+class ExceptionRecord(_Strict):
+    """A rollout that raised: kept with its group, never silently dropped."""
+
+    type: str
+    """The exception class name."""
+    message: str
+    """``str(exception)``."""
+    traceback: str = ""
+    """The formatted traceback, when there was one."""
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> ExceptionRecord:
+        return cls(
+            type=type(exc).__name__,
+            message=str(exc),
+            traceback="".join(tb.format_exception(type(exc), exc, exc.__traceback__)),
+        )
+
+
+class Trajectory(_Strict):
+    """One rollout of an agent: what it saw, what it sampled, and how it was scored."""
+
+    messages_and_choices: list[Choice | Message] = Field(default_factory=list)
+    """Chat messages (context) and the policy's sampled choices (trainable), in order."""
+    tools: list[dict[str, Any]] | None = None
+    """OpenAI tool definitions offered to the model, if any."""
+    reward: float = 0.0
+    """The scalar reward GRPO optimises."""
+    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
+    """Numbers worth logging per trajectory (averaged per step)."""
+    metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    """Small labels: scenario id, difficulty, anything to slice results by."""
+    logs: list[str] = Field(default_factory=list)
+    """Free-text notes the rollout wants to keep."""
+    policy_step: int | None = Field(None, ge=0)
+    """The training step whose adapter sampled the choices (None when unknown)."""
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The plain OpenAI message list: choices replaced by their assistant message."""
+        return [item.message if isinstance(item, Choice) else item for item in self.messages_and_choices]
+
+    def choices(self) -> list[Choice]:
+        """The trainable choices, in order."""
+        return [item for item in self.messages_and_choices if isinstance(item, Choice)]
+
+
+class TrajectoryGroup(_Strict):
+    """Rollouts of one scenario, compared with each other by GRPO.
+
+    Like ART's, it may be built from awaitables (``TrajectoryGroup(rollout(m, s) for _ in range(8))``);
+    ``await group`` then runs them and returns a group of finished trajectories and recorded exceptions.
+    """
+
+    trajectories: list[Trajectory] = Field(default_factory=list)
+    """The finished rollouts."""
+    exceptions: list[ExceptionRecord] = Field(default_factory=list)
+    """Rollouts that raised, kept for the record."""
+    metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    """Labels shared by the group (scenario id, ...)."""
+
+    _pending: list[Awaitable[Trajectory]] = PrivateAttr(default_factory=list)
+
+    def __init__(
+        self,
+        trajectories: Iterable[Trajectory | BaseException | Awaitable[Trajectory] | dict[str, Any]] = (),
+        **data: Any,
+    ) -> None:
+        done: list[Any] = []
+        pending: list[Awaitable[Trajectory]] = []
+        exceptions = list(data.pop("exceptions", []))
+        for item in trajectories:
+            if isinstance(item, BaseException):
+                exceptions.append(ExceptionRecord.from_exception(item))
+            elif isinstance(item, Awaitable) and not isinstance(item, (Trajectory, dict)):
+                pending.append(item)
+            else:
+                done.append(item)
+        super().__init__(trajectories=done, exceptions=exceptions, **data)
+        self._pending = pending
+
+    @property
+    def pending(self) -> int:
+        """How many rollouts are still to run (awaitables given to the constructor)."""
+        return len(self._pending)
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        return self._gather().__await__()
+
+    async def _gather(self) -> TrajectoryGroup:
+        results = await asyncio.gather(*self._pending, return_exceptions=True)
+        self._pending = []
+        for result in results:
+            if isinstance(result, Trajectory):
+                self.trajectories.append(result)
+            elif isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                self.exceptions.append(ExceptionRecord.from_exception(result))
+            else:
+                self.exceptions.append(
+                    ExceptionRecord(
+                        type="TypeError",
+                        message=f"a rollout returned {type(result).__name__}, expected Trajectory",
+                    )
+                )
+        return self
