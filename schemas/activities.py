@@ -1,0 +1,149 @@
+"""One typed input and one typed result per activity: the contract between workflows and workers.
+
+Inputs carry references (URIs, counts) and small configs, never trajectories or tensors. Adding a
+field with a default never breaks a caller or a recorded workflow history.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.config import JudgeConfig, ModelSpec, ServingSpec, TaskSpec, TrainConfig
+from schemas.refs import CheckpointRef, ObjectRef, TrajectoriesRef
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- inference queue -------------------------------------------------------------------------
+
+
+class RolloutsInput(_Strict):
+    """Run ``group_size`` rollouts for each of ``groups_per_step`` scenarios and store them."""
+
+    run_id: str
+    step: int = Field(ge=0)
+    """The step these rollouts feed (trajectories land under ``steps/<step>``)."""
+    model_name: str
+    """What the rollout function sends as ``model``; routed to ``adapter``."""
+    adapter: str | None = None
+    """Served adapter to pin (``<name>@<policy_step>``); None means the base model."""
+    policy_step: int = Field(0, ge=0)
+    """Step of the policy that samples (recorded on every trajectory)."""
+    task: TaskSpec
+    groups_per_step: int = Field(ge=1)
+    group_size: int = Field(ge=1)
+    scenario_offset: int = Field(0, ge=0)
+    """Index of this step's first scenario in the (cycled, seeded-shuffled) scenario list."""
+    seed: int = 0
+
+
+class ReloadInput(_Strict):
+    """Load a published checkpoint into every server this inference worker fronts."""
+
+    model_name: str
+    checkpoint: CheckpointRef
+    serving: ServingSpec = Field(default_factory=ServingSpec)
+
+
+class ReloadResult(_Strict):
+    adapter: str
+    """The name the adapter is now served under (``<name>@<step>``)."""
+    servers: list[str]
+    """Base URLs of the servers that loaded it."""
+    unloaded: list[str] = Field(default_factory=list)
+    """Older adapters evicted (none that a lease still holds)."""
+
+
+class ServingControlInput(_Strict):
+    """Put the inference engine to sleep (shared mode, before training) or wake it up."""
+
+    action: Literal["sleep", "wake_up"]
+
+
+# --- control queue ---------------------------------------------------------------------------
+
+
+class JudgeInput(_Strict):
+    run_id: str
+    step: int = Field(ge=0)
+    trajectories: TrajectoriesRef
+    judge: JudgeConfig
+    base_model_name: str
+    """What the default judge asks the inference server for (the base model)."""
+
+
+class AdvantagesInput(_Strict):
+    run_id: str
+    step: int = Field(ge=0)
+    trajectories: TrajectoriesRef
+    """The scored trajectories of the step."""
+    train: TrainConfig
+
+
+class AdvantagesResult(_Strict):
+    ref: ObjectRef
+    """``steps/<step>/advantages.parquet``: the trajectories with an ``advantage`` column."""
+    n_trajectories: int = Field(ge=0)
+    """Trajectories kept (in groups with reward variance)."""
+    n_groups: int = Field(ge=0)
+    n_groups_zero_variance: int = Field(ge=0)
+    """Groups dropped because every reward was equal (no learning signal)."""
+
+
+class MetricsInput(_Strict):
+    run_id: str
+    project: str
+    model_name: str
+    step: int = Field(ge=0)
+    metrics: dict[str, float]
+    wandb: bool = True
+
+
+# --- trainer queue ---------------------------------------------------------------------------
+
+
+class TrainInput(_Strict):
+    """Train the adapter one GRPO step on ``advantages`` and stage it for publishing."""
+
+    run_id: str
+    step: int = Field(ge=1)
+    """The step being produced: the result is checkpoint ``step``."""
+    model: ModelSpec
+    advantages: ObjectRef
+    train: TrainConfig
+    start_from: CheckpointRef | None = None
+    """Checkpoint ``step - 1`` (adapter + optimizer); None starts a fresh adapter (or the warm-start one)."""
+
+
+class TrainResult(_Strict):
+    run_id: str
+    step: int
+    staging_dir: str
+    """Local directory on the trainer worker holding the adapter, optimizer and trainer state."""
+    worker_id: str
+    """The trainer worker that holds ``staging_dir``."""
+    loss: float
+    grad_norm: float
+    n_sequences: int = Field(ge=0)
+    n_trainable_tokens: int = Field(ge=0)
+    n_dropped_overlength: int = Field(0, ge=0)
+    micro_batch_size: int = Field(ge=1)
+    """The micro-batch the step finished with (smaller than configured after an OOM)."""
+    seconds: float = Field(ge=0)
+
+
+class PublishInput(_Strict):
+    run_id: str
+    step: int = Field(ge=0)
+    staging_dir: str
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class CheckpointLookup(_Strict):
+    """Find the newest manifested checkpoint of a run (resume)."""
+
+    run_id: str
