@@ -30,9 +30,9 @@ __all__ = [
     "StorageSpec",
     "TaskSpec",
     "TrainConfig",
+    "TrajectoriesRef",
     "Trajectory",
     "TrajectoryGroup",
-    "TrajectoriesRef",
     "load_run_spec",
     "parse_run_spec",
 ]

@@ -106,7 +106,7 @@ class TaskSpec(_Strict):
     def _check_scenarios(self) -> TaskSpec:
         if isinstance(self.scenarios, str):
             s = self.scenarios
-            if not (":" in s and not s.startswith(("/", ".")) or s.endswith((".jsonl", ".parquet"))):
+            if not ((":" in s and not s.startswith(("/", "."))) or s.endswith((".jsonl", ".parquet"))):
                 raise ValueError(
                     "scenarios must be 'module:function', a path ending in .jsonl or .parquet, or a list of dicts"
                 )

@@ -41,7 +41,7 @@ class S3Settings(BaseModel):
         missing = [k for k in (ENV_S3_ENDPOINT, ENV_S3_ACCESS_KEY, ENV_S3_SECRET_KEY) if not e.get(k)]
         if missing:
             raise KeyError(
-                f"{', '.join(missing)} not set; run `eval \"$(dgrpo env)\"` after `dgrpo up`, "
+                f'{", ".join(missing)} not set; run `eval "$(dgrpo env)"` after `dgrpo up`, '
                 "or export them for your MinIO/S3"
             )
         return cls(

