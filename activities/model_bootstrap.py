@@ -100,9 +100,8 @@ def ensure_smollm2(cache_dir: str | None = None) -> Path:
     model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=_SMOLLM2_GGUF)
     # save_pretrained refuses a GGUF-loaded model while its quantizer markers are set; the
     # tensors are already dequantized, so clearing the markers saves exactly what was loaded.
-    model.hf_quantizer = None
-    model.is_quantized = False
-    model.quantization_method = None
+    for marker, cleared in (("hf_quantizer", None), ("is_quantized", False), ("quantization_method", None)):
+        setattr(model, marker, cleared)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import traceback as tb
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from contextvars import ContextVar
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 SCHEMA_VERSION = 1
 """Version of the trajectory record; written into every Parquet file's metadata."""
+
+ROLLOUT_DONE: ContextVar[Callable[[Trajectory | BaseException], None] | None] = ContextVar(
+    "dgrpo_rollout_done", default=None
+)
+"""Called as each awaited rollout of a group finishes (``dgrpo.gather_trajectory_groups``' progress bar)."""
 
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
@@ -176,7 +182,7 @@ class TrajectoryGroup(_Strict):
                 pending.append(item)
             else:
                 done.append(item)
-        super().__init__(trajectories=done, exceptions=exceptions, **data)
+        super().__init__(trajectories=done, exceptions=exceptions, **data)  # type: ignore[call-arg]
         self._pending = pending
 
     @property
@@ -188,7 +194,7 @@ class TrajectoryGroup(_Strict):
         return self._gather().__await__()
 
     async def _gather(self) -> TrajectoryGroup:
-        results = await asyncio.gather(*self._pending, return_exceptions=True)
+        results = await asyncio.gather(*(_report(p) for p in self._pending), return_exceptions=True)
         self._pending = []
         for result in results:
             if isinstance(result, Trajectory):
@@ -205,3 +211,15 @@ class TrajectoryGroup(_Strict):
                     )
                 )
         return self
+
+
+async def _report(rollout: Awaitable[Trajectory]) -> Trajectory:
+    try:
+        result = await rollout
+    except Exception as err:
+        if (done := ROLLOUT_DONE.get()) is not None:
+            done(err)
+        raise
+    if (done := ROLLOUT_DONE.get()) is not None:
+        done(result)
+    return result

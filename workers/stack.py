@@ -383,7 +383,9 @@ class EmbeddedStack:
                 args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
         self._children.append(proc)  # kept so the child is reaped, not left a zombie
-        return ProcessInfo(pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(), log=str(log_path))
+        return ProcessInfo(
+            pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(), log=str(log_path)
+        )
 
     def _wait_healthy(self, state: StackState) -> None:
         from minio import Minio

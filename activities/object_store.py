@@ -1,0 +1,304 @@
+"""The object store: S3 (MinIO, SeaweedFS, AWS) through the ``minio`` client, with checkpoint manifests.
+
+Methods are synchronous; async callers wrap them in ``asyncio.to_thread``. Errors are typed:
+refused credentials raise ``StoreAuthError``, an unreachable endpoint ``StoreError`` (within seconds),
+a missing manifest or a sha256/size mismatch ``CorruptCheckpointError``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import io
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+
+import urllib3
+from minio import Minio
+from minio.deleteobjects import DeleteObject
+from minio.error import S3Error
+
+from schemas import layout
+from schemas import settings as env_names
+from schemas.errors import CorruptCheckpointError, StoreAuthError, StoreError
+from schemas.refs import CheckpointRef, Manifest, ManifestEntry, ObjectRef
+from schemas.settings import S3Settings
+
+log = logging.getLogger(__name__)
+
+AUTH_CODES = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken"})
+MISSING_CODES = frozenset({"NoSuchKey", "NoSuchObject", "NoSuchBucket", "ResourceNotFound"})
+_CHUNK = 1 << 20
+_STEP_DIR = re.compile(r"^(\d+)/$")
+
+ManifestMetadata = dict[str, str | int | float | bool | None]
+
+
+def parse_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/key`` -> ``(bucket, key)``."""
+    if not uri.startswith("s3://") or "/" not in uri[5:]:
+        raise ValueError(f"not an s3://bucket/key URI: {uri!r}")
+    bucket, key = uri[5:].split("/", 1)
+    return bucket, key
+
+
+def sha256_file(path: str | Path) -> tuple[str, int]:
+    """Hex sha256 and size of a local file."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def _http_client() -> urllib3.PoolManager:
+    # Short connect timeout and few retries: a stopped server fails in seconds, not minutes.
+    retries = urllib3.Retry(
+        total=2, connect=1, backoff_factor=0.2, status_forcelist=(500, 502, 503, 504), allowed_methods=None
+    )
+    return urllib3.PoolManager(timeout=urllib3.Timeout(connect=3.0, read=120.0), retries=retries, maxsize=16)
+
+
+class ObjectStore:
+    """One bucket of an S3-compatible store."""
+
+    def __init__(self, settings: S3Settings) -> None:
+        self.settings = settings
+        self.bucket = settings.bucket
+        endpoint = settings.endpoint.removeprefix("http://").removeprefix("https://").rstrip("/")
+        self.endpoint = endpoint
+        secure = settings.secure or settings.endpoint.startswith("https://")
+        self.client = Minio(
+            endpoint,
+            access_key=settings.access_key,
+            secret_key=settings.secret_key.get_secret_value(),
+            secure=secure,
+            region="us-east-1",  # skips the bucket-location round trip; SeaweedFS and MinIO accept it
+            http_client=_http_client(),
+        )
+
+    @classmethod
+    def from_env(cls) -> ObjectStore:
+        """Built from ``DGRPO_S3_*`` (see schemas/settings.py)."""
+        return cls(S3Settings.from_env())
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def key(self, key_or_uri: str) -> str:
+        """Accept a key or an ``s3://`` URI of this bucket; return the key."""
+        if not key_or_uri.startswith("s3://"):
+            return key_or_uri
+        bucket, key = parse_uri(key_or_uri)
+        if bucket != self.bucket:
+            raise StoreError(f"{key_or_uri} is in bucket {bucket!r}, but this store uses {self.bucket!r}")
+        return key
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        """Translate client and network errors into our typed errors."""
+        try:
+            yield
+        except S3Error as err:
+            if err.code in AUTH_CODES:
+                raise StoreAuthError(
+                    f"the S3 store at {self.endpoint} refused access key {self.settings.access_key!r} "
+                    f"({err.code}) while trying to {what}; check {env_names.ENV_S3_ACCESS_KEY} and "
+                    f'{env_names.ENV_S3_SECRET_KEY} (`eval "$(dgrpo env)"` for the embedded stack)'
+                ) from err
+            raise StoreError(f"S3 {what} failed at {self.endpoint}: {err.code}: {err.message}") from err
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise StoreError(
+                f"cannot reach the S3 store at {self.endpoint} ({type(err).__name__}) while trying to "
+                f"{what}; is it running? (`dgrpo up`, or check {env_names.ENV_S3_ENDPOINT})"
+            ) from err
+
+    # ---- buckets and single objects -------------------------------------------------------------
+    def ensure_bucket(self) -> None:
+        """Create the bucket if it does not exist."""
+        with self._errors(f"create bucket {self.bucket}"):
+            if not self.client.bucket_exists(self.bucket):
+                try:
+                    self.client.make_bucket(self.bucket)
+                except S3Error as err:  # created concurrently by another worker
+                    if err.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                        raise
+
+    def _put_stream(self, key: str, data: BinaryIO, size: int, sha256: str) -> ObjectRef:
+        with self._errors(f"upload {self.uri(key)}"):
+            self.client.put_object(self.bucket, key, data, size, metadata={"sha256": sha256})
+        return ObjectRef(uri=self.uri(key), size=size, sha256=sha256)
+
+    def put_bytes(self, key: str, data: bytes) -> ObjectRef:
+        key = self.key(key)
+        return self._put_stream(key, io.BytesIO(data), len(data), hashlib.sha256(data).hexdigest())
+
+    def put_file(self, local: str | Path, key: str) -> ObjectRef:
+        key = self.key(key)
+        sha256, size = sha256_file(local)
+        with open(local, "rb") as f:
+            return self._put_stream(key, f, size, sha256)
+
+    def get_bytes(self, key: str) -> bytes:
+        key = self.key(key)
+        with self._errors(f"download {self.uri(key)}"):
+            response = self.client.get_object(self.bucket, key)
+            try:
+                return response.read()
+            finally:
+                response.close()
+                response.release_conn()
+
+    def get_file(self, key: str, local: str | Path) -> Path:
+        """Download to ``local`` atomically (a temp file renamed into place); returns the path."""
+        key = self.key(key)
+        target = Path(local)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        os.close(fd)
+        try:
+            with self._errors(f"download {self.uri(key)}"):
+                self.client.fget_object(self.bucket, key, tmp)
+            os.replace(tmp, target)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return target
+
+    def exists(self, key: str) -> bool:
+        key = self.key(key)
+        try:
+            with self._errors(f"stat {self.uri(key)}"):
+                self.client.stat_object(self.bucket, key)
+        except StoreError as err:
+            if isinstance(err.__cause__, S3Error) and err.__cause__.code in MISSING_CODES:
+                return False
+            raise
+        return True
+
+    def list(self, prefix: str = "", recursive: bool = True) -> list[str]:
+        """Keys under ``prefix`` (with ``recursive=False``, also the immediate sub-prefixes, ending in /)."""
+        prefix = self.key(prefix)
+        with self._errors(f"list {self.uri(prefix)}"):
+            return sorted(
+                str(o.object_name)
+                for o in self.client.list_objects(self.bucket, prefix=prefix, recursive=recursive)
+            )
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under ``prefix``; returns how many there were."""
+        keys = self.list(prefix)
+        with self._errors(f"delete {self.uri(prefix)}"):
+            errors = list(self.client.remove_objects(self.bucket, (DeleteObject(k) for k in keys)))
+        if errors:
+            raise StoreError(
+                f"could not delete {len(errors)} object(s) under {self.uri(prefix)}: {errors[0]}"
+            )
+        return len(keys)
+
+    # ---- directories with manifests (checkpoints) -------------------------------------------------
+    def put_dir(
+        self, local_dir: str | Path, prefix: str, metadata: ManifestMetadata | None = None
+    ) -> ObjectRef:
+        """Upload every file under ``local_dir``, then the manifest LAST; returns the manifest's ref.
+
+        A reader that finds the manifest knows every file listed in it is already in place.
+        """
+        root = Path(local_dir)
+        prefix = self.key(prefix).rstrip("/") + "/"
+        if not root.is_dir():
+            raise FileNotFoundError(f"{root} is not a directory")
+        entries: list[ManifestEntry] = []
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            rel = path.relative_to(root).as_posix()
+            if rel == layout.MANIFEST_NAME:
+                continue  # a manifest from an earlier download; a fresh one is written below
+            ref = self.put_file(path, prefix + rel)
+            entries.append(ManifestEntry(path=rel, size=ref.size, sha256=ref.sha256))
+        manifest = Manifest(files=entries, metadata=dict(metadata or {}))
+        return self.put_bytes(prefix + layout.MANIFEST_NAME, manifest.model_dump_json(indent=2).encode())
+
+    def read_manifest(self, prefix: str) -> tuple[Manifest, str]:
+        """The manifest under ``prefix`` and its sha256; CorruptCheckpointError when missing or invalid."""
+        prefix = self.key(prefix).rstrip("/") + "/"
+        key = prefix + layout.MANIFEST_NAME
+        try:
+            raw = self.get_bytes(key)
+        except StoreError as err:
+            if isinstance(err.__cause__, S3Error) and err.__cause__.code in MISSING_CODES:
+                raise CorruptCheckpointError(
+                    f"{self.uri(prefix)} has no {layout.MANIFEST_NAME}: the upload is incomplete "
+                    "(interrupted before its manifest was written) or the prefix is wrong"
+                ) from None
+            raise
+        try:
+            manifest = Manifest.model_validate_json(raw)
+        except ValueError as err:
+            raise CorruptCheckpointError(f"{self.uri(key)} is not a valid manifest: {err}") from None
+        return manifest, hashlib.sha256(raw).hexdigest()
+
+    def get_dir(self, prefix: str, local_dir: str | Path) -> Manifest:
+        """Download a manifested upload into ``local_dir``, verifying every file's size and sha256."""
+        prefix = self.key(prefix).rstrip("/") + "/"
+        manifest, _ = self.read_manifest(prefix)
+        root = Path(local_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        for entry in manifest.files:
+            rel = PurePosixPath(entry.path)
+            if rel.is_absolute() or ".." in rel.parts:
+                raise CorruptCheckpointError(
+                    f"{self.uri(prefix)}: manifest path {entry.path!r} leaves the prefix"
+                )
+            target = root / rel
+            self.get_file(prefix + entry.path, target)
+            sha256, size = sha256_file(target)
+            if size != entry.size or sha256 != entry.sha256:
+                target.unlink()
+                raise CorruptCheckpointError(
+                    f"{self.uri(prefix + entry.path)} does not match its manifest: size {size} vs {entry.size}, "
+                    f"sha256 {sha256[:12]}… vs {entry.sha256[:12]}…; the checkpoint is corrupt or was overwritten"
+                )
+        return manifest
+
+    def is_complete(self, prefix: str) -> bool:
+        """True when the prefix has its manifest (the upload finished)."""
+        return self.exists(self.key(prefix).rstrip("/") + "/" + layout.MANIFEST_NAME)
+
+    # ---- checkpoints of a run -----------------------------------------------------------------------
+    def publish_checkpoint(
+        self, local_dir: str | Path, run_id: str, step: int, metadata: ManifestMetadata | None = None
+    ) -> CheckpointRef:
+        """Upload ``local_dir`` as the run's checkpoint of ``step`` (manifest last)."""
+        prefix = layout.checkpoint_prefix(run_id, step)
+        meta: ManifestMetadata = {"run_id": run_id, "step": step, **(metadata or {})}
+        ref = self.put_dir(local_dir, prefix, meta)
+        return CheckpointRef(run_id=run_id, step=step, uri=self.uri(prefix), manifest_sha256=ref.sha256)
+
+    def checkpoint_steps(self, run_id: str) -> builtins.list[int]:
+        """Steps that have a checkpoint prefix (complete or not), ascending."""
+        base = layout.checkpoints_prefix(run_id)
+        steps: builtins.list[int] = []  # `list` is a method of this class
+        for name in self.list(base, recursive=False):
+            match = _STEP_DIR.match(name[len(base) :])
+            if match:
+                steps.append(int(match.group(1)))
+        return sorted(steps)
+
+    def latest_checkpoint(self, run_id: str) -> CheckpointRef | None:
+        """The newest checkpoint of the run that has a manifest; incomplete ones are skipped."""
+        for step in reversed(self.checkpoint_steps(run_id)):
+            prefix = layout.checkpoint_prefix(run_id, step)
+            try:
+                _, sha256 = self.read_manifest(prefix)
+            except CorruptCheckpointError:
+                log.warning("skipping checkpoint %s: no valid manifest", self.uri(prefix))
+                continue
+            return CheckpointRef(run_id=run_id, step=step, uri=self.uri(prefix), manifest_sha256=sha256)
+        return None

@@ -1,0 +1,192 @@
+"""The ``model`` a user's rollout function receives, in ART's shape, and the client-side routing behind it.
+
+A rollout function asks for ``model=model.name``; the server only knows the served names (the base
+model's, or an adapter's ``<name>@<step>``). ``routed_openai_client`` closes that gap on the client
+side, in an httpx transport, so the very same rollout function runs in the ART-style client loop and in
+the workflow's rollouts activity:
+
+- a chat/completions request whose ``model`` is ``name`` is sent as ``target_model`` (a fixed served
+  name, or a callable returning the newest one);
+- ``logprobs: true`` and ``return_token_ids: true`` (vLLM's switch) are added unless the caller set them,
+  because training needs the sampled tokens and their logprobs;
+- a response's top-level ``prompt_token_ids`` (vLLM puts them there) is copied into every choice, so
+  appending ``completion.choices[0]`` to a trajectory keeps the exact prompt tokens too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from openai import AsyncOpenAI
+
+log = logging.getLogger(__name__)
+
+ROUTED_PATHS = ("/chat/completions", "/completions")
+"""Endpoints whose JSON body is routed (their path ends with one of these)."""
+DEFAULT_API_KEY = "dgrpo"
+"""Our own server ignores the key; the openai SDK insists on one."""
+
+TargetModel = str | Callable[[], str]
+"""A served model name, or a callable returning the one to use now (the newest step)."""
+
+
+def _resolve(target: TargetModel) -> str:
+    return target() if callable(target) else target
+
+
+def route_request_body(body: dict[str, Any], path: str, name: str, target_model: TargetModel) -> dict[str, Any]:
+    """The request body as the server must see it: model routed, logprobs and token ids asked for."""
+    out = dict(body)
+    if out.get("model") == name:
+        out["model"] = _resolve(target_model)
+    if path.endswith("/chat/completions"):
+        out.setdefault("logprobs", True)
+    else:  # legacy completions: logprobs is the number of top alternatives; 0 still returns the sampled ones
+        out.setdefault("logprobs", 0)
+    out.setdefault("return_token_ids", True)
+    return out
+
+
+def lift_prompt_token_ids(payload: dict[str, Any]) -> dict[str, Any]:
+    """Copy a response's top-level ``prompt_token_ids`` into each choice that lacks its own."""
+    prompt_ids = payload.get("prompt_token_ids")
+    choices = payload.get("choices")
+    if prompt_ids is None or not isinstance(choices, list):
+        return payload
+    for choice in choices:
+        if isinstance(choice, dict) and choice.get("prompt_token_ids") is None:
+            choice["prompt_token_ids"] = prompt_ids
+    return payload
+
+
+class RoutingTransport(httpx.AsyncBaseTransport):
+    """An httpx transport that routes ``model=name`` to a served model and keeps what training needs."""
+
+    def __init__(
+        self, name: str, target_model: TargetModel, inner: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        self.name = name
+        self.target_model = target_model
+        self.inner = inner or httpx.AsyncHTTPTransport()
+
+    def _routed(self, request: httpx.Request) -> bool:
+        return request.method == "POST" and request.url.path.endswith(ROUTED_PATHS)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if not self._routed(request):
+            return await self.inner.handle_async_request(request)
+        body = json.loads(await request.aread() or b"{}")
+        streaming = bool(body.get("stream"))
+        routed = route_request_body(body, request.url.path, self.name, self.target_model)
+        content = json.dumps(routed).encode()
+        headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() != "content-length"]
+        new_request = httpx.Request(
+            request.method,
+            request.url,
+            headers=[*headers, ("content-length", str(len(content)))],
+            content=content,
+            extensions=request.extensions,
+        )
+        response = await self.inner.handle_async_request(new_request)
+        if streaming or response.status_code != 200:
+            return response
+        raw = await response.aread()
+        await response.aclose()
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            return httpx.Response(response.status_code, headers=response.headers, content=raw)
+        if isinstance(payload, dict):
+            payload = lift_prompt_token_ids(payload)
+        content = json.dumps(payload).encode()
+        headers = [
+            (k, v)
+            for k, v in response.headers.multi_items()
+            if k.lower() not in ("content-length", "content-encoding", "transfer-encoding")
+        ]
+        return httpx.Response(
+            response.status_code,
+            headers=[*headers, ("content-length", str(len(content)))],
+            content=content,
+            extensions={k: v for k, v in response.extensions.items() if k != "network_stream"},
+        )
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def routed_openai_client(
+    base_url: str,
+    name: str,
+    target_model: TargetModel,
+    api_key: str = DEFAULT_API_KEY,
+    *,
+    timeout: float = 600.0,
+    max_connections: int = 256,
+    max_retries: int = 2,
+) -> AsyncOpenAI:
+    """An ``AsyncOpenAI`` on ``base_url`` (``http://host:port/v1``) whose ``model=name`` means ``target_model``."""
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=min(64, max_connections))
+    transport = RoutingTransport(name, target_model, httpx.AsyncHTTPTransport(limits=limits))
+    http_client = httpx.AsyncClient(transport=transport, timeout=timeout)
+    return AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http_client, max_retries=max_retries)
+
+
+@dataclass
+class RolloutModel:
+    """What ``async def rollout(model, scenario)`` gets as ``model`` (ART's ``art.Model`` shape)."""
+
+    name: str
+    """The trainable model's name: pass it as ``model=`` in requests."""
+    inference_base_url: str
+    """The OpenAI-compatible base URL (ending in ``/v1``) of the inference server."""
+    served_model: str
+    """The served name requests are routed to: ``<name>@<step>`` or the base model's served name."""
+    step: int = 0
+    """The policy step whose adapter answers (0: the base model or the starting adapter)."""
+    base_model: str = ""
+    """The base model, as the run spec names it."""
+    project: str = "default"
+    api_key: str = DEFAULT_API_KEY
+    _client: AsyncOpenAI | None = field(default=None, repr=False)
+
+    def openai_client(self) -> AsyncOpenAI:
+        """An ``AsyncOpenAI`` (shared by every call) whose ``model=self.name`` is routed to ``served_model``."""
+        if self._client is None:
+            self._client = routed_openai_client(
+                self.inference_base_url, self.name, self.served_model, api_key=self.api_key
+            )
+        return self._client
+
+    def get_inference_name(self) -> str:
+        """The served name this model's requests are answered by (ART has the same method)."""
+        return self.served_model
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+def openai_base_url(server_url: str) -> str:
+    """``http://host:port`` or ``http://host:port/v1`` -> the ``/v1`` base URL the openai SDK wants."""
+    url = server_url.rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+async def discover_base_model(base_url: str, timeout: float = 10.0) -> str:
+    """The served name of the base model on an OpenAI-compatible server (``/v1/models``, no ``parent``)."""
+    async with httpx.AsyncClient(timeout=timeout) as http:
+        response = await http.get(openai_base_url(base_url) + "/models")
+        response.raise_for_status()
+        models = response.json().get("data", [])
+    bases = [m["id"] for m in models if isinstance(m, dict) and not m.get("parent") and "@" not in m["id"]]
+    if not bases:
+        ids = [m.get("id") for m in models if isinstance(m, dict)]
+        raise RuntimeError(f"{base_url}/models lists no base model (got {ids})")
+    return str(bases[0])

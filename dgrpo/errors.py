@@ -1,0 +1,29 @@
+"""Errors a user of the ART-style client can make, each saying what to fix."""
+
+from __future__ import annotations
+
+from schemas.errors import DgrpoError, RunSpecError
+
+
+class NotRegisteredError(DgrpoError, RuntimeError):
+    """A model method that needs a backend was called before ``await model.register(backend)``."""
+
+
+class ModelConflictError(RunSpecError):
+    """The model's name is already registered in its project with another base model or LoRA shape."""
+
+
+class EmptyGroupsError(RunSpecError):
+    """``model.train`` got no groups, or groups with no trajectories."""
+
+
+class NoTrainableChoiceError(RunSpecError):
+    """The groups hold no sampled choice with token ids, so there is nothing to train on."""
+
+
+class TooManyRolloutErrors(DgrpoError, RuntimeError):
+    """More rollouts raised than ``gather_trajectory_groups(max_exceptions=...)`` tolerates."""
+
+
+class BackendError(DgrpoError, RuntimeError):
+    """The backend (the stack, the workers, or the Temporal cluster) could not be used."""

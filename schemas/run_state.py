@@ -1,0 +1,120 @@
+"""The small state a ``TrainingRun`` carries across continue-as-new, and what its ``status`` query answers."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.config import ModelSpec, ServingSpec, TaskQueues, TrainConfig
+from schemas.refs import CheckpointRef, TrajectoriesRef
+
+Phase = Literal[
+    "starting",
+    "rollouts",
+    "judge",
+    "advantages",
+    "sleep",
+    "train",
+    "publish",
+    "wake_up",
+    "reload",
+    "metrics",
+    "paused",
+    "done",
+    "stopped",
+]
+
+MAX_HISTORY = 200
+"""Step summaries kept in the state (older ones live in the metrics Parquet)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StepSummary(_Strict):
+    """What one finished step left behind: small numbers and the checkpoint it served."""
+
+    step: int = Field(ge=0)
+    reward_mean: float | None = None
+    reward_std: float | None = None
+    n_trajectories: int = Field(0, ge=0)
+    n_exceptions: int = Field(0, ge=0)
+    n_groups_zero_variance: int = Field(0, ge=0)
+    policy_step: int = Field(0, ge=0)
+    """The policy that sampled this step's trajectories (step - 1 in sync mode)."""
+    loss: float | None = None
+    checkpoint: CheckpointRef | None = None
+    seconds: dict[str, float] = Field(default_factory=dict)
+    """Wall seconds per phase."""
+
+
+class RunState(_Strict):
+    """Carried across continue-as-new; a fresh start (no state) recovers it from the newest checkpoint."""
+
+    step: int = Field(0, ge=0)
+    """The newest step whose adapter is served."""
+    checkpoint: CheckpointRef | None = None
+    """The served checkpoint (None until step 0 is published)."""
+    adapter: str | None = None
+    """The served adapter name (``<model>@<step>``)."""
+    history: list[StepSummary] = Field(default_factory=list)
+    dropped_stale_groups: int = Field(0, ge=0)
+    """Pipelined mode: groups dropped because their policy was older than ``max_staleness``."""
+    prefetched: TrajectoriesRef | None = None
+    """Pipelined mode: rollouts already made for step ``step + 1``."""
+    paused: bool = False
+    stopping: bool = False
+
+
+class RunStatus(_Strict):
+    """The answer of the ``status`` query."""
+
+    run_id: str
+    mode: str
+    steps: int
+    """Steps the run trains in all."""
+    step: int
+    """Newest served step."""
+    phase: Phase
+    working_on: int | None = None
+    """The step in progress (None between steps)."""
+    paused: bool
+    stopping: bool
+    last_checkpoint: CheckpointRef | None
+    adapter: str | None
+    history: list[StepSummary]
+    dropped_stale_groups: int
+    phase_seconds: dict[str, float] = Field(default_factory=dict)
+    """Seconds per phase of the step in progress so far."""
+    error: str | None = None
+
+
+class TrainStepInput(_Strict):
+    """One durable step from uploaded trajectories: advantages -> train -> publish -> reload."""
+
+    run_id: str
+    model: ModelSpec
+    trajectories: TrajectoriesRef
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    step: int = Field(ge=1)
+    """The step being produced (checkpoint ``step``); trains from checkpoint ``step - 1``."""
+    start_from: CheckpointRef | None = None
+    """Checkpoint ``step - 1``; None looks up the newest checkpoint of the run."""
+    serving: ServingSpec = Field(default_factory=ServingSpec)
+    task_queues: TaskQueues = Field(default_factory=TaskQueues)
+    shared_device: bool = False
+    """Sleep the inference engine while training (one device)."""
+
+
+class TrainStepResult(_Strict):
+    step: int
+    checkpoint: CheckpointRef
+    adapter: str
+    loss: float | None = None
+    n_trajectories: int = 0
+    n_groups_zero_variance: int = 0
+    skipped: bool = False
+    """True when checkpoint ``step`` already existed (a retried client call) and was only reloaded."""
+    seconds: dict[str, float] = Field(default_factory=dict)

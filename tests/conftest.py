@@ -1,0 +1,74 @@
+"""Shared fixtures: the REAL embedded stack (Temporal dev server + SeaweedFS S3) on free loopback ports.
+
+Fixtures (names are stable; other test modules rely on them):
+
+- ``stack`` (session) -> ``workers.stack.EmbeddedStack``: both servers, started once per session in a
+  temp dir on free ports (never the developer's ``dgrpo up`` ports). ``stack.temporal_address``,
+  ``stack.s3_settings``, ``stack.env()``. For the whole session, ``os.environ`` also carries
+  ``stack.env()`` (``DGRPO_TEMPORAL_ADDRESS``, ``DGRPO_S3_*``, ``TEMPORAL_ADDRESS``), so
+  ``S3Settings.from_env()`` and worker subprocesses find the stack.
+- ``s3_settings`` (session) -> ``schemas.settings.S3Settings`` of the stack (bucket ``dgrpo``).
+- ``object_store`` (function) -> ``activities.object_store.ObjectStore`` on a fresh, empty bucket
+  per test (``t-<random>``), so tests never see each other's keys.
+- ``temporal_client`` (session, async) -> a connected ``temporalio.client.Client``.
+- ``task_queue`` (function) -> a unique task-queue name per test (``tq-<test name>-<random>``).
+
+``DGRPO_CACHE`` is left as the user's (default ``~/.cache/dgrpo``) so converted models are reused
+across runs; it is exported explicitly so subprocesses with another HOME still find it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+from temporalio.client import Client
+
+from activities.object_store import ObjectStore
+from schemas.settings import ENV_CACHE, S3Settings, dgrpo_cache
+from workers.stack import EmbeddedStack
+
+os.environ.setdefault(ENV_CACHE, dgrpo_cache())
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
+    home = tmp_path_factory.mktemp("dgrpo-home")
+    embedded = EmbeddedStack(home, free_ports=True, ui=False)
+    embedded.start()
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in embedded.env().items():
+            mp.setenv(name, value)
+        try:
+            yield embedded
+        finally:
+            embedded.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_settings(stack: EmbeddedStack) -> S3Settings:
+    return stack.s3_settings
+
+
+@pytest.fixture
+def object_store(s3_settings: S3Settings) -> Iterator[ObjectStore]:
+    bucket = f"t-{uuid.uuid4().hex[:16]}"
+    store = ObjectStore(s3_settings.model_copy(update={"bucket": bucket}))
+    store.ensure_bucket()
+    yield store
+    store.delete_prefix("")
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def temporal_client(stack: EmbeddedStack) -> AsyncIterator[Client]:
+    yield await Client.connect(stack.temporal_address)
+
+
+@pytest.fixture
+def task_queue(request: pytest.FixtureRequest) -> str:
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:60]
+    return f"tq-{name}-{uuid.uuid4().hex[:8]}"
