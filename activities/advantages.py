@@ -16,12 +16,18 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlparse
 
+import pyarrow as pa
 from temporalio import activity
+
+from activities import trajectory_store
+from activities.object_store import ObjectStore
 
 from schemas import layout
 from schemas.activities import AdvantagesInput, AdvantagesResult
 from schemas.config import TrainConfig
+from schemas.refs import ObjectRef
 from schemas.trajectory import TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -80,28 +86,40 @@ def compute_step_advantages(groups: Sequence[TrajectoryGroup], config: TrainConf
     return StepAdvantages(kept, advantages, len(groups), dropped)
 
 
+def read_step_table(store: ObjectStore | None, ref: ObjectRef) -> pa.Table:
+    """The Arrow table behind a trajectories/advantages ref (``s3://`` via the store, or ``file://``)."""
+    if ref.uri.startswith("file://"):
+        return trajectory_store.read_table(urlparse(ref.uri).path)
+    if store is None:
+        raise ValueError(f"{ref.uri} is in an object store, but no store was given")
+    return trajectory_store.download_table(store, ref.uri)
+
+
 class AdvantagesActivities:
-    """The control queue's advantages activity; constructed by the worker with the object store."""
+    """The control queue's advantages activity. ``AdvantagesActivities(store)``: the worker's ObjectStore."""
 
-    def __init__(self, store: object) -> None:
-        from activities.trajectory_store import TrajectoryStore
-
+    def __init__(self, store: ObjectStore) -> None:
         self.store = store
-        self.trajectories = TrajectoryStore(store)  # type: ignore[arg-type]
 
     @activity.defn(name="compute_advantages")
     async def compute_advantages(self, inp: AdvantagesInput) -> AdvantagesResult:
         """Read the step's scored trajectories, write ``advantages.parquet`` (idempotent: same key)."""
-        return await asyncio.to_thread(self._run, inp)
+        return await asyncio.to_thread(self.compute_advantages_sync, inp)
 
-    def _run(self, inp: AdvantagesInput) -> AdvantagesResult:
-        groups = self.trajectories.read_groups(inp.trajectories.ref)
+    def compute_advantages_sync(self, inp: AdvantagesInput) -> AdvantagesResult:
+        ref = inp.trajectories.ref
+        groups = trajectory_store.table_to_groups(read_step_table(self.store, ref), ref.uri)
         step = compute_step_advantages(groups, inp.train)
-        ref = self.trajectories.write_groups(
-            layout.advantages_key(inp.run_id, inp.step), step.groups, advantages=step.advantages
+        written = trajectory_store.upload_groups(
+            self.store,
+            step.groups,
+            inp.run_id,
+            inp.step,
+            key=layout.advantages_key(inp.run_id, inp.step),
+            advantages=[list(a) for a in step.advantages],
         )
         return AdvantagesResult(
-            ref=ref,
+            ref=written.ref,
             n_trajectories=step.n_trajectories,
             n_groups=step.n_groups,
             n_groups_zero_variance=step.n_groups_zero_variance,

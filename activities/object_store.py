@@ -203,6 +203,12 @@ class ObjectStore:
             )
         return len(keys)
 
+    def remove_bucket(self) -> None:
+        """Delete every object and then the bucket itself (test fixtures, throwaway runs)."""
+        self.delete_prefix("")
+        with self._errors(f"remove bucket {self.bucket}"):
+            self.client.remove_bucket(self.bucket)
+
     # ---- directories with manifests (checkpoints) -------------------------------------------------
     def put_dir(
         self, local_dir: str | Path, prefix: str, metadata: ManifestMetadata | None = None
@@ -266,6 +272,16 @@ class ObjectStore:
                     f"sha256 {sha256[:12]}… vs {entry.sha256[:12]}…; the checkpoint is corrupt or was overwritten"
                 )
         return manifest
+
+    def get_checkpoint(self, ref: CheckpointRef, local_dir: str | Path) -> Manifest:
+        """Download a published checkpoint, refusing it if its manifest is not the one published."""
+        _, sha256 = self.read_manifest(ref.uri)
+        if sha256 != ref.manifest_sha256:
+            raise CorruptCheckpointError(
+                f"{ref.uri}: its manifest changed since step {ref.step} was published "
+                f"(sha256 {sha256[:12]}… vs {ref.manifest_sha256[:12]}…); it was overwritten"
+            )
+        return self.get_dir(ref.uri, local_dir)
 
     def is_complete(self, prefix: str) -> bool:
         """True when the prefix has its manifest (the upload finished)."""

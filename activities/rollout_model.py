@@ -21,8 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from openai import AsyncOpenAI
+
+try:  # openai >= 3 sends through httpx2 (httpx's successor); older versions through httpx
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover
+    import httpx  # type: ignore[no-redef]
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,9 @@ def _resolve(target: TargetModel) -> str:
     return target() if callable(target) else target
 
 
-def route_request_body(body: dict[str, Any], path: str, name: str, target_model: TargetModel) -> dict[str, Any]:
+def route_request_body(
+    body: dict[str, Any], path: str, name: str, target_model: TargetModel
+) -> dict[str, Any]:
     """The request body as the server must see it: model routed, logprobs and token ids asked for."""
     out = dict(body)
     if out.get("model") == name:
@@ -179,9 +185,9 @@ def openai_base_url(server_url: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
-async def discover_base_model(base_url: str, timeout: float = 10.0) -> str:
+async def discover_base_model(base_url: str, request_timeout_s: float = 10.0) -> str:
     """The served name of the base model on an OpenAI-compatible server (``/v1/models``, no ``parent``)."""
-    async with httpx.AsyncClient(timeout=timeout) as http:
+    async with httpx.AsyncClient(timeout=request_timeout_s) as http:
         response = await http.get(openai_base_url(base_url) + "/models")
         response.raise_for_status()
         models = response.json().get("data", [])

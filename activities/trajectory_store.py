@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from importlib import metadata as pkg_metadata
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -55,11 +57,14 @@ ARROW_SCHEMA = pa.schema(
         ("policy_step", pa.int64()),
         ("exception_type", pa.string()),
         ("messages", pa.list_(MESSAGE_TYPE)),
-        ("trajectory_json", pa.string()),
+        ("trajectory_json", pa.large_string()),  # may pass 2 GiB in one step
         ("exception_json", pa.string()),
     ]
 )
 """The file's columns. Token counts sum over choices and are null unless every choice has its ids."""
+
+GROUP_COLUMNS = ("kind", "group_index", "trajectory_json", "exception_json")
+"""The columns the groups are rebuilt from; the rest are derived."""
 
 Advantages = Sequence[Sequence[float | None]]
 
@@ -210,9 +215,14 @@ def _parquet_bytes(table: pa.Table) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-def _read_table(source: str | Path | pa.BufferReader, name: str) -> pa.Table:
+def _read_table(
+    source: str | Path | pa.BufferReader, name: str, columns: Sequence[str] | None = None
+) -> pa.Table:
+    """Read (only ``columns`` that exist, when given); any failure is a CorruptTrajectoriesError naming ``name``."""
     try:
-        return pq.read_table(source)
+        parquet = pq.ParquetFile(source)
+        wanted = None if columns is None else [c for c in columns if c in parquet.schema_arrow.names]
+        return parquet.read(columns=wanted)
     except (pa.ArrowException, OSError) as err:
         raise CorruptTrajectoriesError(f"{name}: not a readable Parquet file ({err})") from None
 
@@ -254,14 +264,14 @@ def write_groups(
     return summarize(groups, ref, run_id, step)
 
 
-def read_table(path: str | Path) -> pa.Table:
-    """The raw Arrow table of a trajectories file (analytic columns included)."""
-    return _read_table(str(path), str(path))
+def read_table(path: str | Path, columns: Sequence[str] | None = None) -> pa.Table:
+    """The raw Arrow table of a trajectories file (analytic columns included, unless ``columns`` is given)."""
+    return _read_table(str(path), str(path), columns)
 
 
 def read_groups(path: str | Path) -> list[TrajectoryGroup]:
     """Read the groups back from a local file written by ``write_groups``."""
-    return table_to_groups(read_table(path), str(path))
+    return table_to_groups(read_table(path, GROUP_COLUMNS), str(path))
 
 
 def read_advantages(path: str | Path) -> list[list[float | None]]:
@@ -301,10 +311,22 @@ def upload_groups(
     return summarize(groups, ref, run_id, step)
 
 
-def download_table(store: ObjectStore, key_or_uri: str) -> pa.Table:
-    return _read_table(pa.BufferReader(store.get_bytes(key_or_uri)), store.uri(store.key(key_or_uri)))
+def download_table(store: ObjectStore, key_or_uri: str, columns: Sequence[str] | None = None) -> pa.Table:
+    data = store.get_bytes(key_or_uri)
+    return _read_table(pa.BufferReader(data), store.uri(store.key(key_or_uri)), columns)
 
 
 def download_groups(store: ObjectStore, key_or_uri: str) -> list[TrajectoryGroup]:
     """Read groups from ``key_or_uri`` (a key of the store's bucket or its ``s3://`` URI)."""
-    return table_to_groups(download_table(store, key_or_uri), store.uri(store.key(key_or_uri)))
+    table = download_table(store, key_or_uri, GROUP_COLUMNS)
+    return table_to_groups(table, store.uri(store.key(key_or_uri)))
+
+
+def load_groups(location: str | Path, store: ObjectStore | None = None) -> list[TrajectoryGroup]:
+    """Groups from an ``s3://`` URI (needs ``store``), a ``file://`` URI, or a local path."""
+    text = str(location)
+    if text.startswith("s3://"):
+        if store is None:
+            raise ValueError(f"{text} is in S3; pass the ObjectStore to read it")
+        return download_groups(store, text)
+    return read_groups(url2pathname(urlparse(text).path) if text.startswith("file://") else text)

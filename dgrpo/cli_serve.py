@@ -1,4 +1,4 @@
-"""Subcommands of ``dgrpo`` (see dgrpo/cli.py)."""
+"""``dgrpo serve``: the CPU serving engine alone, as ``vllm serve`` would run (see workers/serving_cpu.py)."""
 
 from __future__ import annotations
 
@@ -7,3 +7,21 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add this module's subcommands; each sets ``func`` to a callable taking the parsed args."""
+    from workers.serving_options import add_arguments
+
+    parser = sub.add_parser(
+        "serve",
+        help="serve a model (and LoRA adapters) over the OpenAI/vLLM HTTP API on this CPU",
+        description="Serve MODEL with /v1/chat/completions, /v1/models, /v1/load_lora_adapter, "
+        "/v1/unload_lora_adapter and /health, like `vllm serve MODEL --enable-lora`.",
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from workers.serving_cpu import serve
+    from workers.serving_options import options_from_args
+
+    serve(options_from_args(args))
+    return 0

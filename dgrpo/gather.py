@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -40,7 +41,7 @@ class _Progress:
         elif isinstance(result, Trajectory):
             self.rewards.append(result.reward)
         self.bar.update(1)
-        postfix = {"exceptions": len(self.exceptions)}
+        postfix: dict[str, float] = {"exceptions": len(self.exceptions)}
         if self.rewards:
             postfix["reward"] = round(sum(self.rewards) / len(self.rewards), 3)
         self.bar.set_postfix(postfix, refresh=False)
@@ -83,8 +84,9 @@ async def gather_trajectory_groups(
         # Tasks copy the context now, so every rollout of every group reports to this bar.
         gathered = asyncio.ensure_future(asyncio.gather(*(_one(g, after_each) for g in pending)))
         watcher = asyncio.ensure_future(progress.exceeded.wait())
+        waiters: list[asyncio.Future[Any]] = [gathered, watcher]
         try:
-            await asyncio.wait({gathered, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             if progress.exceeded.is_set():
                 gathered.cancel()
                 await asyncio.gather(gathered, return_exceptions=True)

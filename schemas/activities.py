@@ -147,3 +147,12 @@ class CheckpointLookup(_Strict):
     """Find the newest manifested checkpoint of a run (resume)."""
 
     run_id: str
+
+
+class InitialAdapterInput(_Strict):
+    """Publish checkpoint 0 of a run: a fresh LoRA from ``seed``, or the warm-start adapter of ``base_model``."""
+
+    run_id: str
+    model: ModelSpec
+    seed: int = Field(0, ge=0)
+    """Seed of the fresh adapter's initialisation (ignored for a warm start)."""

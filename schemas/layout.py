@@ -6,6 +6,8 @@ MANIFEST_NAME = "manifest.json"
 """Written last into a checkpoint prefix; a prefix without it is not a checkpoint."""
 TRAJECTORIES_FILE = "trajectories.parquet"
 ADVANTAGES_FILE = "advantages.parquet"
+SCORED_FILE = "scored.parquet"
+"""The step's trajectories with the judge's rewards (written next to ``trajectories.parquet``)."""
 
 
 def run_prefix(run_id: str) -> str:
@@ -18,6 +20,15 @@ def step_prefix(run_id: str, step: int) -> str:
 
 def trajectories_key(run_id: str, step: int) -> str:
     return step_prefix(run_id, step) + TRAJECTORIES_FILE
+
+
+def scored_key(run_id: str, step: int) -> str:
+    return step_prefix(run_id, step) + SCORED_FILE
+
+
+def judge_cache_key(run_id: str, sha256: str) -> str:
+    """One judged group's scores, by the content hash of what the judge was asked."""
+    return f"runs/{run_id}/judge_cache/{sha256}.json"
 
 
 def advantages_key(run_id: str, step: int) -> str:
@@ -36,10 +47,30 @@ def metrics_key(run_id: str) -> str:
     return f"runs/{run_id}/metrics.parquet"
 
 
+def reward_curve_key(run_id: str) -> str:
+    """The reward-per-step PNG, redrawn by every metrics activity."""
+    return f"runs/{run_id}/reward_curve.png"
+
+
+def spec_key(run_id: str) -> str:
+    """The RunSpec a run was started with (``dgrpo resume`` restarts from it)."""
+    return f"runs/{run_id}/spec.json"
+
+
 def run_state_key(run_id: str) -> str:
     return f"runs/{run_id}/state.json"
+
+
+def model_key(run_id: str) -> str:
+    """The ``ModelSpec`` an ART-style client registered for the run (checked on every ``register``)."""
+    return f"runs/{run_id}/model.json"
 
 
 def adapter_name(model_name: str, step: int) -> str:
     """The name a served adapter answers to: ``<model>@<step>``."""
     return f"{model_name}@{step}"
+
+
+def worker_task_queue(trainer_queue: str, worker_id: str) -> str:
+    """The task queue only trainer ``worker_id`` polls (publish runs where the staged adapter is)."""
+    return f"{trainer_queue}@{worker_id}"

@@ -64,6 +64,8 @@ class RunState(_Strict):
     """Pipelined mode: groups dropped because their policy was older than ``max_staleness``."""
     prefetched: TrajectoriesRef | None = None
     """Pipelined mode: rollouts already made for step ``step + 1``."""
+    prefetched_policy: int = Field(0, ge=0)
+    """The policy step that sampled ``prefetched``."""
     paused: bool = False
     stopping: bool = False
 

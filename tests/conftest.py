@@ -3,13 +3,13 @@
 Fixtures (names are stable; other test modules rely on them):
 
 - ``stack`` (session) -> ``workers.stack.EmbeddedStack``: both servers, started once per session in a
-  temp dir on free ports (never the developer's ``dgrpo up`` ports). ``stack.temporal_address``,
+  temp dir on free ports (never the developer's ``dgrpo up`` ports); the servers die with pytest. ``stack.temporal_address``,
   ``stack.s3_settings``, ``stack.env()``. For the whole session, ``os.environ`` also carries
   ``stack.env()`` (``DGRPO_TEMPORAL_ADDRESS``, ``DGRPO_S3_*``, ``TEMPORAL_ADDRESS``), so
   ``S3Settings.from_env()`` and worker subprocesses find the stack.
 - ``s3_settings`` (session) -> ``schemas.settings.S3Settings`` of the stack (bucket ``dgrpo``).
 - ``object_store`` (function) -> ``activities.object_store.ObjectStore`` on a fresh, empty bucket
-  per test (``t-<random>``), so tests never see each other's keys.
+  per test (``t-<random>``, removed afterwards), so tests never see each other's keys.
 - ``temporal_client`` (session, async) -> a connected ``temporalio.client.Client``.
 - ``task_queue`` (function) -> a unique task-queue name per test (``tq-<test name>-<random>``).
 
@@ -38,7 +38,7 @@ os.environ.setdefault(ENV_CACHE, dgrpo_cache())
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
     home = tmp_path_factory.mktemp("dgrpo-home")
-    embedded = EmbeddedStack(home, free_ports=True, ui=False)
+    embedded = EmbeddedStack(home, free_ports=True, ui=False, tied_to_parent=True)
     embedded.start()
     with pytest.MonkeyPatch.context() as mp:
         for name, value in embedded.env().items():
@@ -60,7 +60,7 @@ def object_store(s3_settings: S3Settings) -> Iterator[ObjectStore]:
     store = ObjectStore(s3_settings.model_copy(update={"bucket": bucket}))
     store.ensure_bucket()
     yield store
-    store.delete_prefix("")
+    store.remove_bucket()  # each bucket holds a SeaweedFS volume; removing it frees the volume
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

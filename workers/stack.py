@@ -17,27 +17,34 @@ import os
 import secrets
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from schemas import settings as env_names
 from schemas.settings import S3Settings
+from workers.processes import (
+    HOST,
+    ProcessInfo,
+    alive,
+    die_with_parent,
+    free_port,
+    port_answers,
+    port_is_free,
+    run_in_thread,
+    terminate,
+    write_atomic,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TEMPORAL_PORT = 7233
 DEFAULT_UI_PORT = 8233
 DEFAULT_S3_PORT = 8333
-HOST = "127.0.0.1"
 STATE_FILE = "stack.json"
 CREDENTIALS_FILE = "s3-identities.json"
 # weed mini opens all of these; each gets a free port so two stacks never collide.
@@ -56,15 +63,6 @@ WEED_PORT_FLAGS = (
 
 class StackError(RuntimeError):
     """The embedded stack could not start, or no stack runs where one was expected."""
-
-
-class ProcessInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    pid: int
-    create_time: float
-    """psutil's create time, so a recycled pid is never mistaken for ours."""
-    log: str
 
 
 class StackState(BaseModel):
@@ -106,86 +104,6 @@ def find_binary(name: str) -> str:
     return found
 
 
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(exclude: set[int] | None = None) -> int:
-    """A currently unused loopback port (not in ``exclude``)."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((HOST, 0))
-            port = int(s.getsockname()[1])
-        if port not in (exclude or set()):
-            return port
-
-
-def port_answers(port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((HOST, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write via a temp file and rename, so readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
-def _alive(info: ProcessInfo) -> bool:
-    try:
-        proc = psutil.Process(info.pid)
-        return abs(proc.create_time() - info.create_time) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _terminate(info: ProcessInfo, timeout: float) -> None:
-    if not _alive(info):
-        return
-    proc = psutil.Process(info.pid)
-    try:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout)
-    except psutil.TimeoutExpired:
-        log.warning("pid %d ignored SIGTERM for %.0fs; sending SIGKILL", info.pid, timeout)
-        proc.kill()
-        proc.wait(timeout)
-    except psutil.NoSuchProcess:
-        pass
-
-
-def _run_in_thread(coro_factory: Any) -> Any:
-    """Run a coroutine to completion on a private loop (safe even when the caller's loop is running)."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = asyncio.run(coro_factory())
-        except BaseException as err:
-            box["error"] = err
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
-
-
 def temporal_healthy(address: str) -> bool:
     async def check() -> bool:
         from temporalio.client import Client
@@ -194,7 +112,7 @@ def temporal_healthy(address: str) -> bool:
         return bool(await client.service_client.check_health())
 
     try:
-        return bool(_run_in_thread(check))
+        return bool(run_in_thread(check))
     except Exception as err:
         log.debug("temporal at %s not healthy yet: %s", address, err)
         return False
@@ -205,6 +123,7 @@ class EmbeddedStack:
 
     Ports left as None use the standard ones (7233, 8233, 8333) when free and free ones otherwise;
     ``free_ports=True`` always picks free ones (tests). ``ui=False`` runs Temporal headless.
+    ``tied_to_parent=True`` (tests) stops the servers when this process dies, even by SIGKILL.
     """
 
     def __init__(
@@ -218,6 +137,7 @@ class EmbeddedStack:
         free_ports: bool = False,
         bucket: str = "dgrpo",
         start_timeout: float = 60.0,
+        tied_to_parent: bool = False,
     ) -> None:
         self.home = Path(home).absolute()
         self.requested = {"temporal": temporal_port, "ui": ui_port, "s3": s3_port}
@@ -225,6 +145,7 @@ class EmbeddedStack:
         self.free_ports = free_ports
         self.bucket = bucket
         self.start_timeout = start_timeout
+        self.tied_to_parent = tied_to_parent
         self.state: StackState | None = None
         self._children: list[subprocess.Popen[bytes]] = []
 
@@ -263,7 +184,7 @@ class EmbeddedStack:
         except ValueError:
             log.warning("ignoring unreadable %s", self.state_path)
             return None
-        if _alive(state.temporal) and _alive(state.seaweed):
+        if alive(state.temporal) and alive(state.seaweed):
             if port_answers(state.temporal_port) and port_answers(state.s3_port):
                 return state
         return None
@@ -372,6 +293,8 @@ class EmbeddedStack:
         args += [f"-{flag}={port}" for flag, port in weed_ports.items()]
         # Components we do not use are off; telemetry is off (no network, and none wanted).
         args += ["-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0"]
+        # Every bucket takes at least one volume: allow many (sparse files) so per-test buckets never run out.
+        args += ["-volume.max=2000", "-master.volumeSizeLimitMB=256"]
         return [*args, "-master.telemetry=false"]
 
     def _spawn(self, name: str, args: list[str]) -> ProcessInfo:
@@ -380,7 +303,12 @@ class EmbeddedStack:
         with open(log_path, "ab") as out:
             # A new session: the servers outlive `dgrpo up` and ignore the terminal's Ctrl+C.
             proc = subprocess.Popen(
-                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent if self.tied_to_parent else None,
             )
         self._children.append(proc)  # kept so the child is reaped, not left a zombie
         return ProcessInfo(
@@ -396,7 +324,7 @@ class EmbeddedStack:
         temporal_ok = s3_ok = False
         while time.monotonic() < deadline:
             for name, info in (("temporal", state.temporal), ("seaweed", state.seaweed)):
-                if not _alive(info):
+                if not alive(info):
                     tail = Path(info.log).read_text(errors="replace")[-2000:]
                     raise StackError(f"{name} exited during start-up; log {info.log}:\n{tail}")
             if not temporal_ok and port_answers(state.temporal_port):
@@ -425,9 +353,8 @@ class EmbeddedStack:
         self.state = None
         if state is None:
             return False
-        was_running = _alive(state.temporal) or _alive(state.seaweed)
-        for info in (state.temporal, state.seaweed):
-            _terminate(info, timeout)
+        was_running = alive(state.temporal) or alive(state.seaweed)
+        terminate([state.temporal, state.seaweed], timeout)
         self.state_path.unlink(missing_ok=True)
         for child in self._children:
             child.poll()

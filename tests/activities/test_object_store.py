@@ -124,3 +124,11 @@ def test_unreachable_endpoint_fails_fast(s3_settings: S3Settings) -> None:
         store.put_bytes("x", b"y")
     assert not isinstance(err.value, StoreAuthError)
     assert time.monotonic() - started < 10
+
+
+def test_get_checkpoint_checks_the_published_manifest(object_store: ObjectStore, tmp_path: Path) -> None:
+    ref = object_store.publish_checkpoint(make_checkpoint(tmp_path / "a", "a"), "run-m", 1)
+    assert object_store.get_checkpoint(ref, tmp_path / "out").metadata == {"run_id": "run-m", "step": 1}
+    object_store.publish_checkpoint(make_checkpoint(tmp_path / "b", "b"), "run-m", 1)  # a rogue re-publish
+    with pytest.raises(CorruptCheckpointError, match="manifest changed since step 1 was published"):
+        object_store.get_checkpoint(ref, tmp_path / "out2")

@@ -155,6 +155,7 @@ def test_default_key_and_summary(object_store: ObjectStore) -> None:
     assert (ref.n_groups, ref.n_trajectories, ref.n_exceptions) == (3, 3, 1)
     assert ref.reward_mean == pytest.approx(0.5)
     assert same(ts.download_groups(object_store, layout.trajectories_key("run-1", 4)), groups)
+    assert same(ts.load_groups(ref.ref.uri, object_store), groups)
 
 
 def test_files_open_in_polars_and_duckdb(object_store: ObjectStore, tmp_path: Path) -> None:
@@ -198,6 +199,11 @@ def test_local_files_round_trip(tmp_path: Path) -> None:
     assert ref.ref.uri == (tmp_path / "x" / "t.parquet").as_uri()
     assert same(ts.read_groups(tmp_path / "x" / "t.parquet"), groups)
     assert ts.read_advantages(tmp_path / "x" / "t.parquet") == [[0.1, 0.2], [0.3], []]
+    assert same(ts.load_groups(ref.ref.uri), groups) and same(
+        ts.load_groups(str(tmp_path / "x" / "t.parquet")), groups
+    )
+    with pytest.raises(ValueError, match="pass the ObjectStore"):
+        ts.load_groups("s3://dgrpo/x.parquet")
     with pytest.raises(ValueError, match="advantages have shape"):
         ts.write_groups(groups, tmp_path / "y.parquet", advantages=[[0.1], [0.3], []])
 

@@ -1,0 +1,161 @@
+"""Checkpoint directories: what a staged/published checkpoint holds, and how it is published.
+
+A checkpoint directory (local staging dir or ``runs/<run>/checkpoints/<step:06d>/`` in S3):
+
+- ``adapter_config.json`` + ``adapter_model.safetensors``: the LoRA adapter in PEFT format, at the top
+  level, so the downloaded directory loads as is with ``PeftModel.from_pretrained`` or vLLM's
+  ``/v1/load_lora_adapter`` (``lora_path`` = the directory).
+- ``optimizer.pt``: the AdamW state (absent at step 0), so resume is exact.
+- ``trainer_state.json``: step, run id, base model, seed, the micro-batch the step finished with.
+- ``rng_state.pt``: torch's RNG state after the step.
+- ``metrics.json``: the step's training metrics.
+- ``manifest.json`` (in S3 only): every file with its sha256, written last by ``ObjectStore.put_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from activities.object_store import ObjectStore, sha256_file
+from schemas import layout
+from schemas.errors import CorruptCheckpointError
+from schemas.refs import CheckpointRef
+
+log = logging.getLogger(__name__)
+
+TRAINER_STATE_FILE = "trainer_state.json"
+RNG_STATE_FILE = "rng_state.pt"
+METRICS_FILE = "metrics.json"
+
+
+class TrainerState(BaseModel):
+    """``trainer_state.json``: the small facts about how a checkpoint was produced."""
+
+    model_config = ConfigDict(extra="allow")
+
+    run_id: str
+    step: int
+    base_model: str
+    seed: int = 0
+    micro_batch_size: int | None = None
+    """The micro-batch the step finished with (None at step 0)."""
+    worker_id: str = ""
+
+
+class OomState(BaseModel):
+    """The last out-of-memory failure of a step on this worker (read by the next attempt)."""
+
+    micro_batch_size: int
+    """The micro-batch that ran out of memory."""
+    attempt: int
+
+
+def staging_dir(root: str | Path, run_id: str, step: int) -> Path:
+    return Path(root) / run_id / f"{step:06d}"
+
+
+def oom_state_file(root: str | Path, run_id: str, step: int) -> Path:
+    # Outside the step's staging dir, so it is never uploaded with the checkpoint.
+    return Path(root) / run_id / f".{step:06d}.oom.json"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def read_oom_state(root: str | Path, run_id: str, step: int) -> OomState | None:
+    path = oom_state_file(root, run_id, step)
+    if not path.is_file():
+        return None
+    try:
+        return OomState.model_validate_json(path.read_text())
+    except ValueError:
+        return None
+
+
+def stage_checkpoint(
+    target: Path,
+    save_adapter: Callable[[Path], None],
+    state: TrainerState,
+    metrics: dict[str, float],
+) -> Path:
+    """Write a checkpoint dir atomically: into a temp dir, then renamed over ``target``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        save_adapter(tmp)
+        torch.save(torch.get_rng_state(), tmp / RNG_STATE_FILE)
+        write_json_atomic(tmp / TRAINER_STATE_FILE, state.model_dump(mode="json"))
+        write_json_atomic(tmp / METRICS_FILE, metrics)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def read_trainer_state(directory: str | Path) -> TrainerState:
+    return TrainerState.model_validate_json((Path(directory) / TRAINER_STATE_FILE).read_text())
+
+
+def publish_staged(
+    store: ObjectStore, staging: Path, run_id: str, step: int, metadata: dict[str, Any] | None = None
+) -> CheckpointRef:
+    """Upload a staged checkpoint (manifest last); a complete checkpoint with the same files is reused."""
+    if not (staging / TRAINER_STATE_FILE).is_file():
+        raise CorruptCheckpointError(f"{staging} is not a staged checkpoint (no {TRAINER_STATE_FILE})")
+    prefix = layout.checkpoint_prefix(run_id, step)
+    local = {
+        p.relative_to(staging).as_posix(): sha256_file(p)[0]
+        for p in staging.rglob("*")
+        if p.is_file() and p.name != layout.MANIFEST_NAME
+    }
+    if store.is_complete(prefix):
+        try:
+            manifest, sha = store.read_manifest(prefix)
+        except CorruptCheckpointError:
+            manifest, sha = None, ""
+        if manifest is not None and {e.path: e.sha256 for e in manifest.files} == local:
+            log.info("checkpoint %s already published with the same files", store.uri(prefix))
+            return CheckpointRef(run_id=run_id, step=step, uri=store.uri(prefix), manifest_sha256=sha)
+    meta = {k: v for k, v in (metadata or {}).items() if isinstance(v, str | int | float | bool) or v is None}
+    return store.publish_checkpoint(staging, run_id, step, meta)
+
+
+def download_checkpoint(store: ObjectStore, ref: CheckpointRef, local: Path) -> Path:
+    """Download a manifested checkpoint (sha256-verified) into ``local``; reuse a verified copy."""
+    prefix = store.key(ref.uri)
+    _, sha = store.read_manifest(prefix)
+    if sha != ref.manifest_sha256:
+        raise CorruptCheckpointError(
+            f"{ref.uri}: manifest sha256 {sha[:12]}… is not the {ref.manifest_sha256[:12]}… the workflow "
+            "recorded; the checkpoint was overwritten after it was published"
+        )
+    marker = local / ".manifest_sha256"
+    if marker.is_file() and marker.read_text() == sha:
+        return local
+    if local.exists():
+        shutil.rmtree(local)
+    tmp = local.with_name(f".{local.name}.download")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    store.get_dir(prefix, tmp)
+    (tmp / ".manifest_sha256").write_text(sha)
+    os.replace(tmp, local)
+    return local

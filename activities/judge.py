@@ -1,0 +1,380 @@
+"""The judge activity (control queue) and ``ruler_score_group``: RULER-style relative scoring of a group.
+
+The judge sees a whole group in one prompt (the shared context once, then each distinct trajectory)
+and answers JSON: ``{"scores": [{"trajectory_id": "1", "explanation": "...", "score": 0.8}, ...]}``
+with every score in [0, 1]. Identical trajectories are shown once and share their score.
+
+Small judges write nonsense; the contract with them is:
+
+1. the reply is parsed leniently (code fences, prose around the JSON, a bare list of numbers);
+2. a malformed reply gets ONE corrective re-ask that says what was wrong;
+3. if that is malformed too, the group keeps its rollout rewards and every trajectory gets
+   ``metrics["judge_fallback"] = 1`` (0 when judged), so the run never crashes on the judge and the
+   fallback rate shows up in the step's metrics.
+
+Judged scores are cached by the content hash of what the judge was asked (model, rubric, trajectories),
+in the object store under ``runs/<run>/judge_cache/<sha256>.json``, so a retried step pays only for the
+groups it had not judged yet. Fallbacks are not cached: a retry asks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from openai import AsyncOpenAI
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.object_store import ObjectStore
+from activities.rollout_model import discover_base_model, openai_base_url
+from activities.trajectory_store import load_groups, upload_groups
+from schemas import layout
+from schemas.activities import JudgeInput
+from schemas.config import JudgeConfig
+from schemas.errors import CONFIG_ERROR
+from schemas.refs import TrajectoriesRef
+from schemas.trajectory import Trajectory, TrajectoryGroup
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RUBRIC = (
+    "- A trajectory that achieves its goal always scores higher than one that does not.\n"
+    "- A trajectory that achieves its goal more efficiently (fewer, clearer steps) scores higher.\n"
+    "- If one trajectory is only slightly better than another, their scores should be close.\n"
+    "- Scores are between 0 and 1."
+)
+SYSTEM_PROMPT = (
+    "You are an impartial judge. You will see several trajectories of an AI agent working on the same "
+    "task. Compare them with each other and score each one from 0 to 1.\n\nGrading rubric:\n{rubric}\n\n"
+    'Reply with JSON only, exactly this shape: {{"scores": [{{"trajectory_id": "1", "explanation": '
+    '"<one sentence>", "score": <number between 0 and 1>}}, ...]}} with one entry per trajectory.'
+)
+MAX_CHARS_PER_MESSAGE = 2000
+GROUP_CONCURRENCY = 4
+ENV_INFERENCE_URL = "DGRPO_INFERENCE_URL"
+"""The default judge's server when the control worker was not given one."""
+
+
+class JudgeCache(Protocol):
+    """Where judged scores are kept by content hash."""
+
+    async def get(self, key: str) -> list[float] | None: ...
+
+    async def put(self, key: str, scores: list[float]) -> None: ...
+
+
+class StoreJudgeCache:
+    """``JudgeCache`` in the object store under ``runs/<run_id>/judge_cache/``."""
+
+    def __init__(self, store: ObjectStore, run_id: str) -> None:
+        self.store = store
+        self.run_id = run_id
+
+    async def get(self, key: str) -> list[float] | None:
+        path = layout.judge_cache_key(self.run_id, key)
+        if not await asyncio.to_thread(self.store.exists, path):
+            return None
+        data = json.loads(await asyncio.to_thread(self.store.get_bytes, path))
+        return [float(s) for s in data["scores"]]
+
+    async def put(self, key: str, scores: list[float]) -> None:
+        body = json.dumps({"scores": scores}).encode()
+        await asyncio.to_thread(self.store.put_bytes, layout.judge_cache_key(self.run_id, key), body)
+
+
+class MalformedJudgement(ValueError):
+    """The judge's reply is not the JSON asked for; the message says what to fix."""
+
+
+def _render_content(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    text = content if isinstance(content, str) else json.dumps(content) if content is not None else ""
+    if message.get("tool_calls"):
+        calls = [c.get("function", c) for c in message["tool_calls"]]
+        text += ("\n" if text else "") + "tool calls: " + json.dumps(calls, ensure_ascii=False)
+    if len(text) > MAX_CHARS_PER_MESSAGE:
+        text = text[:MAX_CHARS_PER_MESSAGE] + " [...]"
+    return text
+
+
+def _render(messages: Sequence[dict[str, Any]]) -> str:
+    return "\n".join(f"[{m.get('role')}] {_render_content(m)}" for m in messages)
+
+
+def trajectory_key(trajectory: Trajectory) -> str:
+    """Content hash of what the judge sees of a trajectory (its messages and tools)."""
+    blob = json.dumps([trajectory.messages(), trajectory.tools], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def judge_messages(unique: Sequence[Trajectory], rubric: str | None = None) -> list[dict[str, str]]:
+    """The judge's prompt: shared context once, then each trajectory's own part, numbered from 1."""
+    all_messages = [t.messages() for t in unique]
+    prefix = 0
+    while all(len(m) > prefix + 1 for m in all_messages) and all(
+        m[prefix] == all_messages[0][prefix] for m in all_messages
+    ):
+        prefix += 1
+    parts = []
+    if prefix:
+        parts.append(f"<context>\n{_render(all_messages[0][:prefix])}\n</context>")
+    for i, messages in enumerate(all_messages, start=1):
+        parts.append(f'<trajectory id="{i}">\n{_render(messages[prefix:])}\n</trajectory>')
+    parts.append(f"Score all {len(unique)} trajectories. Reply with the JSON only.")
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT.format(rubric=rubric or DEFAULT_RUBRIC)},
+        {"role": "user", "content": "\n\n".join(parts)},
+    ]
+
+
+def _json_candidates(text: str) -> list[Any]:
+    fenced = re.findall(r"```(?:json)?\s*(.*?)```", text, flags=re.DOTALL)
+    candidates = [*fenced, text]
+    for opener, closer in (("{", "}"), ("[", "]")):
+        start, end = text.find(opener), text.rfind(closer)
+        if 0 <= start < end:
+            candidates.append(text[start : end + 1])
+    out = []
+    for candidate in candidates:
+        try:
+            out.append(json.loads(candidate.strip()))
+        except ValueError:
+            continue
+    return out
+
+
+def _as_score(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise MalformedJudgement(f"a score must be a number, got {value!r}")
+    try:
+        score = float(value)
+    except ValueError:
+        raise MalformedJudgement(f"a score must be a number, got {value!r}") from None
+    if not 0.0 <= score <= 1.0:
+        raise MalformedJudgement(f"every score must be between 0 and 1, got {score}")
+    return score
+
+
+def _scores_from(data: Any, n: int) -> list[float]:
+    if isinstance(data, dict) and "scores" in data:
+        data = data["scores"]
+    if isinstance(data, dict):  # {"1": 0.5, "2": 0.9}
+        data = [{"trajectory_id": k, "score": v} for k, v in data.items()]
+    if not isinstance(data, list):
+        raise MalformedJudgement('the reply must be {"scores": [...]}')
+    if all(not isinstance(item, dict) for item in data):
+        scores = [_as_score(item) for item in data]
+    else:
+        by_id: dict[int, float] = {}
+        for position, item in enumerate(data, start=1):
+            if not isinstance(item, dict) or "score" not in item:
+                raise MalformedJudgement(f'entry {position} must be an object with a "score"')
+            raw_id = item.get("trajectory_id", item.get("id", position))
+            match = re.search(r"\d+", str(raw_id))
+            by_id[int(match.group()) if match else position] = _as_score(item["score"])
+        if sorted(by_id) != list(range(1, n + 1)):
+            raise MalformedJudgement(
+                f"give exactly one score for each trajectory_id 1..{n}, got ids {sorted(by_id)}"
+            )
+        scores = [by_id[i] for i in range(1, n + 1)]
+    if len(scores) != n:
+        raise MalformedJudgement(f"give exactly {n} scores, one per trajectory, got {len(scores)}")
+    return scores
+
+
+def parse_scores(text: str, n: int) -> list[float]:
+    """The ``n`` scores in a judge's reply, read leniently; ``MalformedJudgement`` says what is wrong."""
+    candidates = _json_candidates(text)
+    if not candidates:
+        raise MalformedJudgement("the reply contains no JSON")
+    first_error: MalformedJudgement | None = None
+    for data in candidates:
+        try:
+            return _scores_from(data, n)
+        except MalformedJudgement as err:
+            first_error = first_error or err
+    assert first_error is not None
+    raise first_error
+
+
+async def ask_judge(
+    client: AsyncOpenAI, judge_model: str, messages: list[dict[str, str]], n: int, max_tokens: int
+) -> list[float] | None:
+    """Ask once, re-ask once on malformed output; None when both replies were malformed."""
+    conversation = list(messages)
+    for attempt in (1, 2):
+        response = await client.chat.completions.create(
+            model=judge_model,
+            messages=conversation,  # type: ignore[arg-type]
+            max_tokens=max_tokens,
+            temperature=0.0,
+        )
+        reply = response.choices[0].message.content or ""
+        try:
+            return parse_scores(reply, n)
+        except MalformedJudgement as err:
+            log.info("judge %s reply %d malformed (%s): %.200r", judge_model, attempt, err, reply)
+            conversation += [
+                {"role": "assistant", "content": reply},
+                {
+                    "role": "user",
+                    "content": f"That reply is not valid: {err}. Reply again with JSON only: "
+                    f'{{"scores": [{{"trajectory_id": "1", "explanation": "...", "score": 0.5}}, ...]}} '
+                    f"with exactly {n} entries, ids 1 to {n}, scores between 0 and 1.",
+                },
+            ]
+    return None
+
+
+async def ruler_score_group(
+    group: TrajectoryGroup,
+    judge_model: str,
+    *,
+    client: AsyncOpenAI | None = None,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    rubric: str | None = None,
+    max_tokens: int = 512,
+    cache: JudgeCache | None = None,
+    keep_original: bool = True,
+) -> TrajectoryGroup:
+    """The group with each trajectory's reward replaced by the judge's relative score in [0, 1].
+
+    Usable as ``after_each`` in ``gather_trajectory_groups``. Give ``client`` or ``base_url``. With
+    ``keep_original`` the rollout's reward stays in ``metrics["original_reward"]``. A judge that answers
+    nonsense twice leaves the rewards as they were, with ``metrics["judge_fallback"] = 1``.
+    """
+    if len(group.trajectories) < 2:
+        return group  # nothing to compare (and GRPO drops such a group anyway)
+    own_client = client is None
+    if client is None:
+        if base_url is None:
+            raise ValueError("ruler_score_group needs client= or base_url= (an OpenAI-compatible endpoint)")
+        client = AsyncOpenAI(base_url=openai_base_url(base_url), api_key=api_key or "dgrpo")
+    try:
+        keys = [trajectory_key(t) for t in group.trajectories]
+        unique_keys = list(dict.fromkeys(keys))
+        unique = [group.trajectories[keys.index(k)] for k in unique_keys]
+        messages = judge_messages(unique, rubric)
+        cache_key = hashlib.sha256(json.dumps([judge_model, messages]).encode()).hexdigest()
+        scores = await cache.get(cache_key) if cache is not None else None
+        if scores is None:
+            scores = await ask_judge(client, judge_model, messages, len(unique), max_tokens)
+            if scores is not None and cache is not None:
+                await cache.put(cache_key, scores)
+    finally:
+        if own_client:
+            await client.close()
+    by_key = dict(zip(unique_keys, scores or [], strict=False))
+    judged = []
+    for trajectory, key in zip(group.trajectories, keys, strict=True):
+        out = trajectory.model_copy(deep=True)
+        out.metrics["judge_fallback"] = scores is None
+        if scores is not None:
+            if keep_original:
+                out.metrics["original_reward"] = trajectory.reward
+            out.metrics["ruler_score"] = by_key[key]
+            out.reward = by_key[key]
+        judged.append(out)
+    if scores is None:
+        log.warning(
+            "judge %s answered malformed JSON twice; the group keeps its rollout rewards", judge_model
+        )
+    return TrajectoryGroup(judged, exceptions=list(group.exceptions), metadata=dict(group.metadata))
+
+
+class JudgeActivities:
+    """The control worker's judge activity, bound to the object store and our inference server.
+
+    The default judge (``judge.base_url`` unset) is the base model on ``inference_url``, else on
+    ``$DGRPO_INFERENCE_URL`` of the control worker's environment.
+    """
+
+    def __init__(self, store: ObjectStore, inference_url: str | None = None) -> None:
+        self.store = store
+        self.inference_url = inference_url or os.environ.get(ENV_INFERENCE_URL) or None
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.judge]
+
+    async def _judge_model(self, config: JudgeConfig, base_url: str, base_model_name: str) -> str:
+        if config.model is not None:
+            return config.model
+        try:
+            return await discover_base_model(base_url)
+        except Exception as err:  # an older server without /v1/models: ask for the spec's name
+            log.warning("could not list models at %s (%s); judging with %r", base_url, err, base_model_name)
+            return base_model_name
+
+    def _client(self, config: JudgeConfig) -> tuple[AsyncOpenAI, str]:
+        base_url = config.base_url or self.inference_url
+        if base_url is None:
+            raise ApplicationError(
+                "judge.base_url is not set and this control worker knows no inference server; set "
+                f"judge.base_url in the run spec, or {ENV_INFERENCE_URL} in the control worker's environment",
+                type=CONFIG_ERROR,
+                non_retryable=True,
+            )
+        api_key = "dgrpo"
+        if config.api_key_env is not None:
+            api_key = os.environ.get(config.api_key_env, "")
+            if not api_key:
+                raise ApplicationError(
+                    f"judge.api_key_env names {config.api_key_env!r}, but the control worker's environment "
+                    "does not set it; export it where the worker runs",
+                    type=CONFIG_ERROR,
+                    non_retryable=True,
+                )
+        return AsyncOpenAI(base_url=openai_base_url(base_url), api_key=api_key), base_url
+
+    @activity.defn(name="judge")
+    async def judge(self, input: JudgeInput) -> TrajectoriesRef:
+        config = input.judge
+        if config.kind == "rollout":
+            return input.trajectories
+        groups = await asyncio.to_thread(load_groups, input.trajectories.ref.uri, self.store)
+        client, base_url = self._client(config)
+        judge_model = await self._judge_model(config, base_url, input.base_model_name)
+        cache = StoreJudgeCache(self.store, input.run_id)
+        semaphore = asyncio.Semaphore(GROUP_CONCURRENCY)
+        done = 0
+
+        async def score(group: TrajectoryGroup) -> TrajectoryGroup:
+            nonlocal done
+            async with semaphore:
+                judged = await ruler_score_group(
+                    group,
+                    judge_model,
+                    client=client,
+                    rubric=config.rubric,
+                    max_tokens=config.max_tokens,
+                    cache=cache,
+                    keep_original=config.kind == "both",
+                )
+            done += 1
+            if activity.in_activity():
+                activity.heartbeat({"groups_done": done, "total": len(groups)})
+            return judged
+
+        try:
+            scored = await asyncio.gather(*(score(g) for g in groups))
+        finally:
+            await client.close()
+        fallbacks = sum(bool(t.metrics.get("judge_fallback")) for g in scored for t in g.trajectories)
+        log.info(
+            "judged %d groups of %s step %d with %s; %d fallbacks",
+            len(groups),
+            input.run_id,
+            input.step,
+            judge_model,
+            fallbacks,
+        )
+        key = layout.scored_key(input.run_id, input.step)
+        return await asyncio.to_thread(upload_groups, self.store, scored, input.run_id, input.step, key=key)

@@ -1,0 +1,195 @@
+"""The metrics activity (control queue): one row per step in the run's metrics Parquet, W&B, a reward curve.
+
+- ``runs/<run>/metrics.parquet``: one row per step (a retried step replaces its row), a column per metric.
+- W&B with ``train/step`` as the x-axis (so a retried step may log again): offline unless
+  ``WANDB_API_KEY`` is set in the worker's environment. W&B failing never fails the step.
+- ``runs/<run>/reward_curve.png``: reward mean (with a ±std band) per step, redrawn every step; also
+  written to ``<local_dir>/<run>/reward_curve.png`` when the activity has a local dir
+  (default ``$DGRPO_HOME/runs`` when ``DGRPO_HOME`` is set).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from temporalio import activity
+
+from activities.object_store import ObjectStore
+from schemas import layout
+from schemas.activities import MetricsInput
+from schemas.errors import StoreError
+from schemas.settings import ENV_HOME
+
+log = logging.getLogger(__name__)
+
+STEP_COLUMN = "step"
+WANDB_STEP = "train/step"
+WANDB_TIMEOUT_S = 60.0
+
+
+def merge_row(rows: list[dict[str, Any]], row: dict[str, Any]) -> list[dict[str, Any]]:
+    """``rows`` with ``row`` in place of any row of the same step, sorted by step."""
+    kept = [r for r in rows if r.get(STEP_COLUMN) != row[STEP_COLUMN]]
+    return sorted([*kept, row], key=lambda r: int(r[STEP_COLUMN]))
+
+
+def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """One column per metric seen in any row (null where a step lacks it); fixed columns first."""
+    fixed = [STEP_COLUMN, "run_id", "model_name", "logged_at"]
+    names = fixed + sorted({k for r in rows for k in r} - set(fixed))
+    types = {
+        STEP_COLUMN: pa.int64(),
+        "run_id": pa.string(),
+        "model_name": pa.string(),
+        "logged_at": pa.float64(),
+    }
+    schema = pa.schema([(n, types.get(n, pa.float64())) for n in names])
+    return pa.Table.from_pylist([{n: r.get(n) for n in names} for r in rows], schema=schema)
+
+
+def read_metrics(store: ObjectStore, run_id: str) -> list[dict[str, Any]]:
+    """The run's metric rows (empty when none were logged yet)."""
+    key = layout.metrics_key(run_id)
+    if not store.exists(key):
+        return []
+    return list(pq.read_table(pa.BufferReader(store.get_bytes(key))).to_pylist())
+
+
+def reward_curve_png(rows: list[dict[str, Any]], title: str) -> bytes:
+    """A PNG of reward mean (±std) per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [
+        (int(r[STEP_COLUMN]), float(r["reward_mean"]), float(r.get("reward_std") or 0.0))
+        for r in rows
+        if r.get("reward_mean") is not None and math.isfinite(float(r["reward_mean"]))
+    ]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    if points:
+        steps, means, stds = zip(*points, strict=True)
+        ax.plot(steps, means, marker="o", label="reward mean")
+        ax.fill_between(
+            steps,
+            [m - s for m, s in zip(means, stds, strict=True)],
+            [m + s for m, s in zip(means, stds, strict=True)],
+            alpha=0.2,
+            label="± std",
+        )
+        ax.legend(loc="lower right")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+class WandbSink:
+    """One W&B run per training run, kept open across steps by the worker process."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.runs: dict[str, Any] = {}
+
+    def log(self, input: MetricsInput) -> None:
+        import wandb
+
+        run = self.runs.get(input.run_id)
+        if run is None:
+            wandb_dir = self.root / input.run_id
+            wandb_dir.mkdir(parents=True, exist_ok=True)
+            run = wandb.init(
+                project=input.project,
+                name=input.model_name,
+                id=input.run_id,
+                dir=str(wandb_dir),
+                mode="online" if os.environ.get("WANDB_API_KEY") else "offline",
+                resume="allow",
+                reinit="create_new",
+                settings=wandb.Settings(silent=True, console="off"),
+            )
+            run.define_metric(WANDB_STEP)
+            run.define_metric("*", step_metric=WANDB_STEP)
+            self.runs[input.run_id] = run
+        run.log({WANDB_STEP: input.step, **input.metrics})
+
+    def close(self) -> None:
+        for run in self.runs.values():
+            run.finish()
+        self.runs.clear()
+
+
+class MetricsActivities:
+    """The control worker's metrics activity."""
+
+    def __init__(
+        self, store: ObjectStore, *, local_dir: Path | None = None, wandb_dir: Path | None = None
+    ) -> None:
+        self.store = store
+        home = os.environ.get(ENV_HOME)
+        self.local_dir = local_dir or (Path(home) / "runs" if home else None)
+        root = wandb_dir or (self.local_dir or Path(tempfile.gettempdir()) / "dgrpo") / "wandb"
+        self.wandb = WandbSink(root)
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.log_metrics]
+
+    def _write(self, input: MetricsInput) -> list[dict[str, Any]]:
+        row: dict[str, Any] = {
+            STEP_COLUMN: input.step,
+            "run_id": input.run_id,
+            "model_name": input.model_name,
+            "logged_at": time.time(),
+            **{k: float(v) for k, v in input.metrics.items()},
+        }
+        rows = merge_row(read_metrics(self.store, input.run_id), row)
+        sink = pa.BufferOutputStream()
+        pq.write_table(rows_to_table(rows), sink, compression="zstd")
+        self.store.put_bytes(layout.metrics_key(input.run_id), sink.getvalue().to_pybytes())
+        return rows
+
+    def _curve(self, input: MetricsInput, rows: list[dict[str, Any]]) -> None:
+        png = reward_curve_png(rows, f"{input.project}/{input.model_name} ({input.run_id})")
+        self.store.put_bytes(layout.reward_curve_key(input.run_id), png)
+        if self.local_dir is not None:
+            path = self.local_dir / input.run_id / "reward_curve.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_bytes(png)
+            tmp.replace(path)
+
+    @activity.defn(name="metrics")
+    async def log_metrics(self, input: MetricsInput) -> None:
+        rows = await asyncio.to_thread(self._write, input)
+        try:
+            await asyncio.to_thread(self._curve, input, rows)
+        except (StoreError, OSError, ValueError) as err:
+            log.warning("reward curve for %s step %d not drawn: %s", input.run_id, input.step, err)
+        if input.wandb:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self.wandb.log, input), WANDB_TIMEOUT_S)
+            except Exception as err:  # W&B is a convenience: never fail the step for it
+                log.warning(
+                    "W&B logging for %s step %d failed: %s: %s",
+                    input.run_id,
+                    input.step,
+                    type(err).__name__,
+                    err,
+                )

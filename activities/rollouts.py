@@ -1,0 +1,313 @@
+"""The rollouts activity (inference queue): run the user's rollout function on this step's scenarios.
+
+``async def rollout(model, scenario) -> Trajectory`` is imported by path (``examples.arithmetic:rollout``)
+and called ``group_size`` times per scenario, concurrently (``task.rollout_concurrency`` at once), each
+under ``task.rollout_timeout_s``. ``model`` is a ``RolloutModel`` whose ``openai_client()`` routes
+``model=model.name`` to the adapter this step pins. A rollout that raises, hangs or returns something
+other than a ``Trajectory`` is recorded with its group; more than ``task.max_exceptions`` of them fail
+the step. The groups go to ``runs/<run>/steps/<step>/trajectories.parquet`` (a retry overwrites it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib
+import inspect
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ValidationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.object_store import ObjectStore
+from activities.rollout_model import RolloutModel, discover_base_model, openai_base_url
+from activities.trajectory_store import upload_groups
+from schemas.activities import RolloutsInput
+from schemas.config import TaskSpec
+from schemas.errors import CONFIG_ERROR, ROLLOUT_FAILED, TASK_IMPORT
+from schemas.refs import TrajectoriesRef
+from schemas.trajectory import Choice, ExceptionRecord, Trajectory, TrajectoryGroup
+
+log = logging.getLogger(__name__)
+
+RolloutFn = Callable[[Any, dict[str, Any]], Awaitable[Any]]
+
+
+def import_object(path: str, what: str) -> Any:
+    """``package.module:attr`` -> the object; a path that does not import is a non-retryable TASK_IMPORT."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ApplicationError(
+            f"{what} {path!r} is not an import path; write it as 'package.module:function'",
+            type=TASK_IMPORT,
+            non_retryable=True,
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:
+        raise ApplicationError(
+            f"{what} {path!r} does not import: module {module_name!r} failed with {type(err).__name__}: {err}; "
+            "put the module on the worker's PYTHONPATH (start the worker from the project root, or "
+            "`export PYTHONPATH=...`) and fix any error it raises on import",
+            type=TASK_IMPORT,
+            non_retryable=True,
+        ) from err
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ApplicationError(
+            f"{what} {path!r} does not import: module {module_name!r} ({getattr(module, '__file__', '?')}) "
+            f"has no attribute {attr!r}; check the function's name",
+            type=TASK_IMPORT,
+            non_retryable=True,
+        ) from None
+
+
+def load_rollout_function(path: str) -> RolloutFn:
+    """Import the rollout function and check it is ``async def rollout(model, scenario)``."""
+    fn = import_object(path, "task.rollout")
+    if not callable(fn) or not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(fn.__call__)):
+        raise ApplicationError(
+            f"task.rollout {path!r} is a {type(fn).__name__}, not an async function; define it as "
+            "`async def rollout(model, scenario) -> Trajectory`",
+            type=TASK_IMPORT,
+            non_retryable=True,
+        )
+    return fn  # type: ignore[no-any-return]
+
+
+def _config_error(message: str) -> ApplicationError:
+    return ApplicationError(message, type=CONFIG_ERROR, non_retryable=True)
+
+
+def _check_scenarios(items: Any, source: str) -> list[dict[str, Any]]:
+    if not isinstance(items, list) or not items:
+        raise _config_error(
+            f"scenarios from {source} must be a non-empty list of dicts, got {type(items).__name__}"
+        )
+    bad = [i for i, s in enumerate(items) if not isinstance(s, dict)]
+    if bad:
+        raise _config_error(
+            f"scenarios from {source}: item {bad[0]} is a {type(items[bad[0]]).__name__}, but each scenario is a dict"
+        )
+    return items
+
+
+def load_scenarios(scenarios: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The scenario list from ``module:function``, a ``.jsonl``/``.parquet`` file, or inline."""
+    if isinstance(scenarios, list):
+        return _check_scenarios(scenarios, "the inline list")
+    if scenarios.endswith((".jsonl", ".parquet")):
+        path = Path(scenarios).expanduser()
+        if not path.is_file():
+            raise _config_error(
+                f"task.scenarios file {scenarios!r} does not exist on this worker (cwd {Path.cwd()}); "
+                "use an absolute path or one relative to the worker's working directory"
+            )
+        if path.suffix == ".jsonl":
+            try:
+                items = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            except json.JSONDecodeError as err:
+                raise _config_error(f"task.scenarios {scenarios!r}: not JSON Lines ({err})") from None
+        else:
+            items = pq.read_table(path).to_pylist()
+        return _check_scenarios(items, scenarios)
+    fn = import_object(scenarios, "task.scenarios")
+    if not callable(fn):
+        return _check_scenarios(fn, scenarios)
+    try:
+        items = fn()
+    except Exception as err:
+        raise ApplicationError(
+            f"task.scenarios {scenarios!r} raised {type(err).__name__}: {err}",
+            type=TASK_IMPORT,
+            non_retryable=True,
+        ) from err
+    return _check_scenarios(list(items) if not isinstance(items, list) else items, scenarios)
+
+
+def pick_scenarios(n_scenarios: int, count: int, offset: int, seed: int) -> list[int]:
+    """Indices of this step's scenarios: each pass over the list is its own seeded shuffle, cycled."""
+    picked = []
+    for position in range(offset, offset + count):
+        epoch, index = divmod(position, n_scenarios)
+        order = list(range(n_scenarios))
+        random.Random(f"{seed}:{epoch}").shuffle(order)
+        picked.append(order[index])
+    return picked
+
+
+def scenario_label(index: int, scenario: dict[str, Any]) -> str:
+    """How messages name a scenario: its index, plus its ``id`` when it has one."""
+    sid = scenario.get("id", scenario.get("scenario_id"))
+    return f"scenario #{index}" + (f" (id {sid!r})" if sid is not None else "")
+
+
+def normalize_trajectory(value: Any) -> Trajectory:
+    """A rollout's return value as a validated ``Trajectory`` (openai SDK choices turned into ``Choice``)."""
+    if not isinstance(value, Trajectory):
+        raise TypeError(f"returned {type(value).__name__}, expected a Trajectory")
+    items = [
+        Choice.model_validate(item) if isinstance(item, BaseModel) and not isinstance(item, Choice) else item
+        for item in value.messages_and_choices
+    ]
+    data = {name: getattr(value, name) for name in type(value).model_fields if name != "messages_and_choices"}
+    try:
+        return Trajectory.model_validate({**data, "messages_and_choices": items})
+    except ValidationError as err:
+        raise TypeError(f"returned an invalid Trajectory: {err}") from None
+
+
+async def run_rollout(
+    fn: RolloutFn, fn_path: str, model: Any, scenario: dict[str, Any], label: str, timeout_s: float
+) -> Trajectory | ExceptionRecord:
+    """One rollout: its trajectory, or the record of how it failed (message names function and scenario)."""
+    try:
+        result = await asyncio.wait_for(fn(model, copy.deepcopy(scenario)), timeout_s)
+    except TimeoutError:
+        return ExceptionRecord(
+            type="TimeoutError", message=f"rollout {fn_path} on {label} timed out after {timeout_s:g} s"
+        )
+    except Exception as err:
+        record = ExceptionRecord.from_exception(err)
+        record.message = f"rollout {fn_path} on {label} raised {type(err).__name__}: {err}"
+        return record
+    try:
+        return normalize_trajectory(result)
+    except TypeError as err:
+        return ExceptionRecord(type=type(err).__name__, message=f"rollout {fn_path} on {label} {err}")
+
+
+def _heartbeat(done: int, total: int) -> None:
+    if activity.in_activity():
+        activity.heartbeat({"done": done, "total": total})
+
+
+async def run_groups(
+    fn: RolloutFn,
+    task: TaskSpec,
+    models: Sequence[Any],
+    picked: Sequence[tuple[int, dict[str, Any]]],
+    group_size: int,
+    policy_step: int | None = None,
+) -> list[TrajectoryGroup]:
+    """Run ``group_size`` rollouts per picked scenario; fail fast past ``task.max_exceptions`` failures."""
+    semaphore = asyncio.Semaphore(task.rollout_concurrency)
+    total = len(picked) * group_size
+
+    async def one(g: int, i: int) -> tuple[int, int, Trajectory | ExceptionRecord]:
+        index, scenario = picked[g]
+        model = models[(g * group_size + i) % len(models)]
+        async with semaphore:
+            outcome = await run_rollout(
+                fn, task.rollout, model, scenario, scenario_label(index, scenario), task.rollout_timeout_s
+            )
+        return g, i, outcome
+
+    tasks = [asyncio.create_task(one(g, i)) for g in range(len(picked)) for i in range(group_size)]
+    outcomes: dict[tuple[int, int], Trajectory | ExceptionRecord] = {}
+    failures: list[ExceptionRecord] = []
+    try:
+        for next_done in asyncio.as_completed(tasks):
+            g, i, outcome = await next_done
+            outcomes[(g, i)] = outcome
+            if isinstance(outcome, ExceptionRecord):
+                failures.append(outcome)
+                log.warning("%s", outcome.message)
+                if len(failures) > task.max_exceptions:
+                    raise ApplicationError(
+                        f"{len(failures)} rollouts failed, more than task.max_exceptions={task.max_exceptions}; "
+                        f"first: {failures[0].message}",
+                        type=ROLLOUT_FAILED,
+                    )
+            _heartbeat(len(outcomes), total)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    groups = []
+    for g, (index, scenario) in enumerate(picked):
+        group = TrajectoryGroup(
+            metadata={
+                "scenario_index": index,
+                "scenario_id": None if scenario.get("id") is None else str(scenario["id"]),
+                "scenario": json.dumps(scenario, sort_keys=True, default=str),
+            }
+        )
+        for i in range(group_size):
+            outcome = outcomes[(g, i)]
+            if isinstance(outcome, Trajectory):
+                if policy_step is not None:
+                    outcome.policy_step = policy_step
+                group.trajectories.append(outcome)
+            else:
+                group.exceptions.append(outcome)
+        groups.append(group)
+    return groups
+
+
+class RolloutActivities:
+    """The inference worker's rollouts activity, bound to its server(s) and the object store."""
+
+    def __init__(
+        self,
+        inference_urls: str | Sequence[str],
+        store: ObjectStore,
+        *,
+        base_served_name: str | None = None,
+        api_key: str = "dgrpo",
+    ) -> None:
+        urls = [inference_urls] if isinstance(inference_urls, str) else list(inference_urls)
+        if not urls:
+            raise ValueError("RolloutActivities needs at least one inference server URL")
+        self.inference_urls = [openai_base_url(u) for u in urls]
+        self.store = store
+        self.base_served_name = base_served_name
+        self.api_key = api_key
+
+    async def served_base_name(self) -> str:
+        """The base model's served name (asked of the first server once, unless given)."""
+        if self.base_served_name is None:
+            self.base_served_name = await discover_base_model(self.inference_urls[0])
+        return self.base_served_name
+
+    @activity.defn(name="rollouts")
+    async def rollouts(self, input: RolloutsInput) -> TrajectoriesRef:
+        fn = load_rollout_function(input.task.rollout)
+        scenarios = await asyncio.to_thread(load_scenarios, input.task.scenarios)
+        indices = pick_scenarios(len(scenarios), input.groups_per_step, input.scenario_offset, input.seed)
+        picked = [(i, scenarios[i]) for i in indices]
+        base_name = await self.served_base_name()
+        models = [
+            RolloutModel(
+                name=input.model_name,
+                inference_base_url=url,
+                served_model=input.adapter or base_name,
+                step=input.policy_step,
+                base_model=base_name,
+                api_key=self.api_key,
+            )
+            for url in self.inference_urls
+        ]
+        log.info(
+            "rollouts for %s step %d: %d scenarios x %d via %s on %s",
+            input.run_id,
+            input.step,
+            len(picked),
+            input.group_size,
+            models[0].served_model,
+            self.inference_urls,
+        )
+        try:
+            groups = await run_groups(fn, input.task, models, picked, input.group_size, input.policy_step)
+        finally:
+            for model in models:
+                await model.aclose()
+        return await asyncio.to_thread(upload_groups, self.store, groups, input.run_id, input.step)

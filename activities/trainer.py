@@ -1,0 +1,274 @@
+"""The LoRA policy trainer: base model + adapter kept in memory, one GRPO step per call.
+
+``Trainer(model_spec, precision)`` loads the base model once (fp32 weights; ``bf16`` means bf16
+autocast) and wraps it in a peft LoRA (``ModelSpec.lora``, all linear projections by default, or the
+warm-start adapter's own config when ``base_model`` is an adapter dir). A step loads an adapter +
+optimizer state (``load_state``), runs ``train_step`` and saves them (``save_state``); the activity
+layer (activities/training.py) handles staging, publishing and failures.
+
+On CUDA with ``unsloth`` importable (``DGRPO_TRAINER_BACKEND=unsloth``, or auto when CUDA is there),
+the model is loaded through unsloth's ``FastLanguageModel``; everything else is the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import PeftModel, get_peft_model
+from peft.tuners.lora import LoraLayer
+from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from activities.grpo_loss import LossParams, grpo_loss, token_logprobs
+from activities.model_bootstrap import resolve_base_model
+from activities.tokenize import TrainSequence
+from schemas.config import ModelSpec, TrainConfig
+
+log = logging.getLogger(__name__)
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+ENV_BACKEND = "DGRPO_TRAINER_BACKEND"
+
+Progress = Callable[[int, int, int], None]
+"""``progress(micro_batch_index, n_micro_batches, micro_batch_size)`` after each micro-batch."""
+
+
+@dataclass
+class StepStats:
+    loss: float
+    policy_loss: float
+    kl: float
+    grad_norm: float
+    mean_ratio: float
+    clip_fraction: float
+    n_sequences: int
+    n_trainable_tokens: int
+    n_tokens: int
+    micro_batch_size: int
+
+
+def _use_unsloth() -> bool:
+    choice = os.environ.get(ENV_BACKEND, "auto")
+    if choice == "torch" or not torch.cuda.is_available():
+        return False
+    try:
+        import unsloth  # noqa: F401
+    except ImportError:
+        if choice == "unsloth":
+            raise
+        return False
+    return True
+
+
+def token_weights(sequences: list[TrainSequence], length_weighting: bool) -> list[list[float]]:
+    """Per-token loss weights (0 off the mask); with length weighting each trajectory sums to 1."""
+    per_traj: dict[int, int] = {}
+    for s in sequences:
+        per_traj[s.trajectory_index] = per_traj.get(s.trajectory_index, 0) + s.n_trainable
+    out = []
+    for s in sequences:
+        w = 1.0 / per_traj[s.trajectory_index] if length_weighting else 1.0
+        out.append([w if t else 0.0 for t in s.trainable])
+    return out
+
+
+class Trainer:
+    """A base model with one trainable LoRA adapter, kept warm across steps."""
+
+    def __init__(self, model: ModelSpec, precision: str = "fp32", device: str | None = None) -> None:
+        self.spec = model
+        self.precision = precision
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        resolved = resolve_base_model(model.base_model)
+        self.base_path = resolved.base_path
+        self.warm_start_path = resolved.adapter_path
+        self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(self.base_path)
+        if _use_unsloth():
+            base = self._load_unsloth()
+        else:
+            base = AutoModelForCausalLM.from_pretrained(self.base_path, dtype=torch.float32)
+            base.to(self.device)
+        if self.warm_start_path is not None:
+            self.model: Any = PeftModel.from_pretrained(base, self.warm_start_path, is_trainable=True)
+        else:
+            self.model = get_peft_model(base, self._peft_config())
+        self.model.config.use_cache = False
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer: torch.optim.AdamW | None = None
+        log.info(
+            "trainer ready: %s (%d trainable params, warm start: %s)",
+            self.base_path,
+            sum(p.numel() for p in self.params),
+            self.warm_start_path,
+        )
+
+    def _peft_config(self) -> PeftLoraConfig:
+        lora = self.spec.lora
+        return PeftLoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=lora.target_modules,
+            task_type="CAUSAL_LM",
+        )
+
+    def _load_unsloth(self) -> Any:
+        from unsloth import FastLanguageModel
+
+        model, tokenizer = FastLanguageModel.from_pretrained(
+            self.base_path, dtype=torch.bfloat16 if self.precision == "bf16" else None, load_in_4bit=False
+        )
+        self.tokenizer = tokenizer
+        return model
+
+    # ---- state ------------------------------------------------------------------------------------
+    def init_adapter(self, seed: int) -> None:
+        """The step-0 adapter: the warm-start adapter as loaded, or a fresh LoRA (B = 0) from ``seed``."""
+        self.optimizer = None
+        if self.warm_start_path is not None:
+            weights = load_file(str(Path(self.warm_start_path) / ADAPTER_WEIGHTS))
+            set_peft_model_state_dict(self.model, weights)
+            return
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for module in self.model.modules():
+                if isinstance(module, LoraLayer):
+                    module.reset_lora_parameters("default", True)
+
+    def load_state(self, directory: str | Path) -> None:
+        """Adapter weights and (when present) optimizer state from a checkpoint dir."""
+        directory = Path(directory)
+        result = set_peft_model_state_dict(self.model, load_file(str(directory / ADAPTER_WEIGHTS)))
+        if result.unexpected_keys:
+            raise ValueError(f"{directory}: adapter has unexpected keys {result.unexpected_keys[:3]}")
+        self.optimizer = None
+        if (directory / OPTIMIZER_FILE).is_file():
+            self.optimizer = self._new_optimizer(TrainConfig())
+            self.optimizer.load_state_dict(torch.load(directory / OPTIMIZER_FILE, weights_only=True))
+
+    def save_state(self, directory: str | Path) -> None:
+        """Adapter in PEFT format (adapter_config.json + safetensors) and the optimizer state."""
+        directory = Path(directory)
+        self.model.save_pretrained(str(directory))
+        if self.optimizer is not None:
+            torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+
+    def _new_optimizer(self, config: TrainConfig) -> torch.optim.AdamW:
+        return torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay)
+
+    # ---- compute ----------------------------------------------------------------------------------
+    def _autocast(self) -> Any:
+        enabled = self.precision == "bf16"
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+    def _batch(self, seqs: list[TrainSequence], weights: list[list[float]]) -> dict[str, torch.Tensor]:
+        width = max(len(s.tokens) for s in seqs)
+        pad = int(self.tokenizer.pad_token_id or 0)
+        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(seqs), width), dtype=torch.long)
+        old = torch.full((len(seqs), width), math.nan, dtype=torch.float32)
+        w = torch.zeros((len(seqs), width), dtype=torch.float32)
+        adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
+        for i, (s, sw) in enumerate(zip(seqs, weights, strict=True)):
+            n = len(s.tokens)
+            ids[i, :n] = torch.tensor(s.tokens)
+            attn[i, :n] = 1
+            old[i, :n] = torch.tensor(s.sampling_logprobs, dtype=torch.float32)
+            w[i, :n] = torch.tensor(sw, dtype=torch.float32)
+        # Position t's logits predict token t + 1: targets, old logprobs and weights shift by one.
+        batch = {"ids": ids, "attn": attn, "old": old[:, 1:], "w": w[:, 1:], "adv": adv}
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    def sequence_logprobs(self, seqs: list[TrainSequence]) -> list[list[float]]:
+        """The current policy's logprob of every token after the first (no grad), per sequence."""
+        batch = self._batch(seqs, [[0.0] * len(s.tokens) for s in seqs])
+        with torch.no_grad(), self._autocast():
+            logits = self.model(input_ids=batch["ids"], attention_mask=batch["attn"]).logits[:, :-1]
+        lp = token_logprobs(logits, batch["ids"][:, 1:])
+        return [lp[i, : len(s.tokens) - 1].tolist() for i, s in enumerate(seqs)]
+
+    def train_step(
+        self,
+        sequences: list[TrainSequence],
+        config: TrainConfig,
+        step: int,
+        micro_batch_size: int,
+        progress: Progress | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> StepStats:
+        """One GRPO step: ``config.epochs`` passes, each accumulating all micro-batches, then one update."""
+        if self.optimizer is None:
+            self.optimizer = self._new_optimizer(config)
+        for group in self.optimizer.param_groups:
+            group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
+        params = LossParams.from_config(config)
+        weights = token_weights(sequences, config.length_weighting)
+        total_weight = sum(sum(w) for w in weights)
+        if total_weight <= 0:
+            raise ValueError("no trainable tokens in this step")
+        # Sorted by length so micro-batches pad little; the sum over micro-batches does not depend on order.
+        order = sorted(range(len(sequences)), key=lambda i: (len(sequences[i].tokens), i))
+        chunks = [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
+        torch.manual_seed(config.seed * 1_000_003 + step)  # LoRA dropout, if any
+        self.model.train()
+        sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "ratio": 0.0, "clipped": 0.0}
+        grad_norm = 0.0
+        n_done = 0
+        for _epoch in range(config.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            sums = dict.fromkeys(sums, 0.0)
+            for index, chunk in enumerate(chunks):
+                if should_stop is not None and should_stop():
+                    raise InterruptedError("training cancelled")
+                batch = self._batch([sequences[i] for i in chunk], [weights[i] for i in chunk])
+                with self._autocast():
+                    logits = self.model(input_ids=batch["ids"], attention_mask=batch["attn"]).logits[:, :-1]
+                logprobs = token_logprobs(logits, batch["ids"][:, 1:])
+                del logits
+                # Unknown sampling logprobs (chat-template fallback): the current policy's, ratio 1.
+                old = torch.where(torch.isnan(batch["old"]), logprobs.detach(), batch["old"])
+                ref = None
+                if params.kl_coef > 0:
+                    with torch.no_grad(), self.model.disable_adapter(), self._autocast():
+                        ref_logits = self.model(input_ids=batch["ids"], attention_mask=batch["attn"]).logits
+                    ref = token_logprobs(ref_logits[:, :-1], batch["ids"][:, 1:])
+                    del ref_logits
+                out = grpo_loss(logprobs, old, batch["adv"], batch["w"], total_weight, params, ref)
+                out.loss.backward()
+                sums["loss"] += float(out.loss.detach())
+                sums["policy"] += out.policy_loss_sum
+                sums["kl"] += out.kl_sum
+                sums["ratio"] += out.ratio_sum
+                sums["clipped"] += out.clipped_tokens
+                n_done += 1
+                if progress is not None:
+                    progress(index + 1, len(chunks), micro_batch_size)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm))
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        n_trainable = sum(s.n_trainable for s in sequences)
+        return StepStats(
+            loss=sums["loss"],
+            policy_loss=sums["policy"] / total_weight,
+            kl=sums["kl"] / total_weight,
+            grad_norm=grad_norm,
+            mean_ratio=sums["ratio"] / max(n_trainable, 1),
+            clip_fraction=sums["clipped"] / max(n_trainable, 1),
+            n_sequences=len(sequences),
+            n_trainable_tokens=n_trainable,
+            n_tokens=sum(len(s.tokens) for s in sequences),
+            micro_batch_size=micro_batch_size,
+        )

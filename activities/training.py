@@ -1,0 +1,322 @@
+"""The trainer queue's activities: train a GRPO step, publish it, publish step 0, find the newest checkpoint.
+
+``TrainerActivities(store, staging_root, worker_id=None)`` is built once per trainer worker process:
+
+- ``store``: the worker's ``ObjectStore`` (checkpoints and the step's advantages Parquet).
+- ``staging_root``: a local directory; a trained step is staged in ``<root>/<run_id>/<step:06d>/``.
+- ``worker_id``: names this worker; default ``<host>-<pid>-<random>``. The worker must ALSO poll
+  ``worker_task_queue(trainer_queue, worker_id)``: ``publish`` is sent there, to the worker holding the
+  staged files. Register ``activities.all()`` on both queues.
+
+The ``Trainer`` (base model + adapter) stays warm across steps; when ``start_from`` is the checkpoint
+this worker itself just trained and published, it is not downloaded again.
+
+Out of memory (torch's OOM, the CPU allocator failing, ``MemoryError``) fails the attempt with a
+retryable ``ApplicationError(type=OutOfMemory, details=[{"micro_batch_size": m}])`` and a note in
+``<root>/<run_id>/.<step>.oom.json`` (and the last heartbeat); the next attempt halves the micro-batch,
+down to 1, after which it fails non-retryably.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities import trajectory_store
+from activities.advantages import read_step_table
+from activities.checkpoints import (
+    OomState,
+    TrainerState,
+    download_checkpoint,
+    oom_state_file,
+    publish_staged,
+    read_oom_state,
+    read_trainer_state,
+    stage_checkpoint,
+    staging_dir,
+    write_json_atomic,
+)
+from activities.object_store import ObjectStore
+from activities.tokenize import build_sequences
+from activities.trainer import Trainer
+from schemas import layout
+from schemas.activities import CheckpointLookup, InitialAdapterInput, PublishInput, TrainInput, TrainResult
+from schemas.config import ModelSpec
+from schemas.errors import CONFIG_ERROR, NON_RETRYABLE, OUT_OF_MEMORY, DgrpoError
+from schemas.refs import CheckpointRef
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+HEARTBEAT_INTERVAL_S = 5.0
+
+
+def worker_task_queue(trainer_queue: str, worker_id: str) -> str:
+    """The task queue only trainer ``worker_id`` polls (publish runs where the staged adapter is)."""
+    return layout.worker_task_queue(trainer_queue, worker_id)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """torch's OOM (CUDA), ``MemoryError``, or the CPU allocator refusing an allocation."""
+    if isinstance(err, MemoryError):
+        return True
+    oom_type = getattr(__import__("torch"), "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(err, oom_type):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and (
+        "DefaultCPUAllocator" in text or "can't allocate memory" in text or "out of memory" in text
+    )
+
+
+class OutOfMemory(Exception):
+    """Raised from the compute thread: the step ran out of memory at ``micro_batch_size``."""
+
+    def __init__(self, micro_batch_size: int, cause: str) -> None:
+        super().__init__(f"out of memory at micro_batch_size={micro_batch_size}: {cause}")
+        self.micro_batch_size = micro_batch_size
+        self.cause = cause
+
+
+def config_error(message: str) -> ApplicationError:
+    return ApplicationError(message, type=CONFIG_ERROR, non_retryable=True)
+
+
+def next_micro_batch(configured: int, oom: OomState | None, heartbeat: Any) -> int:
+    """The micro-batch for this attempt: half the last one that ran out of memory, at least 1."""
+    sizes = [configured]
+    if oom is not None:
+        sizes.append(oom.micro_batch_size // 2)
+    if isinstance(heartbeat, dict) and isinstance(heartbeat.get("oom_micro_batch_size"), int):
+        sizes.append(heartbeat["oom_micro_batch_size"] // 2)
+    return max(1, min(sizes))
+
+
+class TrainerActivities:
+    """Activities ``train``, ``publish``, ``publish_initial``, ``latest_checkpoint`` (see module doc)."""
+
+    def __init__(self, store: ObjectStore, staging_root: str | Path, worker_id: str | None = None) -> None:
+        self.store = store
+        self.staging_root = Path(staging_root).absolute()
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.trainer: Trainer | None = None
+        self._trainer_key: str | None = None
+        self._lock = threading.Lock()
+        # What the warm trainer holds: (run_id, step) and, once published, that checkpoint's manifest sha.
+        self._memory: tuple[str, int] | None = None
+        self._memory_sha: str | None = None
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.train, self.publish, self.publish_initial, self.latest_checkpoint]
+
+    # ---- activities -------------------------------------------------------------------------------
+    @activity.defn(name="train")
+    async def train(self, inp: TrainInput) -> TrainResult:
+        """Train one GRPO step from ``start_from`` and stage it on this worker (publish it next)."""
+        info = activity.info()
+        details = info.heartbeat_details[0] if info.heartbeat_details else None
+        oom = read_oom_state(self.staging_root, inp.run_id, inp.step)
+        micro_batch = next_micro_batch(inp.train.micro_batch_size, oom, details)
+        if micro_batch < inp.train.micro_batch_size:
+            log.warning("step %d attempt %d: micro-batch %d after an OOM", inp.step, info.attempt, micro_batch)
+        progress: dict[str, Any] = {"micro_batch": 0, "of": 0, "micro_batch_size": micro_batch}
+
+        def on_progress(i: int, n: int, m: int) -> None:
+            progress.update(micro_batch=i, of=n, micro_batch_size=m)
+
+        try:
+            return await self._in_thread(
+                lambda stop: self.train_sync(inp, micro_batch, on_progress, stop), progress
+            )
+        except OutOfMemory as err:
+            state = OomState(micro_batch_size=err.micro_batch_size, attempt=info.attempt)
+            write_json_atomic(oom_state_file(self.staging_root, inp.run_id, inp.step), state.model_dump())
+            activity.heartbeat({**progress, "oom_micro_batch_size": err.micro_batch_size})
+            if err.micro_batch_size <= 1:
+                raise ApplicationError(
+                    f"step {inp.step}: out of memory even at micro_batch_size=1 ({err.cause}); lower "
+                    "train.max_seq_len, use train.precision='bf16' or a smaller lora.rank, or give the "
+                    "trainer more memory",
+                    {"micro_batch_size": 1},
+                    type=OUT_OF_MEMORY,
+                    non_retryable=True,
+                ) from err
+            raise ApplicationError(
+                f"step {inp.step}: out of memory at micro_batch_size={err.micro_batch_size}; "
+                f"the next attempt uses {err.micro_batch_size // 2} ({err.cause})",
+                {"micro_batch_size": err.micro_batch_size},
+                type=OUT_OF_MEMORY,
+            ) from err
+
+    @activity.defn(name="publish")
+    async def publish(self, inp: PublishInput) -> CheckpointRef:
+        """Upload a staged step to ``checkpoints/<step>/`` (manifest last); a retry reuses a complete one."""
+        return await self._in_thread(lambda _stop: self.publish_sync(inp), {"publishing": inp.step})
+
+    @activity.defn(name="publish_initial")
+    async def publish_initial(self, inp: InitialAdapterInput) -> CheckpointRef:
+        """Stage and publish checkpoint 0: a fresh LoRA from ``inp.seed`` or the warm-start adapter."""
+        return await self._in_thread(lambda _stop: self.publish_initial_sync(inp), {"publishing": 0})
+
+    @activity.defn(name="latest_checkpoint")
+    async def latest_checkpoint(self, inp: CheckpointLookup) -> CheckpointRef | None:
+        """The newest manifested checkpoint of the run, or None."""
+        return await asyncio.to_thread(self.store.latest_checkpoint, inp.run_id)
+
+    # ---- plumbing ---------------------------------------------------------------------------------
+    async def _in_thread(self, fn: Callable[[Callable[[], bool]], T], progress: dict[str, Any]) -> T:
+        """Run ``fn`` off the event loop, heartbeating ``progress``; typed errors become ApplicationErrors."""
+        stop = threading.Event()
+        task = asyncio.ensure_future(asyncio.to_thread(fn, stop.is_set))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_INTERVAL_S)
+                if done:
+                    break
+                activity.heartbeat(dict(progress))
+            return task.result()
+        except asyncio.CancelledError:
+            stop.set()  # the thread stops at the next micro-batch
+            raise
+        except DgrpoError as err:
+            raise ApplicationError(
+                str(err), type=err.failure_type, non_retryable=err.failure_type in NON_RETRYABLE
+            ) from err
+
+    def trainer_for(self, model: ModelSpec, precision: str) -> Trainer:
+        """The warm trainer, rebuilt only when the model or precision changes."""
+        key = f"{model.base_model}|{model.lora.model_dump_json()}|{precision}"
+        if self.trainer is None or self._trainer_key != key:
+            self.trainer, self._memory = None, None
+            gc.collect()
+            self.trainer, self._trainer_key = Trainer(model, precision), key
+        return self.trainer
+
+    def _restore(self, trainer: Trainer, inp: TrainInput) -> None:
+        ref = inp.start_from
+        if ref is None:
+            trainer.init_adapter(inp.train.seed)
+            return
+        if self._memory == (ref.run_id, ref.step) and self._memory_sha == ref.manifest_sha256:
+            return  # the warm trainer holds exactly this checkpoint (it trained and published it)
+        local = self.staging_root / inp.run_id / ".inputs" / f"{ref.step:06d}"
+        download_checkpoint(self.store, ref, local)
+        trainer.load_state(local)
+
+    def train_sync(
+        self,
+        inp: TrainInput,
+        micro_batch: int,
+        progress: Callable[[int, int, int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> TrainResult:
+        started = time.monotonic()
+        table = read_step_table(self.store, inp.advantages)
+        groups = trajectory_store.table_to_groups(table, inp.advantages.uri)
+        advantages = trajectory_store.advantages_of(table, inp.advantages.uri)
+        pairs = [
+            (t, a)
+            for g, adv in zip(groups, advantages, strict=True)
+            for t, a in zip(g.trajectories, adv, strict=True)
+            if a is not None
+        ]
+        with self._lock:
+            trainer = self.trainer_for(inp.model, inp.train.precision)
+            tokenized = build_sequences(
+                [t for t, _ in pairs], [a for _, a in pairs], inp.train.max_seq_len, trainer.tokenizer
+            )
+            if not tokenized.sequences:
+                raise config_error(
+                    f"step {inp.step}: no trainable tokens ({len(pairs)} trajectories with advantages, "
+                    f"{tokenized.n_dropped_overlength} sequences over max_seq_len={inp.train.max_seq_len})"
+                )
+            self._restore(trainer, inp)
+            self._memory = self._memory_sha = None  # the model is about to change
+            try:
+                stats = trainer.train_step(
+                    tokenized.sequences, inp.train, inp.step, micro_batch, progress, should_stop
+                )
+            except Exception as err:
+                if trainer.optimizer is not None:
+                    trainer.optimizer.zero_grad(set_to_none=True)
+                if not is_out_of_memory(err):
+                    raise
+                # Drop the failed micro-batch's tensors now (the traceback's frames hold them).
+                traceback.clear_frames(err.__traceback__)
+                message = f"{type(err).__name__}: {str(err)[:300]}"
+                del err
+                gc.collect()
+                raise OutOfMemory(micro_batch, message) from None
+            metrics = {k: float(v) for k, v in vars(stats).items()}
+            metrics["n_dropped_overlength"] = float(tokenized.n_dropped_overlength)
+            metrics["n_template_choices"] = float(tokenized.n_template_choices)
+            state = TrainerState(
+                run_id=inp.run_id,
+                step=inp.step,
+                base_model=inp.model.base_model,
+                seed=inp.train.seed,
+                micro_batch_size=micro_batch,
+                worker_id=self.worker_id,
+            )
+            staged = stage_checkpoint(
+                staging_dir(self.staging_root, inp.run_id, inp.step), trainer.save_state, state, metrics
+            )
+            self._memory = (inp.run_id, inp.step)
+        oom_state_file(self.staging_root, inp.run_id, inp.step).unlink(missing_ok=True)
+        log.info("step %d trained: loss %.4f, %s", inp.step, stats.loss, metrics)
+        return TrainResult(
+            run_id=inp.run_id,
+            step=inp.step,
+            staging_dir=str(staged),
+            worker_id=self.worker_id,
+            loss=stats.loss,
+            grad_norm=stats.grad_norm,
+            n_sequences=stats.n_sequences,
+            n_trainable_tokens=stats.n_trainable_tokens,
+            n_dropped_overlength=tokenized.n_dropped_overlength,
+            micro_batch_size=micro_batch,
+            seconds=time.monotonic() - started,
+        )
+
+    def publish_sync(self, inp: PublishInput) -> CheckpointRef:
+        staged = Path(inp.staging_dir)
+        if not staged.is_dir():
+            raise config_error(f"{staged} does not exist on trainer {self.worker_id}; train step {inp.step} again")
+        state = read_trainer_state(staged)
+        ref = publish_staged(self.store, staged, inp.run_id, inp.step, {**state.model_dump(), **inp.metrics})
+        with self._lock:
+            if self._memory == (inp.run_id, inp.step):
+                self._memory_sha = ref.manifest_sha256
+        return ref
+
+    def publish_initial_sync(self, inp: InitialAdapterInput) -> CheckpointRef:
+        prefix = layout.checkpoint_prefix(inp.run_id, 0)
+        if self.store.is_complete(prefix):
+            _, sha = self.store.read_manifest(prefix)
+            return CheckpointRef(run_id=inp.run_id, step=0, uri=self.store.uri(prefix), manifest_sha256=sha)
+        with self._lock:
+            trainer = self.trainer_for(inp.model, "fp32")
+            trainer.init_adapter(inp.seed)
+            state = TrainerState(run_id=inp.run_id, step=0, base_model=inp.model.base_model, seed=inp.seed)
+            staged = stage_checkpoint(
+                staging_dir(self.staging_root, inp.run_id, 0), trainer.save_state, state, {}
+            )
+            self._memory, self._memory_sha = (inp.run_id, 0), None
+        ref = publish_staged(self.store, staged, inp.run_id, 0, state.model_dump())
+        with self._lock:
+            if self._memory == (inp.run_id, 0):
+                self._memory_sha = ref.manifest_sha256
+        return ref

@@ -1,0 +1,181 @@
+"""Where a ``TrainableModel`` trains and is served: the embedded stack on this machine, or a Temporal cluster.
+
+Both backends give the client the same three things: a Temporal client (pydantic data converter), the
+object store the workers use, and the inference server's OpenAI-compatible URL. ``LocalBackend`` starts
+what is missing (the embedded stack, the three workers) and stops only what it started;
+``TemporalBackend`` starts nothing. ``LocalBackend`` lives in dgrpo/local_backend.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Protocol
+
+import httpx
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client
+
+from activities.object_store import ObjectStore
+from dgrpo.errors import BackendError
+from schemas.config import TaskQueues
+from schemas.settings import S3Settings, TemporalSettings
+
+log = logging.getLogger(__name__)
+
+ENV_INFERENCE_URL = "DGRPO_INFERENCE_URL"
+"""The inference server's base URL (``http://host:port/v1``) as the client reaches it."""
+
+
+class Backend(Protocol):
+    """What a ``TrainableModel`` needs from wherever it trains."""
+
+    task_queues: TaskQueues
+
+    async def start(self) -> None:
+        """Make the backend usable (idempotent); ``register`` calls it."""
+        ...
+
+    async def temporal_client(self) -> Client: ...
+
+    def object_store(self) -> ObjectStore: ...
+
+    def inference_url(self) -> str:
+        """The OpenAI-compatible base URL (ending in ``/v1``) the model's requests go to."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+async def connect(address: str, namespace: str, tls: bool, api_key: str | None) -> Client:
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    try:
+        return await Client.connect(
+            address,
+            namespace=namespace,
+            tls=tls,
+            api_key=api_key,
+            data_converter=pydantic_data_converter,
+        )
+    except RuntimeError as err:
+        raise BackendError(
+            f"cannot connect to Temporal at {address} (namespace {namespace!r}): {err}"
+        ) from err
+
+
+async def wait_for_workers(client: Client, queues: TaskQueues, within_s: float) -> None:
+    """Wait until the control queue has a workflow poller and every queue an activity poller."""
+    wanted = [
+        (queues.control, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW),
+        (queues.control, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY),
+        (queues.inference, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY),
+        (queues.trainer, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY),
+    ]
+    deadline = time.monotonic() + within_s
+    while True:
+        missing = []
+        for name, kind in wanted:
+            request = DescribeTaskQueueRequest(
+                namespace=client.namespace, task_queue=TaskQueue(name=name), task_queue_type=kind
+            )
+            response = await client.workflow_service.describe_task_queue(request)
+            if not response.pollers:
+                missing.append(name)
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise BackendError(
+                f"no worker polls task queue(s) {sorted(set(missing))} after {within_s:.0f}s; start them with "
+                "`dgrpo worker all` (or control/inference/trainer) where the stack or cluster runs"
+            )
+        await asyncio.sleep(1.0)
+
+
+async def wait_for_server(url: str, within_s: float) -> None:
+    """Wait until ``<url>/models`` answers."""
+    deadline = time.monotonic() + within_s
+    async with httpx.AsyncClient(timeout=5.0) as http:
+        while True:
+            try:
+                if (await http.get(url.rstrip("/") + "/models")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise BackendError(f"the inference server at {url} did not answer in {within_s:.0f}s")
+            await asyncio.sleep(1.0)
+
+
+class TemporalBackend:
+    """An existing Temporal cluster with ``dgrpo worker`` processes running there (e.g. on a GPU box).
+
+    S3 settings come from ``DGRPO_S3_*`` and the server URL from ``inference_url`` or ``DGRPO_INFERENCE_URL``,
+    as the client reaches them (a tunnel or load balancer in front of the GPU box's vLLM).
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        namespace: str | None = None,
+        *,
+        tls: bool = False,
+        api_key: str | None = None,
+        inference_url: str | None = None,
+        s3: S3Settings | None = None,
+        task_queues: TaskQueues | None = None,
+        worker_timeout: float = 60.0,
+    ) -> None:
+        env = TemporalSettings.from_env()
+        self.address = address or env.address
+        self.namespace = namespace or env.namespace
+        self.tls = tls
+        self.api_key = api_key
+        self.task_queues = task_queues or TaskQueues()
+        self.worker_timeout = worker_timeout
+        self._inference_url = inference_url
+        self._s3 = s3
+        self._client: Client | None = None
+        self._store: ObjectStore | None = None
+
+    async def start(self) -> None:
+        client = await self.temporal_client()
+        await wait_for_workers(client, self.task_queues, self.worker_timeout)
+        await wait_for_server(self.inference_url(), self.worker_timeout)
+
+    async def temporal_client(self) -> Client:
+        if self._client is None:
+            self._client = await connect(self.address, self.namespace, self.tls, self.api_key)
+        return self._client
+
+    def object_store(self) -> ObjectStore:
+        if self._store is None:
+            try:
+                self._store = ObjectStore(self._s3 or S3Settings.from_env())
+            except KeyError as err:
+                raise BackendError(
+                    f"TemporalBackend needs the workers' object store: {err.args[0]}"
+                ) from None
+        return self._store
+
+    def inference_url(self) -> str:
+        url = self._inference_url or os.environ.get(ENV_INFERENCE_URL)
+        if not url:
+            raise BackendError(
+                f"TemporalBackend needs the inference server's URL: pass inference_url=... or set {ENV_INFERENCE_URL}"
+            )
+        return url
+
+    async def close(self) -> None:
+        self._client = None
+
+    async def __aenter__(self) -> TemporalBackend:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,94 @@
+"""A scripted OpenAI-compatible chat server: the seam where a real judge endpoint plugs in.
+
+Replies come from ``script`` (a queue of strings) and, when it is empty, from a well-formed RULER
+answer that scores 0.9 every trajectory containing "correct" and 0.1 the others. Every request is
+recorded, so tests can count calls (cache, dedupe) and read what the judge was asked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+MODEL = "stub-judge"
+
+
+@dataclass
+class StubServer:
+    base_url: str
+    script: list[str] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def calls(self) -> int:
+        return len(self.requests)
+
+
+def default_reply(body: dict[str, Any]) -> str:
+    prompt = body["messages"][-1]["content"] if body["messages"] else ""
+    blocks = re.findall(r'<trajectory id="(\d+)">(.*?)</trajectory>', prompt, flags=re.DOTALL)
+    scores = [
+        {"trajectory_id": tid, "explanation": "scripted", "score": 0.9 if "correct" in text else 0.1}
+        for tid, text in blocks
+    ]
+    return json.dumps({"scores": scores})
+
+
+@contextmanager
+def openai_stub() -> Iterator[StubServer]:
+    state = StubServer(base_url="")
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def _send(self, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            self._send({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "stub"}]})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            with lock:
+                state.requests.append(body)
+                content = state.script.pop(0) if state.script else default_reply(body)
+            extra = {"prompt_token_ids": [1, 2, 3]} if body.get("return_token_ids") else {}
+            self._send(
+                {
+                    **extra,
+                    "id": "c1",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": body.get("model", MODEL),
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": content},
+                        }
+                    ],
+                }
+            )
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,152 @@
+"""The judge: lenient parsing, one re-ask, fallback, dedupe and cache — against a scripted OpenAI-compatible
+server (the seam) and against the real CPU server with SmolLM2 as the judge."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from openai import AsyncOpenAI
+from openai_stub import MODEL, StubServer, openai_stub
+from temporalio.testing import ActivityEnvironment
+
+from activities.judge import JudgeActivities, MalformedJudgement, parse_scores, ruler_score_group
+from activities.object_store import ObjectStore
+from activities.trajectory_store import download_groups, upload_groups
+from schemas import layout
+from schemas.activities import JudgeInput
+from schemas.config import JudgeConfig
+from schemas.trajectory import Trajectory, TrajectoryGroup
+
+QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+def traj(answer: str, reward: float = 0.0) -> Trajectory:
+    return Trajectory(
+        messages_and_choices=[*QUESTION, {"role": "assistant", "content": answer}], reward=reward
+    )
+
+
+def group() -> TrajectoryGroup:
+    # four trajectories, two distinct: the judge must see only two
+    return TrajectoryGroup(
+        [traj("4, correct", 0.3), traj("5", 0.2), traj("4, correct", 0.3), traj("5", 0.2)],
+        metadata={"scenario_id": "q1"},
+    )
+
+
+@pytest.fixture
+def stub() -> Iterator[StubServer]:
+    with openai_stub() as server:
+        yield server
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        '{"scores": [{"trajectory_id": "1", "score": 0.2}, {"trajectory_id": "2", "score": 0.9}]}',
+        'Sure! ```json\n{"scores": [{"trajectory_id": "2", "score": 0.9}, {"trajectory_id": "1", "score": 0.2}]}\n```',
+        "Here you go: [0.2, 0.9] hope that helps",
+        '{"1": 0.2, "2": 0.9}',
+        '{"scores": [{"trajectory_id": "trajectory 1", "score": "0.2"}, {"id": 2, "score": 0.9}]}',
+    ],
+)
+def test_parse_scores_reads_lenient_json(reply: str) -> None:
+    assert parse_scores(reply, 2) == [0.2, 0.9]
+
+
+@pytest.mark.parametrize(
+    ("reply", "problem"),
+    [
+        ("I think the first one is better.", "no JSON"),
+        ('{"scores": [0.5]}', "exactly 2 scores"),
+        ('{"scores": [0.5, 7]}', "between 0 and 1"),
+        ('{"scores": [{"trajectory_id": "1", "score": 0.5}, {"trajectory_id": "1", "score": 0.2}]}', "1..2"),
+        ('{"scores": [0.5, true]}', "must be a number"),
+    ],
+)
+def test_parse_scores_says_what_is_malformed(reply: str, problem: str) -> None:
+    with pytest.raises(MalformedJudgement, match=problem):
+        parse_scores(reply, 2)
+
+
+async def test_ruler_scores_dedupes_identical_trajectories(stub: StubServer) -> None:
+    judged = await ruler_score_group(group(), MODEL, base_url=stub.base_url)
+    assert stub.calls == 1
+    prompt = stub.requests[0]["messages"][1]["content"]
+    assert prompt.count("<trajectory id=") == 2 and "What is 2 + 2?" in prompt
+    assert [t.reward for t in judged.trajectories] == [0.9, 0.1, 0.9, 0.1]
+    assert [t.metrics["original_reward"] for t in judged.trajectories] == [0.3, 0.2, 0.3, 0.2]
+    assert not any(t.metrics["judge_fallback"] for t in judged.trajectories)
+    assert judged.metadata == {"scenario_id": "q1"}
+
+
+async def test_malformed_reply_gets_one_corrective_reask(stub: StubServer) -> None:
+    stub.script = ["the first answer is better"]
+    judged = await ruler_score_group(group(), MODEL, base_url=stub.base_url)
+    assert stub.calls == 2
+    reask = stub.requests[1]["messages"]
+    assert reask[-2] == {"role": "assistant", "content": "the first answer is better"}
+    assert "not valid: the reply contains no JSON" in reask[-1]["content"]
+    assert [t.reward for t in judged.trajectories] == [0.9, 0.1, 0.9, 0.1]
+
+
+async def test_twice_malformed_keeps_rollout_rewards_and_flags_fallback(stub: StubServer) -> None:
+    stub.script = ["nonsense", '{"scores": [2, 3]}']
+    judged = await ruler_score_group(group(), MODEL, base_url=stub.base_url)
+    assert stub.calls == 2
+    assert [t.reward for t in judged.trajectories] == [0.3, 0.2, 0.3, 0.2]
+    assert all(t.metrics["judge_fallback"] for t in judged.trajectories)
+
+
+async def run_judge(store: ObjectStore, base_url: str, kind: str = "both") -> JudgeInput:
+    ref = upload_groups(store, [group(), TrajectoryGroup([traj("4, correct", 1.0)])], "r1", 3)
+    return JudgeInput(
+        run_id="r1",
+        step=3,
+        trajectories=ref,
+        judge=JudgeConfig(kind=kind, base_url=base_url),  # type: ignore[arg-type]
+        base_model_name="unused",
+    )
+
+
+async def test_judge_activity_scores_writes_scored_parquet_and_caches(
+    object_store: ObjectStore, stub: StubServer
+) -> None:
+    input = await run_judge(object_store, stub.base_url)
+    acts = JudgeActivities(object_store)
+    ref = await ActivityEnvironment().run(acts.judge, input)
+    assert ref.ref.uri == object_store.uri(layout.scored_key("r1", 3))
+    assert stub.calls == 1  # the one-trajectory group is not judged: nothing to compare
+    groups = download_groups(object_store, ref.ref.uri)
+    assert [t.reward for t in groups[0].trajectories] == [0.9, 0.1, 0.9, 0.1]
+    assert groups[1].trajectories[0].reward == 1.0
+    assert ref.reward_mean == pytest.approx((0.9 + 0.1 + 0.9 + 0.1 + 1.0) / 5)
+    assert len(object_store.list("runs/r1/judge_cache/")) == 1
+    # a retried step reads the cache: no new judge call, same result
+    again = await ActivityEnvironment().run(JudgeActivities(object_store).judge, input)
+    assert stub.calls == 1
+    assert again.ref.sha256 == ref.ref.sha256
+
+
+async def test_judge_kind_rollout_keeps_the_rollout_rewards(
+    object_store: ObjectStore, stub: StubServer
+) -> None:
+    input = await run_judge(object_store, stub.base_url, kind="rollout")
+    ref = await ActivityEnvironment().run(JudgeActivities(object_store).judge, input)
+    assert ref == input.trajectories and stub.calls == 0
+
+
+async def test_smollm2_as_judge_never_crashes(cpu_server: str) -> None:
+    """The real server: a 135M judge mostly writes malformed JSON; the re-ask and fallback handle it."""
+    client = AsyncOpenAI(base_url=cpu_server, api_key="dgrpo")
+    models = (await client.models.list()).data
+    judged = await ruler_score_group(group(), models[0].id, client=client, max_tokens=64)
+    await client.close()
+    rewards = [t.reward for t in judged.trajectories]
+    if judged.trajectories[0].metrics["judge_fallback"]:
+        assert rewards == [0.3, 0.2, 0.3, 0.2]
+    else:
+        assert all(0.0 <= r <= 1.0 for r in rewards) and rewards[0] == rewards[2]
+    json.dumps([t.model_dump() for t in judged.trajectories])

@@ -1,0 +1,164 @@
+"""Malformed run specs fail with messages that name the field, from TOML and JSON files alike."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemas.config import RunSpec, load_run_spec, parse_run_spec
+from schemas.errors import RunSpecError
+
+VALID: dict[str, Any] = {
+    "run_id": "demo-1",
+    "steps": 3,
+    "groups_per_step": 2,
+    "group_size": 4,
+    "model": {"name": "agent-001", "base_model": "smollm2-135m-instruct", "lora": {"rank": 8}},
+    "task": {"rollout": "examples.tictactoe:rollout", "scenarios": [{"seed": 1}, {"seed": 2}]},
+    "train": {"learning_rate": 1e-4},
+}
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
+
+
+def to_toml(data: dict[str, Any], table: str = "") -> str:
+    """Enough of a TOML writer for run specs: scalars and lists inline, nested dicts as [tables]."""
+    lines = [f"[{table}]"] if table else []
+    lines += [f"{k} = {toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for k, v in data.items():
+        if isinstance(v, dict):
+            lines += ["", to_toml(v, f"{table}.{k}" if table else k)]
+    return "\n".join(lines)
+
+
+def mutate(path: str, value: Any) -> dict[str, Any]:
+    """VALID with ``path`` (dotted) set to ``value``, or deleted when value is DELETE."""
+    data = copy.deepcopy(VALID)
+    *parents, leaf = path.split(".")
+    node = data
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is DELETE:
+        del node[leaf]
+    else:
+        node[leaf] = value
+    return data
+
+
+DELETE = object()
+MALFORMED = [
+    # (what to change, new value, text the error must contain)
+    ("run_id", DELETE, "run_id: missing; this field is required"),
+    ("run_id", "has spaces!", "run_id: use 1-128 letters"),
+    ("steps", 0, "steps: Input should be greater than or equal to 1"),
+    ("group_size", 1, "group_size: Input should be greater than or equal to 2"),
+    ("groups_per_step", "two", "groups_per_step: Input should be a valid integer"),
+    ("stepz", 3, "stepz: unknown field"),
+    ("model.name", DELETE, "model.name: missing"),
+    ("model.lora.rank", 0, "model.lora.rank: Input should be greater than or equal to 1"),
+    ("model.lora.dropout", 1.5, "model.lora.dropout: Input should be less than 1"),
+    ("task.rollout", "not a path", "task.rollout: use an import path"),
+    ("task.scenarios", [], "task: Value error, scenarios is an empty list"),
+    ("task.scenarios", "scenarios.csv", "task: Value error, scenarios must be"),
+    ("train.learning_rate", -1e-4, "train.learning_rate: Input should be greater than 0"),
+    ("train.importance_sampling", "ppo", "train.importance_sampling: Input should be 'ppo_clip' or 'cispo'"),
+    ("train.lr", 1e-4, "train.lr: unknown field"),
+    ("judge.kind", "gpt4", "judge.kind: Input should be 'rollout', 'ruler' or 'both'"),
+    ("storage.bucket", "Bad_Bucket", "storage.bucket: String should match pattern"),
+    ("mode", "async", "mode: Input should be 'sync', 'pipelined' or 'shared'"),
+]
+
+
+def test_valid_spec_loads_from_toml_and_json(tmp_path: Path) -> None:
+    (tmp_path / "run.toml").write_text(to_toml(VALID))
+    (tmp_path / "run.json").write_text(json.dumps(VALID))
+    from_toml, from_json = load_run_spec(tmp_path / "run.toml"), load_run_spec(tmp_path / "run.json")
+    assert from_toml == from_json == parse_run_spec(VALID)
+    assert from_toml.model.lora.rank == 8 and from_toml.task_queues.control == "dgrpo-control"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"), MALFORMED, ids=[f"{c[0]}={c[1]!r}" for c in MALFORMED]
+)
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+def test_malformed_spec_names_the_field(
+    tmp_path: Path, field: str, value: Any, expected: str, suffix: str
+) -> None:
+    data = mutate(field, value)
+    path = tmp_path / f"run{suffix}"
+    path.write_text(to_toml(data) if suffix == ".toml" else json.dumps(data))
+    with pytest.raises(RunSpecError) as err:
+        load_run_spec(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: 1 problem(s)"), message
+    assert expected in message, message
+
+
+def test_pipelined_on_a_shared_device_is_refused() -> None:
+    with pytest.raises(RunSpecError, match=r"mode 'pipelined' needs dedicated.*shared_device is true"):
+        parse_run_spec({**VALID, "mode": "pipelined", "shared_device": True})
+
+
+def test_every_problem_is_listed_once() -> None:
+    with pytest.raises(RunSpecError) as err:
+        parse_run_spec({**VALID, "steps": 0, "group_size": 0, "extra": 1})
+    lines = str(err.value).splitlines()
+    assert lines[0] == "run spec: 3 problem(s) in the run spec:"
+    assert [line.split(":")[0].strip(" -") for line in lines[1:]] == ["steps", "group_size", "extra"]
+
+
+def test_file_level_problems(tmp_path: Path) -> None:
+    cases = {
+        "missing.toml": None,
+        "bad.toml": 'run_id = "x"\nsteps = ',
+        "bad.json": '{"run_id": "x",',
+        "run.yaml": "run_id: x",
+    }
+    expected = {
+        "missing.toml": "no such run spec file",
+        "bad.toml": "not valid TOML",
+        "bad.json": "not valid JSON",
+        "run.yaml": "ends in .toml or .json",
+    }
+    for name, text in cases.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        with pytest.raises(RunSpecError, match=expected[name]) as err:
+            load_run_spec(tmp_path / name)
+        assert name in str(err.value)
+    with pytest.raises(RunSpecError, match="a run spec is a table/object of fields, got list"):
+        parse_run_spec([VALID])
+
+
+def test_overrides_are_validated_too(tmp_path: Path) -> None:
+    (tmp_path / "run.toml").write_text(to_toml(VALID))
+    assert load_run_spec(tmp_path / "run.toml", {"train.learning_rate": 3e-4}).train.learning_rate == 3e-4
+    with pytest.raises(RunSpecError, match=r"train\.epochs: Input should be less than or equal to 16"):
+        load_run_spec(tmp_path / "run.toml", {"train.epochs": 99})
+
+
+def test_dgrpo_schema_exports_the_run_spec_schema(tmp_path: Path) -> None:
+    dgrpo = str(Path(sys.executable).parent / "dgrpo")
+    out = tmp_path / "schema.json"
+    subprocess.run([dgrpo, "schema", "--out", str(out)], check=True, timeout=60)
+    schema = json.loads(out.read_text())
+    assert schema == RunSpec.model_json_schema()
+    assert {"run_id", "model", "task", "steps", "group_size"} <= set(schema["required"])
+    printed = subprocess.run([dgrpo, "schema"], check=True, capture_output=True, text=True, timeout=60).stdout
+    assert json.loads(printed) == schema

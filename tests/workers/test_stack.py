@@ -1,0 +1,135 @@
+"""The embedded stack: the session fixture's servers, and `dgrpo up/env/down` through the real CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client, WorkflowExecutionStatus
+
+from activities.object_store import ObjectStore
+from schemas.errors import StoreError
+from schemas.settings import S3Settings, TemporalSettings
+from workers.stack import DEFAULT_S3_PORT, DEFAULT_TEMPORAL_PORT, DEFAULT_UI_PORT, EmbeddedStack, StackState
+
+DGRPO = str(Path(sys.executable).parent / "dgrpo")
+
+
+def test_session_stack_state_and_reuse(stack: EmbeddedStack) -> None:
+    assert stat.S_IMODE(stack.credentials_path.stat().st_mode) == 0o600
+    state = StackState.model_validate_json(stack.state_path.read_text())
+    assert state.temporal_port not in (DEFAULT_TEMPORAL_PORT, DEFAULT_UI_PORT, DEFAULT_S3_PORT)
+    assert (stack.home / "temporal.db").exists() and (stack.home / "logs" / "seaweed.log").exists()
+    env = stack.env()
+    assert env["DGRPO_TEMPORAL_ADDRESS"] == env["TEMPORAL_ADDRESS"] == state.temporal_address
+    assert S3Settings.from_env(env) == stack.s3_settings
+    again = EmbeddedStack(stack.home, free_ports=True).start()  # a second start reuses, starts nothing
+    assert (again.temporal.pid, again.seaweed.pid) == (state.temporal.pid, state.seaweed.pid)
+
+
+async def test_temporal_client_fixture(temporal_client: Client, task_queue: str) -> None:
+    assert task_queue.startswith("tq-test_temporal_client_fixture-")
+    handle = await temporal_client.start_workflow(
+        "NoWorkerHere", id=f"wf-{task_queue}", task_queue=task_queue
+    )
+    assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+    await handle.terminate()
+
+
+def dgrpo(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([DGRPO, *args], env=env, capture_output=True, text=True, timeout=120)
+    if check and result.returncode != 0:
+        raise AssertionError(f"dgrpo {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def exports(stdout: str) -> dict[str, str]:
+    """What `eval "$(dgrpo env)"` sets, read back by a real shell."""
+    names = [line.split("=", 1)[0].removeprefix("export ") for line in stdout.splitlines()]
+    script = f'eval "$1"; for n in {" ".join(names)}; do printf "%s=%s\\n" "$n" "${{!n}}"; done'
+    out = subprocess.run(
+        ["bash", "-c", script, "-", stdout], capture_output=True, text=True, check=True
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines())
+
+
+@contextlib.contextmanager
+def defaults_taken() -> Iterator[None]:
+    """Hold the standard ports (or find them held by a developer's stack): `up` must pick others."""
+    held = []
+    for port in (DEFAULT_TEMPORAL_PORT, DEFAULT_UI_PORT, DEFAULT_S3_PORT):
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            held.append(s)
+        except OSError:
+            s.close()  # already in use: just as good
+    try:
+        yield
+    finally:
+        for s in held:
+            s.close()
+
+
+async def start_and_describe(address: str, workflow_id: str, start: bool) -> WorkflowExecutionStatus | None:
+    client = await Client.connect(address)
+    if start:
+        await client.start_workflow("Durable", id=workflow_id, task_queue="tq-cli-restart")
+    return (await client.get_workflow_handle(workflow_id).describe()).status
+
+
+def test_cli_up_env_down_and_state_survives_restart(tmp_path: Path) -> None:
+    env = {**os.environ, "DGRPO_HOME": str(tmp_path / "home")}
+    for name in ("DGRPO_TEMPORAL_ADDRESS", "TEMPORAL_ADDRESS", "DGRPO_S3_ENDPOINT"):
+        env.pop(name, None)
+    with defaults_taken():
+        up = dgrpo(env, "up", "--headless")
+        assert "started" in up.stdout and 'eval "$(dgrpo env)"' in up.stdout
+        again = dgrpo(env, "up", "--headless")
+        assert "already running" in again.stdout
+        first = exports(dgrpo(env, "env").stdout)
+        assert not first["DGRPO_TEMPORAL_ADDRESS"].endswith(f":{DEFAULT_TEMPORAL_PORT}")
+        assert not first["DGRPO_S3_ENDPOINT"].endswith(f":{DEFAULT_S3_PORT}")
+        assert f"Temporal address: {first['DGRPO_TEMPORAL_ADDRESS']}" in up.stdout
+        assert first["TEMPORAL_ADDRESS"] == first["DGRPO_TEMPORAL_ADDRESS"]
+
+        address = TemporalSettings.from_env(first).address
+        assert (
+            asyncio.run(start_and_describe(address, "wf-survives", True)) == WorkflowExecutionStatus.RUNNING
+        )
+        store = ObjectStore(S3Settings.from_env(first))
+        store.put_bytes("kept/x", b"before down")
+
+        down = dgrpo(env, "down")
+        assert "stopped" in down.stdout
+        started = time.monotonic()
+        with pytest.raises(StoreError, match="cannot reach the S3 store"):
+            store.get_bytes("kept/x")
+        assert time.monotonic() - started < 10
+        missing = dgrpo(env, "env", check=False)
+        assert missing.returncode != 0 and missing.stdout == "" and "dgrpo up" in missing.stderr
+
+        dgrpo(env, "up", "--headless")
+        second = exports(dgrpo(env, "env").stdout)
+        try:
+            assert second["DGRPO_S3_SECRET_KEY"] == first["DGRPO_S3_SECRET_KEY"]
+            address = TemporalSettings.from_env(second).address
+            assert (
+                asyncio.run(start_and_describe(address, "wf-survives", False))
+                == WorkflowExecutionStatus.RUNNING
+            )
+            assert ObjectStore(S3Settings.from_env(second)).get_bytes("kept/x") == b"before down"
+        finally:
+            dgrpo(env, "down")
+    assert json.loads((tmp_path / "home" / "s3-identities.json").read_text())["identities"]
+    assert not (tmp_path / "home" / "stack.json").exists()

@@ -1,0 +1,88 @@
+"""TrainStep (ART-style ``model.train``) with scripted activities at the seams."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import UnsandboxedWorkflowRunner
+from workflow_stubs import ScriptedActivities
+
+from schemas.errors import CONFIG_ERROR
+from schemas.refs import ObjectRef, TrajectoriesRef
+from schemas.run_state import TrainStepInput
+from workflows import train_step
+from workflows.stages import PUBLISH
+from workflows.train_step import TrainStep
+
+
+def step_input(task_queue: str, run_id: str, step: int, **extra: Any) -> TrainStepInput:
+    trajectories = TrajectoriesRef(
+        ref=ObjectRef(uri=f"s3://stub/runs/{run_id}/uploads/{step}.parquet", size=1, sha256="0" * 64),
+        run_id=run_id,
+        step=step,
+        n_groups=2,
+        n_trajectories=8,
+    )
+    return TrainStepInput(
+        run_id=run_id,
+        model={"name": "agent-001", "base_model": "smollm2-135m-instruct"},  # type: ignore[arg-type]
+        trajectories=trajectories,
+        step=step,
+        task_queues={"control": task_queue, "inference": task_queue, "trainer": task_queue},  # type: ignore[arg-type]
+        **extra,
+    )
+
+
+@contextlib.asynccontextmanager
+async def workers(stubs: ScriptedActivities, client: Client, task_queue: str):  # type: ignore[no-untyped-def]
+    async with contextlib.AsyncExitStack() as stack:
+        for worker in stubs.workers(client, task_queue):
+            await stack.enter_async_context(worker)
+        yield
+
+
+async def run_step(client: Client, inp: TrainStepInput, workflow_id: str) -> Any:
+    return await client.execute_workflow(
+        TrainStep.run, inp, id=workflow_id, task_queue=inp.task_queues.control
+    )
+
+
+async def test_train_step_trains_publishes_serves_and_is_idempotent(client: Client, task_queue: str) -> None:
+    stubs = ScriptedActivities()
+    run_id = f"art-{uuid.uuid4().hex[:8]}"
+    async with workers(stubs, client, task_queue):
+        first = await run_step(client, step_input(task_queue, run_id, 1), f"{run_id}-1")
+        again = await run_step(client, step_input(task_queue, run_id, 1), f"{run_id}-1-retry")
+        second = await run_step(client, step_input(task_queue, run_id, 2), f"{run_id}-2")
+        with pytest.raises(WorkflowFailureError) as err:
+            await run_step(client, step_input(task_queue, run_id, 4), f"{run_id}-4")
+    assert (first.step, first.adapter, first.skipped) == (1, "agent-001@1", False)
+    assert again.skipped and again.checkpoint == first.checkpoint  # a retried call does not train twice
+    assert second.checkpoint.step == 2 and second.loss == pytest.approx(0.5)
+    assert stubs.names("train") == [1, 2] and stubs.names("reload") == [1, 1, 2]
+    cause = err.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == CONFIG_ERROR
+    assert "newest checkpoint is step 2" in cause.message and "train step 3 next" in cause.message
+
+
+async def test_a_trainer_that_vanished_before_publishing_means_training_again(
+    client: Client, task_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Unsandboxed, so the shortened schedule-to-start deadline of publish reaches the workflow code.
+    monkeypatch.setattr(
+        train_step, "PUBLISH", dataclasses.replace(PUBLISH, schedule_to_start=timedelta(seconds=2))
+    )
+    stubs = ScriptedActivities(lost_workers=1)
+    async with contextlib.AsyncExitStack() as stack:
+        for worker in stubs.workers(client, task_queue, workflow_runner=UnsandboxedWorkflowRunner()):
+            await stack.enter_async_context(worker)
+        result = await run_step(client, step_input(task_queue, f"lost-{task_queue}", 1), f"lost-{task_queue}")
+    assert result.checkpoint.step == 1
+    assert stubs.names("train") == [1, 1] and stubs.names("publish") == [1]

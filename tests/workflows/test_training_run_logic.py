@@ -1,0 +1,238 @@
+"""TrainingRun's logic on a real Temporal dev server, with scripted activities at the seams."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
+from workflow_stubs import Failure, ScriptedActivities
+
+from schemas.config import RunSpec
+from schemas.errors import ROLLOUT_FAILED, TASK_IMPORT
+from schemas.run_state import RunStatus
+from workflows.training_run import TrainingRun
+
+
+def make_spec(task_queue: str, run_id: str, **overrides: Any) -> RunSpec:
+    data: dict[str, Any] = {
+        "run_id": run_id,
+        "model": {"name": "agent-001", "project": "demo", "base_model": "smollm2-135m-instruct"},
+        "task": {"rollout": "examples.arithmetic:rollout", "scenarios": "examples.arithmetic:scenarios"},
+        "steps": 3,
+        "groups_per_step": 2,
+        "group_size": 4,
+        "task_queues": {"control": task_queue, "inference": task_queue, "trainer": task_queue},
+        "metrics": {"wandb": False},
+    }
+    data.update(overrides)
+    return RunSpec.model_validate(data)
+
+
+@contextlib.asynccontextmanager
+async def running(stubs: ScriptedActivities, client: Client, task_queue: str) -> AsyncIterator[None]:
+    workers: list[Worker] = stubs.workers(client, task_queue)
+    async with contextlib.AsyncExitStack() as stack:
+        for worker in workers:
+            await stack.enter_async_context(worker)
+        yield
+
+
+async def start(client: Client, spec: RunSpec) -> WorkflowHandle[TrainingRun, RunStatus]:
+    return await client.start_workflow(
+        TrainingRun.run, spec, id=spec.run_id, task_queue=spec.task_queues.control
+    )
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.1)
+
+
+async def test_sync_run_orders_the_stages_and_answers_status(client: Client, task_queue: str) -> None:
+    stubs = ScriptedActivities()
+    stubs.train_gates[2] = asyncio.Event()
+    spec = make_spec(task_queue, f"sync-{task_queue}")
+    async with running(stubs, client, task_queue):
+        handle = await start(client, spec)
+        await asyncio.wait_for(stubs.train_started[2].wait(), 20)
+        during = await handle.query(TrainingRun.status)
+        assert (during.step, during.working_on, during.phase) == (1, 2, "train")
+        assert during.history[0].step == 1 and during.last_checkpoint is not None
+        assert during.last_checkpoint.step == 1 and during.adapter == "agent-001@1"
+        stubs.train_gates[2].set()
+        final = await handle.result()
+    assert final.phase == "done" and final.step == 3 and final.adapter == "agent-001@3"
+    assert [h.step for h in final.history] == [1, 2, 3]
+    assert [h.policy_step for h in final.history] == [0, 1, 2]
+    assert [h.reward_mean for h in final.history] == pytest.approx([0.0, 0.1, 0.2])
+    assert all(h.seconds.get("train") is not None for h in final.history)
+    per_step = [name for name, step in stubs.calls if step == 2]
+    assert per_step == ["rollouts", "compute_advantages", "train", "publish", "reload", "metrics"]
+    assert stubs.names("publish_initial") == [0] and stubs.names("reload")[0] == 0
+    assert "judge" not in per_step  # judge.kind == "rollout": the rollout's own reward is the score
+    assert [m.metrics["reward_mean"] for m in stubs.metrics] == pytest.approx([0.0, 0.1, 0.2])
+
+
+async def test_judge_and_shared_mode_wrap_training_in_sleep_and_wake(client: Client, task_queue: str) -> None:
+    stubs = ScriptedActivities()
+    spec = make_spec(task_queue, f"shared-{task_queue}", steps=1, mode="shared", judge={"kind": "ruler"})
+    async with running(stubs, client, task_queue):
+        final = await (await start(client, spec)).result()
+    assert final.step == 1
+    names = [name for name, _ in stubs.calls]
+    chain = names[names.index("rollouts") :]
+    assert chain == [
+        "rollouts",
+        "judge",
+        "compute_advantages",
+        "sleep",
+        "train",
+        "publish",
+        "wake_up",
+        "reload",
+        "metrics",
+    ]
+
+
+async def test_pause_resume_and_stop_act_at_step_boundaries(client: Client, task_queue: str) -> None:
+    stubs = ScriptedActivities()
+    stubs.train_gates[1] = asyncio.Event()
+    spec = make_spec(task_queue, f"steer-{task_queue}", steps=10)
+    async with running(stubs, client, task_queue):
+        handle = await start(client, spec)
+        await asyncio.wait_for(stubs.train_started[1].wait(), 20)
+        paused = await handle.execute_update(TrainingRun.pause)
+        assert paused.paused and paused.working_on == 1  # the step in progress finishes first
+        stubs.train_gates[1].set()
+
+        async def is_paused() -> bool:
+            return (await handle.query(TrainingRun.status)).phase == "paused"
+
+        await eventually(is_paused)
+        await asyncio.sleep(1.0)
+        status = await handle.query(TrainingRun.status)
+        assert status.step == 1 and stubs.names("train") == [1]  # nothing runs while paused
+        await handle.execute_update(TrainingRun.resume)
+        await eventually(lambda: asyncio.sleep(0, result=len(stubs.names("train")) >= 2))
+        stopping = await handle.execute_update(TrainingRun.stop)
+        assert stopping.stopping
+        final = await handle.result()
+    assert final.phase == "stopped" and 2 <= final.step < 10
+    assert stubs.names("train") == list(range(1, final.step + 1))
+    assert stubs.names("reload")[-1] == final.step
+
+
+async def test_continue_as_new_carries_the_run_state(client: Client, task_queue: str) -> None:
+    stubs = ScriptedActivities()
+    spec = make_spec(task_queue, f"can-{task_queue}", steps=5, continue_as_new_every=2)
+    async with running(stubs, client, task_queue):
+        handle = await start(client, spec)
+        final = await handle.result()
+        first = await client.get_workflow_handle(spec.run_id, run_id=handle.result_run_id).describe()
+    assert first.status == WorkflowExecutionStatus.CONTINUED_AS_NEW
+    assert final.step == 5 and [h.step for h in final.history] == [1, 2, 3, 4, 5]
+    assert stubs.names("latest_checkpoint") == [-1]  # recovery runs once, the state is carried
+    assert stubs.names("train") == [1, 2, 3, 4, 5]
+
+
+async def test_pipelined_rolls_out_ahead_and_keeps_fresh_groups(client: Client, task_queue: str) -> None:
+    stubs = ScriptedActivities()
+    stubs.train_gates[1] = asyncio.Event()
+    spec = make_spec(task_queue, f"pipe-{task_queue}", mode="pipelined", max_staleness=1)
+    async with running(stubs, client, task_queue):
+        handle = await start(client, spec)
+        await asyncio.wait_for(stubs.train_started[1].wait(), 20)
+        await eventually(lambda: asyncio.sleep(0, result=2 in stubs.rollout_policies))
+        assert stubs.names("publish") == []  # step 2's rollouts started while step 1 trains
+        stubs.train_gates[1].set()
+        final = await handle.result()
+    assert final.step == 3 and final.dropped_stale_groups == 0
+    assert dict(stubs.rollout_policies) == {1: [0], 2: [0], 3: [1]}
+    assert [h.policy_step for h in final.history] == [0, 0, 1]
+
+
+async def test_pipelined_drops_groups_older_than_max_staleness(client: Client, task_queue: str) -> None:
+    stubs = ScriptedActivities()
+    spec = make_spec(task_queue, f"stale-{task_queue}", mode="pipelined", max_staleness=0)
+    async with running(stubs, client, task_queue):
+        final = await (await start(client, spec)).result()
+    assert final.step == 3
+    assert final.dropped_stale_groups == 2 * spec.groups_per_step  # steps 2 and 3 were rolled out again
+    assert dict(stubs.rollout_policies) == {1: [0], 2: [0, 1], 3: [1, 2]}
+    assert [h.policy_step for h in final.history] == [0, 1, 2]
+
+
+async def test_pipelined_on_a_shared_device_is_refused_at_start(client: Client, task_queue: str) -> None:
+    stubs = ScriptedActivities()
+    data = make_spec(task_queue, f"refuse-{task_queue}").model_dump()
+    data.update(mode="pipelined", shared_device=True)
+    async with running(stubs, client, task_queue):
+        handle = await client.start_workflow("TrainingRun", data, id=data["run_id"], task_queue=task_queue)
+        with pytest.raises(WorkflowFailureError) as err:
+            await asyncio.wait_for(handle.result(), 20)
+    assert "pipelined" in str(err.value.cause) and "shared_device" in str(err.value.cause)
+    assert stubs.calls == []
+
+
+async def test_resume_after_terminate_continues_from_the_last_checkpoint(
+    client: Client, task_queue: str
+) -> None:
+    stubs = ScriptedActivities()
+    stubs.train_gates[3] = asyncio.Event()
+    spec = make_spec(task_queue, f"resume-{task_queue}", steps=4)
+    async with running(stubs, client, task_queue):
+        handle = await start(client, spec)
+        await asyncio.wait_for(stubs.train_started[3].wait(), 20)
+        await handle.terminate("simulated crash")
+        stubs.train_gates[3].set()
+        final = await (await start(client, spec)).result()
+    assert final.step == 4 and [h.step for h in final.history] == [3, 4]
+    assert stubs.names("train") == [1, 2, 3, 3, 4]  # step 3 was in flight when terminated
+    assert sorted(step for _, step in stubs.published) == [0, 1, 2, 3, 4]  # nothing published twice
+    assert stubs.names("publish_initial") == [0]
+    assert stubs.names("reload") == [0, 1, 2, 2, 3, 4]  # the restart serves checkpoint 2 again first
+
+
+async def test_a_failing_rollout_fails_the_run_naming_function_and_scenario(
+    client: Client, task_queue: str
+) -> None:
+    stubs = ScriptedActivities()
+    message = "rollout examples.arithmetic:rollout raised on scenario 3 ({'a': 1}): ZeroDivisionError"
+    stubs.rollout_failure = Failure(message, ROLLOUT_FAILED)
+    spec = make_spec(task_queue, f"fail-{task_queue}")
+    async with running(stubs, client, task_queue):
+        handle = await start(client, spec)
+        with pytest.raises(WorkflowFailureError) as err:
+            await handle.result()
+        status = await handle.query(TrainingRun.status)
+    cause = err.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == ROLLOUT_FAILED
+    assert "step 1: rollouts failed" in cause.message and "examples.arithmetic:rollout" in cause.message
+    assert "scenario 3" in cause.message and status.error == cause.message
+    assert len(stubs.names("rollouts")) == 3  # retried, then given up
+
+
+async def test_a_task_that_does_not_import_fails_at_once(client: Client, task_queue: str) -> None:
+    stubs = ScriptedActivities()
+    stubs.rollout_failure = Failure(
+        "cannot import 'examples.nope:rollout': No module named 'examples.nope'", TASK_IMPORT, True
+    )
+    spec = make_spec(task_queue, f"import-{task_queue}")
+    async with running(stubs, client, task_queue):
+        with pytest.raises(WorkflowFailureError) as err:
+            await (await start(client, spec)).result()
+    cause = err.value.cause
+    assert (
+        isinstance(cause, ApplicationError) and cause.type == TASK_IMPORT and "examples.nope" in cause.message
+    )
+    assert stubs.names("rollouts") == [1]

@@ -1,0 +1,208 @@
+"""Scripted stand-ins for the activities at the workflow's seams (the real ones fill them in other tests).
+
+Each stub records what it was asked, keeps published checkpoints in memory (so a restarted run finds
+them, like the object store), and can be told to fail, block or be slow at a given step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
+
+from schemas.activities import (
+    AdvantagesInput,
+    AdvantagesResult,
+    CheckpointLookup,
+    InitialAdapterInput,
+    JudgeInput,
+    MetricsInput,
+    PublishInput,
+    ReloadInput,
+    ReloadResult,
+    RolloutsInput,
+    ServingControlInput,
+    TrainInput,
+    TrainResult,
+)
+from schemas.layout import adapter_name, worker_task_queue
+from schemas.refs import CheckpointRef, ObjectRef, TrajectoriesRef
+from workflows.train_step import TrainStep
+from workflows.training_run import TrainingRun
+
+WORKER_ID = "stub-trainer"
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class Failure:
+    message: str
+    type: str
+    non_retryable: bool = False
+
+
+@dataclass
+class ScriptedActivities:
+    """Every activity a ``TrainingRun`` calls, scripted."""
+
+    calls: list[tuple[str, int]] = field(default_factory=list)
+    rollout_policies: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
+    checkpoints: dict[str, dict[int, CheckpointRef]] = field(default_factory=lambda: defaultdict(dict))
+    published: list[tuple[str, int]] = field(default_factory=list)
+    metrics: list[MetricsInput] = field(default_factory=list)
+    rollout_failure: Failure | None = None
+    train_gates: dict[int, asyncio.Event] = field(default_factory=dict)
+    """Training step n waits for ``train_gates[n]`` when present."""
+    train_started: dict[int, asyncio.Event] = field(default_factory=lambda: defaultdict(asyncio.Event))
+    lost_workers: int = 0
+    """The first ``lost_workers`` trainings report a worker that no longer polls (publish never starts)."""
+    rollout_seconds: float = 0.0
+    train_seconds: float = 0.0
+
+    def names(self, name: str) -> list[int]:
+        """Steps that activity ``name`` was called for, in order."""
+        return [step for n, step in self.calls if n == name]
+
+    def _checkpoint(self, run_id: str, step: int) -> CheckpointRef:
+        ref = CheckpointRef(
+            run_id=run_id,
+            step=step,
+            uri=f"s3://stub/runs/{run_id}/checkpoints/{step:06d}/",
+            manifest_sha256=_sha(f"{run_id}/{step}"),
+        )
+        self.checkpoints[run_id][step] = ref
+        self.published.append((run_id, step))
+        return ref
+
+    @activity.defn(name="latest_checkpoint")
+    async def latest_checkpoint(self, inp: CheckpointLookup) -> CheckpointRef | None:
+        self.calls.append(("latest_checkpoint", -1))
+        found = self.checkpoints.get(inp.run_id)
+        return found[max(found)] if found else None
+
+    @activity.defn(name="publish_initial")
+    async def publish_initial(self, inp: InitialAdapterInput) -> CheckpointRef:
+        self.calls.append(("publish_initial", 0))
+        return self._checkpoint(inp.run_id, 0)
+
+    @activity.defn(name="rollouts")
+    async def rollouts(self, inp: RolloutsInput) -> TrajectoriesRef:
+        self.calls.append(("rollouts", inp.step))
+        self.rollout_policies[inp.step].append(inp.policy_step)
+        if self.rollout_failure is not None:
+            f = self.rollout_failure
+            raise ApplicationError(f.message, type=f.type, non_retryable=f.non_retryable)
+        if inp.adapter is not None:
+            assert inp.adapter == adapter_name(inp.model_name, inp.policy_step)
+        await asyncio.sleep(self.rollout_seconds)
+        n = inp.groups_per_step * inp.group_size
+        return TrajectoriesRef(
+            ref=ObjectRef(
+                uri=f"s3://stub/runs/{inp.run_id}/steps/{inp.step}/t.parquet", size=1, sha256=_sha("t")
+            ),
+            run_id=inp.run_id,
+            step=inp.step,
+            n_groups=inp.groups_per_step,
+            n_trajectories=n,
+            reward_mean=0.1 * inp.policy_step,
+            reward_std=0.05,
+        )
+
+    @activity.defn(name="judge")
+    async def judge(self, inp: JudgeInput) -> TrajectoriesRef:
+        self.calls.append(("judge", inp.step))
+        return inp.trajectories
+
+    @activity.defn(name="compute_advantages")
+    async def compute_advantages(self, inp: AdvantagesInput) -> AdvantagesResult:
+        self.calls.append(("compute_advantages", inp.step))
+        return AdvantagesResult(
+            ref=ObjectRef(
+                uri=f"s3://stub/runs/{inp.run_id}/steps/{inp.step}/a.parquet", size=1, sha256=_sha("a")
+            ),
+            n_trajectories=inp.trajectories.n_trajectories,
+            n_groups=inp.trajectories.n_groups,
+            n_groups_zero_variance=0,
+        )
+
+    @activity.defn(name="train")
+    async def train(self, inp: TrainInput) -> TrainResult:
+        self.calls.append(("train", inp.step))
+        if inp.start_from is None:
+            assert inp.step == 1, "only step 1 may start without a checkpoint"
+        else:
+            assert inp.start_from.step == inp.step - 1, inp.start_from
+        self.train_started[inp.step].set()
+        gate = self.train_gates.get(inp.step)
+        if gate is not None:
+            await gate.wait()
+        await asyncio.sleep(self.train_seconds)
+        return TrainResult(
+            run_id=inp.run_id,
+            step=inp.step,
+            staging_dir=f"/stub/{inp.run_id}/{inp.step}",
+            worker_id=self._worker_for_attempt(),
+            loss=1.0 / inp.step,
+            grad_norm=0.5,
+            n_sequences=8,
+            n_trainable_tokens=80,
+            micro_batch_size=8,
+            seconds=0.0,
+        )
+
+    def _worker_for_attempt(self) -> str:
+        if self.lost_workers > 0:
+            self.lost_workers -= 1
+            return "vanished-trainer"
+        return WORKER_ID
+
+    @activity.defn(name="publish")
+    async def publish(self, inp: PublishInput) -> CheckpointRef:
+        self.calls.append(("publish", inp.step))
+        return self._checkpoint(inp.run_id, inp.step)
+
+    @activity.defn(name="reload")
+    async def reload(self, inp: ReloadInput) -> ReloadResult:
+        self.calls.append(("reload", inp.checkpoint.step))
+        return ReloadResult(adapter=adapter_name(inp.model_name, inp.checkpoint.step), servers=["stub"])
+
+    @activity.defn(name="serving_control")
+    async def serving_control(self, inp: ServingControlInput) -> None:
+        self.calls.append((inp.action, -1))
+
+    @activity.defn(name="metrics")
+    async def metrics_activity(self, inp: MetricsInput) -> None:
+        self.calls.append(("metrics", inp.step))
+        self.metrics.append(inp)
+
+    def workers(self, client, task_queue: str, **worker_options) -> list[Worker]:  # type: ignore[no-untyped-def]
+        """One worker for every queue (the spec's three queues are ``task_queue``), plus the pinned one."""
+        everything = [
+            self.latest_checkpoint,
+            self.publish_initial,
+            self.rollouts,
+            self.judge,
+            self.compute_advantages,
+            self.train,
+            self.reload,
+            self.serving_control,
+            self.metrics_activity,
+        ]
+        return [
+            Worker(
+                client,
+                task_queue=task_queue,
+                workflows=[TrainingRun, TrainStep],
+                activities=everything,
+                **worker_options,
+            ),
+            Worker(client, task_queue=worker_task_queue(task_queue, WORKER_ID), activities=[self.publish]),
+        ]

@@ -1,0 +1,96 @@
+"""Start ``dgrpo worker ROLE`` as a child process and wait until it polls (the demo, tests, scripts)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from schemas.config import TaskQueues
+
+READY_TIMEOUT_S = 600.0
+
+
+class WorkerProcess:
+    """One ``dgrpo worker`` subprocess; its log goes to ``log_path``; ``stop()`` sends SIGTERM (graceful)."""
+
+    def __init__(
+        self,
+        role: str,
+        log_path: Path,
+        *,
+        task_queues: TaskQueues | None = None,
+        model: str | None = None,
+        server_url: str | None = None,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        self.role = role
+        self.log_path = log_path
+        self.ready_file = log_path.with_suffix(".ready")
+        self.args = [sys.executable, "-m", "dgrpo.cli", "worker", role, "--ready-file", str(self.ready_file)]
+        queues = task_queues or TaskQueues()
+        self.args += ["--control-queue", queues.control, "--inference-queue", queues.inference]
+        self.args += ["--trainer-queue", queues.trainer]
+        if model:
+            self.args += ["--model", model]
+        if server_url:
+            self.args += ["--server-url", server_url]
+        self.env = {**os.environ, **(env or {})}
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = READY_TIMEOUT_S) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.ready_file.unlink(missing_ok=True)
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                cwd=self.cwd,
+            )
+        deadline = time.monotonic() + timeout
+        while not self.ready_file.exists():
+            if self.proc.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(
+                    f"`dgrpo worker {self.role}` exited with code {self.proc.returncode}:\n{tail}"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(
+                    f"`dgrpo worker {self.role}` not ready after {timeout:.0f}s ({self.log_path})"
+                )
+            time.sleep(0.3)
+
+    @property
+    def server_urls(self) -> list[str]:
+        """The inference servers the worker fronts (written into its ready file)."""
+        return self.ready_file.read_text().split() if self.ready_file.exists() else []
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 60.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would (tests of durability)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None

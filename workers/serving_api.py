@@ -1,0 +1,130 @@
+"""The HTTP contract of the serving engines: OpenAI chat completions plus vLLM's LoRA and sleep endpoints.
+
+Request bodies are the ones vLLM accepts (unknown OpenAI fields are ignored, as vLLM does); responses add
+vLLM's ``prompt_token_ids`` (on the response and on every choice) and each choice's ``token_ids``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from schemas.refs import SHA256_PATTERN
+from schemas.trajectory import MESSAGE_ROLES
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _check_role(self) -> ChatMessage:
+        if self.role not in MESSAGE_ROLES:
+            raise ValueError(f"role must be one of {', '.join(MESSAGE_ROLES)}, got {self.role!r}")
+        return self
+
+
+class ChatCompletionRequest(BaseModel):
+    """``POST /v1/chat/completions`` (non-streaming)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    """vLLM extra: -1 or 0 keeps every token."""
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    n: int = Field(1, ge=1, le=128)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    ignore_eos: bool = False
+    """vLLM extra: keep sampling past EOS up to ``max_tokens`` (benchmarks)."""
+    min_tokens: int = Field(0, ge=0)
+    """vLLM extra: EOS and stop tokens are not drawn before this many tokens."""
+    return_tokens_as_token_ids: bool = False
+    """vLLM extra: logprob tokens as ``token_id:<n>`` instead of text."""
+    stream: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatCompletionRequest:
+        if self.stream:
+            raise ValueError("stream=true is not supported by this server; send stream=false")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        return self
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(s for s in self.stop if s)
+
+
+class LoadLoraAdapterRequest(BaseModel):
+    """``POST /v1/load_lora_adapter``: vLLM's body, plus an optional sha256 map checked before loading."""
+
+    model_config = ConfigDict(extra="allow")
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+    load_inplace: bool = False
+    """Replace an adapter already loaded under ``lora_name`` (vLLM's flag)."""
+    sha256: dict[str, str] | None = None
+    """Expected sha256 per file, relative to ``lora_path``; any mismatch refuses the load."""
+
+    @model_validator(mode="after")
+    def _check_hashes(self) -> LoadLoraAdapterRequest:
+        for path, digest in (self.sha256 or {}).items():
+            if not re.match(SHA256_PATTERN, digest):
+                raise ValueError(f"sha256[{path!r}] is not a lowercase hex sha256")
+        return self
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    lora_name: str = Field(min_length=1)
+    lora_int_id: int | None = None
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """The OpenAI error JSON shape (vLLM puts the status in ``code``)."""
+    kind = {
+        400: "BadRequestError",
+        404: "NotFoundError",
+        409: "ConflictError",
+        503: "ServiceUnavailableError",
+    }
+    return {
+        "error": {
+            "message": message,
+            "type": kind.get(status, "InternalServerError"),
+            "param": param,
+            "code": status,
+        }
+    }
+
+
+class ServingHTTPError(Exception):
+    """Raised by the server's handlers; answered with ``error_body(status, message)``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param

@@ -1,0 +1,382 @@
+"""The CPU generation engine: one model, many LoRA adapters, continuous batching on one thread.
+
+Requests from any number of HTTP handlers land in an inbox. The engine thread admits them into the
+running batch between decode steps (prefilled left-padded, their KV cache left-padded into the batch's),
+decodes every row one token per step in one forward pass — rows of different adapters together, through
+peft's ``adapter_names`` — and drops rows as they finish. Adapters are loaded and deleted on the same
+thread between steps, so no forward ever sees the model change under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import gc
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from workers.serving_sampling import RowSampler, SamplingParams, sample_step
+
+log = logging.getLogger(__name__)
+
+BASE_ADAPTER = "__base__"
+"""peft's name for 'no adapter' in a mixed batch."""
+PREFILL_TOKENS = 16384
+"""Padded prompt tokens per prefill forward; larger admissions are split."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: list[int]
+    adapter: str | None
+    """A loaded adapter's name, or None for the base model."""
+    params: SamplingParams
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    """Every sampled token, the EOS or stop token included."""
+    logprobs: list[float]
+    """Raw-distribution logprob of each sampled token (fp32 log_softmax of the logits)."""
+    top_logprobs: list[list[tuple[int, float]]]
+    text: str
+    finish_reason: Literal["stop", "length"]
+
+
+@dataclass
+class _Row:
+    request: GenerationRequest
+    future: concurrent.futures.Future[Completion]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+
+
+Action = Literal["load", "unload", "sleep", "wake_up"]
+
+
+@dataclass
+class _Command:
+    action: Action
+    future: concurrent.futures.Future[None]
+    name: str = ""
+    path: str = ""
+
+
+@dataclass
+class _Batch:
+    """The running batch: a KV cache and per-row state, all indexed by row."""
+
+    rows: list[_Row]
+    cache: DynamicCache
+    mask: torch.Tensor
+    lengths: torch.Tensor
+    """Real (unpadded) tokens per row so far: the next token's position id."""
+    last: torch.Tensor
+    sampler: RowSampler
+
+
+def _layers(cache: DynamicCache) -> list[Any]:
+    """The cache's per-layer key/value holders (``.keys``, ``.values``: batch x heads x seq x dim)."""
+    return list(cache.layers)
+
+
+def _pad_left(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    missing = length - t.shape[dim]
+    if missing <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+class GenerationEngine:
+    """Loads ``model_path`` and serves generation requests from any thread or event loop."""
+
+    def __init__(
+        self,
+        model_path: str,
+        dtype: Literal["fp32", "bf16"] = "fp32",
+        max_batch: int = 32,
+        batch_window_s: float = 0.01,
+        max_model_len: int | None = None,
+    ) -> None:
+        torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).eval()
+        self.peft: torch.nn.Module | None = None
+        self.max_batch = max_batch
+        self.batch_window_s = batch_window_s
+        self.max_model_len = max_model_len or int(getattr(self.base.config, "max_position_embeddings", 4096))
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
+        eos = self.base.generation_config.eos_token_id
+        eos_ids = {*(eos if isinstance(eos, list) else [eos] if eos is not None else [])}
+        if self.tokenizer.eos_token_id is not None:
+            eos_ids.add(self.tokenizer.eos_token_id)
+        self.eos_ids = sorted(int(i) for i in eos_ids)
+        self.adapter_paths: dict[str, str] = {}
+        """Loaded adapters (name -> directory); changed on the engine thread only."""
+        self.sleeping = False
+        self._generator = torch.Generator()
+        self._generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        self._inbox: queue.Queue[_Row | _Command | None] = queue.Queue()
+        self._waiting: list[_Row] = []
+        self._batch: _Batch | None = None
+        self._thread = threading.Thread(target=self._run, name="generation-engine", daemon=True)
+        self._thread.start()
+
+    # ---- the API other threads call ---------------------------------------------------------------
+    def submit(self, requests: list[GenerationRequest]) -> list[concurrent.futures.Future[Completion]]:
+        """Queue requests for the engine thread; each future resolves when its completion is done."""
+        rows = [_Row(r, concurrent.futures.Future()) for r in requests]
+        for row in rows:
+            self._inbox.put(row)
+        return [row.future for row in rows]
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in self.submit(requests))))
+
+    def command(self, action: Action, name: str = "", path: str = "") -> concurrent.futures.Future[None]:
+        """Queue an adapter load/unload or sleep/wake for the engine thread (run between decode steps)."""
+        command = _Command(action, concurrent.futures.Future(), name, path)
+        self._inbox.put(command)
+        return command.future
+
+    async def control(self, action: Action, name: str = "", path: str = "") -> None:
+        await asyncio.wrap_future(self.command(action, name, path))
+
+    def close(self) -> None:
+        self._inbox.put(None)
+        self._thread.join(timeout=30)
+
+    # ---- the engine thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                items = self._take(block=self._batch is None and not (self._waiting and not self.sleeping))
+                if items is None:
+                    break
+                for item in items:
+                    if isinstance(item, _Command):
+                        self._execute(item)
+                    else:
+                        self._waiting.append(item)
+                try:
+                    if self._waiting and not self.sleeping:
+                        self._admit()
+                    if self._batch is not None:
+                        self._decode()
+                except Exception as err:  # a failed forward fails its rows, never the engine
+                    log.exception("generation failed; failing the batch's requests")
+                    rows = (self._batch.rows if self._batch else []) + self._waiting
+                    self._batch, self._waiting = None, []
+                    for row in rows:
+                        if not row.future.done():
+                            row.future.set_exception(err)
+        for row in (self._batch.rows if self._batch else []) + self._waiting:
+            row.future.set_exception(RuntimeError("the generation engine stopped"))
+
+    def _take(self, block: bool) -> list[_Row | _Command] | None:
+        items: list[_Row | _Command | None] = []
+        if block:
+            items.append(self._inbox.get())
+            if isinstance(items[0], _Row):
+                time.sleep(self.batch_window_s)  # let concurrent requests arrive and share the prefill
+        while True:
+            try:
+                items.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        if any(item is None for item in items):
+            return None
+        return [item for item in items if item is not None]
+
+    def _execute(self, command: _Command) -> None:
+        try:
+            if command.action == "load":
+                self._load_adapter(command.name, command.path)
+            elif command.action == "unload":
+                self._delete_adapter(command.name)
+            elif command.action == "sleep":
+                while self._batch is not None:  # finish in-flight rows first, admit no new ones
+                    self._decode()
+                self.sleeping = True
+                gc.collect()
+            else:
+                self.sleeping = False
+        except Exception as err:
+            command.future.set_exception(err)
+        else:
+            command.future.set_result(None)
+
+    def _load_adapter(self, name: str, path: str) -> None:
+        from peft import PeftModel
+
+        try:
+            if self.peft is None:
+                self.peft = PeftModel.from_pretrained(self.base, path, adapter_name=name).eval()
+            else:
+                self.peft.load_adapter(path, adapter_name=name)  # type: ignore[operator]
+        except Exception:
+            if self.peft is not None and name in self.peft.peft_config:  # type: ignore[operator]
+                self.peft.delete_adapter(name)  # type: ignore[operator]  # no half-injected adapter
+            raise
+        self.adapter_paths[name] = path
+        log.info("loaded adapter %s from %s", name, path)
+
+    def _delete_adapter(self, name: str) -> None:
+        if self.peft is not None and name in self.adapter_paths:
+            self.peft.delete_adapter(name)  # type: ignore[operator]
+        self.adapter_paths.pop(name, None)
+        log.info("unloaded adapter %s", name)
+
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: DynamicCache,
+        rows: list[_Row],
+    ) -> torch.Tensor:
+        model = self.base
+        extra = {}
+        if self.peft is not None and self.adapter_paths:
+            model = self.peft  # type: ignore[assignment]
+            extra["adapter_names"] = [r.request.adapter or BASE_ADAPTER for r in rows]
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **extra,
+        )
+        return out.logits[:, -1, :]
+
+    def _admit(self) -> None:
+        free = self.max_batch - (len(self._batch.rows) if self._batch else 0)
+        if free <= 0:
+            return
+        admitted, self._waiting = self._waiting[:free], self._waiting[free:]
+        admitted.sort(key=lambda r: len(r.request.prompt_ids))
+        chunk: list[_Row] = []
+        for row in admitted:
+            if chunk and (len(chunk) + 1) * len(row.request.prompt_ids) > PREFILL_TOKENS:
+                self._prefill(chunk)
+                chunk = []
+            chunk.append(row)
+        if chunk:
+            self._prefill(chunk)
+
+    def _prefill(self, rows: list[_Row]) -> None:
+        width = max(len(r.request.prompt_ids) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            n = len(row.request.prompt_ids)
+            ids[i, width - n :] = torch.tensor(row.request.prompt_ids, dtype=torch.long)
+            mask[i, width - n :] = 1
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        cache = DynamicCache(config=self.base.config)
+        logits = self._forward(ids, mask, positions, cache, rows)
+        sampler = RowSampler.build([r.request.params for r in rows], self.eos_ids, self._generator)
+        batch = _Batch(rows, cache, mask, mask.sum(-1), ids[:, -1].clone(), sampler)
+        self._step(batch, logits)
+        if batch.rows:
+            self._merge(batch)
+
+    def _merge(self, new: _Batch) -> None:
+        old = self._batch
+        if old is None:
+            self._batch = new
+            return
+        width = max(old.mask.shape[1], new.mask.shape[1])
+        for a, b in zip(_layers(old.cache), _layers(new.cache), strict=True):
+            a.keys = torch.cat([_pad_left(a.keys, width, 2), _pad_left(b.keys, width, 2)])
+            a.values = torch.cat([_pad_left(a.values, width, 2), _pad_left(b.values, width, 2)])
+        old.mask = torch.cat([_pad_left(old.mask, width, 1), _pad_left(new.mask, width, 1)])
+        old.lengths = torch.cat([old.lengths, new.lengths])
+        old.last = torch.cat([old.last, new.last])
+        old.rows += new.rows
+        old.sampler.extend(new.sampler)
+
+    def _decode(self) -> None:
+        batch = self._batch
+        assert batch is not None
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
+        logits = self._forward(
+            batch.last.unsqueeze(1), batch.mask, batch.lengths.unsqueeze(1), batch.cache, batch.rows
+        )
+        batch.lengths += 1
+        self._step(batch, logits)
+        if not batch.rows:
+            self._batch = None
+
+    def _step(self, batch: _Batch, logits: torch.Tensor) -> None:
+        """Sample one token per row of ``batch``, record it, and drop the rows that finished."""
+        step = sample_step(logits, batch.sampler, [len(r.tokens) for r in batch.rows])
+        batch.last = torch.tensor(step.tokens, dtype=torch.long)
+        keep: list[int] = []
+        for i, row in enumerate(batch.rows):
+            row.tokens.append(step.tokens[i])
+            row.logprobs.append(step.logprobs[i])
+            row.top.append(step.top[i])
+            if not self._finish(row, int(batch.lengths[i]) + 1):
+                keep.append(i)
+        if len(keep) < len(batch.rows):
+            _select(batch, keep)
+
+    def _finish(self, row: _Row, context: int) -> bool:
+        """Resolve ``row``'s future when it is done; True when it was."""
+        params = row.request.params
+        token = row.tokens[-1]
+        reason: Literal["stop", "length"] | None = None
+        text: str | None = None
+        ends = params.stop_token_ids if params.ignore_eos else (*self.eos_ids, *params.stop_token_ids)
+        if token in ends and len(row.tokens) > params.min_tokens:
+            reason = "stop"
+        elif params.stop:
+            window = row.tokens[-(max(len(s) for s in params.stop) + 4) :]
+            tail = str(self.tokenizer.decode(window, skip_special_tokens=True))
+            if any(s in tail for s in params.stop):
+                text = str(self.tokenizer.decode(row.tokens, skip_special_tokens=True))
+                hits = [text.find(s) for s in params.stop if s in text]
+                text = text[: min(hits)] if hits else text
+                reason = "stop"
+        if reason is None and (len(row.tokens) >= params.max_tokens or context >= self.max_model_len):
+            reason = "length"
+        if reason is None:
+            return False
+        if text is None:
+            text = str(self.tokenizer.decode(row.tokens, skip_special_tokens=True))
+        row.future.set_result(Completion(row.tokens, row.logprobs, row.top, text, reason))
+        return True
+
+
+def _select(batch: _Batch, keep: list[int]) -> None:
+    """Keep only rows ``keep`` of ``batch``, and drop the cache columns no remaining row attends to."""
+    batch.rows = [batch.rows[i] for i in keep]
+    batch.sampler.select(keep)
+    if not keep:
+        return
+    index = torch.tensor(keep, dtype=torch.long)
+    batch.cache.batch_select_indices(index)
+    batch.mask, batch.lengths, batch.last = batch.mask[index], batch.lengths[index], batch.last[index]
+    used = batch.mask.any(dim=0).nonzero()
+    start = int(used[0]) if len(used) else 0
+    if start > 0:
+        batch.mask = batch.mask[:, start:]
+        for layer in _layers(batch.cache):
+            layer.keys = layer.keys[:, :, start:]
+            layer.values = layer.values[:, :, start:]

@@ -1,0 +1,148 @@
+"""Chat requests to token ids and sampling parameters, and completions back to OpenAI/vLLM responses."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from workers.serving_api import ChatCompletionRequest, ServingHTTPError
+from workers.serving_batcher import Completion
+from workers.serving_sampling import SamplingParams
+from workers.tool_calls import prepare_messages
+
+ToolCallParser = Callable[[str], tuple[str | None, list[dict[str, Any]]]]
+
+
+class ChatRenderer:
+    """Applies the model's chat template and shapes responses; holds the tokenizer."""
+
+    def __init__(self, tokenizer: Any, max_model_len: int, default_max_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.default_max_tokens = default_max_tokens
+        template = tokenizer.chat_template
+        self.template = template if isinstance(template, str) else str(template or "")
+
+    def prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        try:
+            prepared, native_tools = prepare_messages(messages, req.tools, self.template)
+            text = self.tokenizer.apply_chat_template(
+                prepared,
+                tools=req.tools if native_tools else None,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except Exception as err:  # a template that cannot render these messages: the caller's input
+            raise ServingHTTPError(
+                400, f"cannot apply the chat template to these messages: {err}", "messages"
+            ) from None
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prepare(self, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams]:
+        prompt_ids = self.prompt_ids(req)
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise ServingHTTPError(
+                400,
+                f"the prompt is {len(prompt_ids)} tokens; this model's context is {self.max_model_len}",
+                "messages",
+            )
+        asked = req.max_completion_tokens or req.max_tokens
+        if asked is not None and asked > room:
+            raise ServingHTTPError(
+                400,
+                f"max_tokens={asked} plus the {len(prompt_ids)}-token prompt exceeds the context of "
+                f"{self.max_model_len} tokens",
+                "max_tokens",
+            )
+        params = SamplingParams(
+            max_tokens=asked or min(self.default_max_tokens, room),
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=max(req.top_k or 0, 0),
+            seed=req.seed,
+            stop=req.stops,
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            ignore_eos=req.ignore_eos,
+            min_tokens=req.min_tokens,
+            top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+        )
+        return prompt_ids, params
+
+    @staticmethod
+    def params_for_choice(params: SamplingParams, index: int) -> SamplingParams:
+        """Choice ``index`` of a seeded request draws from seed + index, so the n choices differ."""
+        if params.seed is None or index == 0:
+            return params
+        return dataclasses.replace(params, seed=params.seed + index)
+
+    def _token_strings(self, ids: list[int], as_ids: bool) -> list[str]:
+        if as_ids:
+            return [f"token_id:{i}" for i in ids]
+        return list(self.tokenizer.batch_decode([[i] for i in ids]))
+
+    def _logprobs(self, completion: Completion, as_ids: bool) -> dict[str, Any]:
+        tokens = self._token_strings(completion.token_ids, as_ids)
+        top_ids = sorted({i for step in completion.top_logprobs for i, _ in step})
+        top_names = dict(zip(top_ids, self._token_strings(top_ids, as_ids), strict=True))
+        content = []
+        for token, logprob, top in zip(tokens, completion.logprobs, completion.top_logprobs, strict=True):
+            content.append(
+                {
+                    "token": token,
+                    "logprob": logprob,
+                    "bytes": list(token.encode("utf-8")),
+                    "top_logprobs": [
+                        {"token": top_names[i], "logprob": lp, "bytes": list(top_names[i].encode("utf-8"))}
+                        for i, lp in top
+                    ],
+                }
+            )
+        return {"content": content}
+
+    def response(
+        self,
+        req: ChatCompletionRequest,
+        prompt_ids: list[int],
+        completions: list[Completion],
+        parse_tool_calls: ToolCallParser,
+    ) -> dict[str, Any]:
+        choices = []
+        for index, completion in enumerate(completions):
+            message: dict[str, Any] = {"role": "assistant", "content": completion.text}
+            finish_reason: str = completion.finish_reason
+            if req.tools and req.tool_choice != "none":
+                content, calls = parse_tool_calls(completion.text)
+                if calls:
+                    message = {"role": "assistant", "content": content, "tool_calls": calls}
+                    finish_reason = "tool_calls"
+            choices.append(
+                {
+                    "index": index,
+                    "message": message,
+                    "logprobs": self._logprobs(completion, req.return_tokens_as_token_ids)
+                    if req.logprobs
+                    else None,
+                    "finish_reason": finish_reason,
+                    "token_ids": completion.token_ids,
+                    "prompt_token_ids": prompt_ids,
+                }
+            )
+        completion_tokens = sum(len(c.token_ids) for c in completions)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": req.model,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt_ids) + completion_tokens,
+            },
+            "prompt_token_ids": prompt_ids,
+        }

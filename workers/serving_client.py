@@ -1,0 +1,139 @@
+"""The async control client of a serving engine (ours or vLLM): health, models, adapters, sleep/wake.
+
+The same calls work against both: they are vLLM's endpoints. Chat completions go through the ``openai``
+SDK on ``client.openai_base_url`` instead. Each call opens its own short-lived HTTP connection, so one
+client may be used from any event loop (a Temporal worker's, a test's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+
+DEFAULT_TIMEOUT_S = 600.0
+"""Unloading waits for the requests that use the adapter, so control calls get a long read timeout."""
+
+
+class ServingError(RuntimeError):
+    """The server answered a control call with an error status."""
+
+    def __init__(self, url: str, status: int, message: str) -> None:
+        super().__init__(f"{url}: HTTP {status}: {message}")
+        self.url = url
+        self.status = status
+        self.message = message
+
+
+def server_root(url: str) -> str:
+    """``http://host:port`` from ``http://host:port``, ``.../`` or ``.../v1``."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message", body))
+    if isinstance(body, dict) and "message" in body:
+        return str(body["message"])
+    return str(body)
+
+
+class ServingClient:
+    """Talks to one server at ``url`` (``http://host:port``, with or without ``/v1``)."""
+
+    def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.base_url = server_root(url)
+        self.timeout_s = timeout_s
+
+    @property
+    def openai_base_url(self) -> str:
+        """What ``openai.AsyncOpenAI(base_url=...)`` wants."""
+        return self.base_url + "/v1"
+
+    def __repr__(self) -> str:
+        return f"ServingClient({self.base_url!r})"
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s, connect=5.0)) as http:
+            response = await http.request(method, self.base_url + path, **kwargs)
+        if response.status_code >= 400:
+            raise ServingError(self.base_url, response.status_code, _message(response))
+        return response
+
+    async def health(self) -> bool:
+        """True when the server answers ``/health`` with 200."""
+        try:
+            async with httpx.AsyncClient(timeout=5.0) as http:
+                return (await http.get(self.base_url + "/health")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def wait_healthy(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not await self.health():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.base_url} did not become healthy within {timeout_s:.0f}s")
+            await asyncio.sleep(0.5)
+
+    async def models(self) -> list[dict[str, Any]]:
+        """``/v1/models`` entries: the base model (``parent`` None) and every loaded adapter."""
+        return list((await self._request("GET", "/v1/models")).json()["data"])
+
+    async def base_model(self) -> str:
+        """The served name of the base model."""
+        names = [m["id"] for m in await self.models() if not m.get("parent")]
+        if not names:
+            raise ServingError(self.base_url, 200, "/v1/models lists no base model")
+        return str(names[0])
+
+    async def adapters(self) -> dict[str, str]:
+        """Loaded adapters: served name -> the path it was loaded from."""
+        return {m["id"]: str(m.get("root", "")) for m in await self.models() if m.get("parent")}
+
+    async def load_adapter(
+        self, name: str, path: str, sha256: dict[str, str] | None = None, replace: bool = False
+    ) -> bool:
+        """Load the adapter dir ``path`` as ``name``; False when ``name`` was already loaded (a retry).
+
+        ``sha256`` (file path relative to ``path`` -> hex digest) makes our server verify the files first;
+        vLLM ignores it (the reload activity verified them already).
+        """
+        body: dict[str, Any] = {"lora_name": name, "lora_path": path}
+        if sha256:
+            body["sha256"] = sha256
+        if replace:
+            body["load_inplace"] = True
+        try:
+            await self._request("POST", "/v1/load_lora_adapter", json=body)
+        except ServingError as err:
+            if err.status == 400 and "already been loaded" in err.message:
+                return False
+            raise
+        return True
+
+    async def unload_adapter(self, name: str) -> bool:
+        """Unload ``name`` once no request uses it; False when it was not loaded."""
+        try:
+            await self._request("POST", "/v1/unload_lora_adapter", json={"lora_name": name})
+        except ServingError as err:
+            if err.status in (400, 404) and ("cannot be found" in err.message or "not found" in err.message):
+                return False
+            raise
+        return True
+
+    async def sleep(self, level: int = 1) -> None:
+        """Free the engine's memory for the trainer (vLLM sleep mode; ours finishes in-flight work and waits)."""
+        await self._request("POST", "/sleep", params={"level": level})
+
+    async def wake_up(self) -> None:
+        await self._request("POST", "/wake_up")
+
+    async def is_sleeping(self) -> bool:
+        return bool((await self._request("GET", "/is_sleeping")).json()["is_sleeping"])

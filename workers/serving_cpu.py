@@ -1,0 +1,279 @@
+"""The CPU serving engine's HTTP server: vLLM's OpenAI-compatible API on transformers + peft.
+
+``python -m workers.serving_cpu --model smollm2-135m-instruct --port 8000`` (or ``dgrpo serve``) serves
+``/v1/chat/completions``, ``/v1/models``, ``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, ``/health``,
+``/sleep``, ``/wake_up`` and ``/is_sleeping``. The request's ``model`` is the served base name or a loaded
+adapter's name. A request holds a lease on its adapter until it is answered; unloading waits for the
+leases to end, and new requests for an adapter being unloaded get 404.
+
+When ``--model`` is a LoRA adapter directory, its base (``base_model_name_or_path``) is served under
+``--served-name`` (default: that base string) and the adapter is loaded at start under
+``--start-adapter-name`` (default ``<adapter dir name>@0``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import ValidationError
+
+from activities.model_bootstrap import resolve_base_model
+from workers.serving_api import (
+    ChatCompletionRequest,
+    LoadLoraAdapterRequest,
+    ServingHTTPError,
+    UnloadLoraAdapterRequest,
+    error_body,
+)
+from workers.serving_batcher import GenerationEngine, GenerationRequest
+from workers.serving_chat import ChatRenderer
+from workers.serving_options import ServerOptions, add_arguments, options_from_args
+from workers.tool_calls import parse_tool_calls
+
+log = logging.getLogger(__name__)
+
+
+class AdapterTable:
+    """Loaded adapters and the leases in-flight requests hold on them (event-loop side)."""
+
+    def __init__(self) -> None:
+        self.paths: dict[str, str] = {}
+        self.leases: Counter[str] = Counter()
+        self.unloading: set[str] = set()
+        self.changed = asyncio.Condition()
+        self.lock = asyncio.Lock()
+        """Serialises loads and unloads."""
+
+    def acquire(self, name: str) -> None:
+        if name not in self.paths or name in self.unloading:
+            raise ServingHTTPError(404, f"The model `{name}` does not exist.", "model")
+        self.leases[name] += 1
+
+    async def release(self, name: str) -> None:
+        async with self.changed:
+            self.leases[name] -= 1
+            if self.leases[name] <= 0:
+                del self.leases[name]
+                self.changed.notify_all()
+
+    async def drained(self, name: str) -> None:
+        """Return once no request holds ``name``."""
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.leases[name] <= 0)
+
+
+def verify_adapter_dir(path: str, sha256: dict[str, str] | None) -> None:
+    """Refuse a path that is not a PEFT adapter dir, or whose files do not match ``sha256``."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ServingHTTPError(
+            404, f"adapter path {path} does not exist (or is not a directory)", "lora_path"
+        )
+    if not (root / "adapter_config.json").is_file():
+        raise ServingHTTPError(
+            400, f"{path} holds no adapter_config.json: not a PEFT LoRA adapter", "lora_path"
+        )
+    for rel, expected in (sha256 or {}).items():
+        file = root / rel
+        if not file.is_file():
+            raise ServingHTTPError(400, f"sha256 check: {file} is missing", "sha256")
+        digest = hashlib.sha256()
+        with open(file, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        if digest.hexdigest() != expected:
+            raise ServingHTTPError(
+                400,
+                f"sha256 mismatch for {file}: expected {expected[:12]}…, got {digest.hexdigest()[:12]}…; "
+                "the adapter is corrupt or was overwritten, refusing to load it",
+                "sha256",
+            )
+
+
+async def _json_body(request: Request) -> Any:
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ServingHTTPError(400, f"the request body is not valid JSON: {err}") from None
+
+
+def _validate(model: type[Any], body: Any) -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
+            for e in err.errors(include_url=False)
+        )
+        first = err.errors()[0]["loc"] if err.error_count() else ()
+        raise ServingHTTPError(
+            400, f"invalid request: {problems}", str(first[0]) if first else None
+        ) from None
+
+
+def build_app(
+    engine: GenerationEngine, served_name: str, options: ServerOptions, table: AdapterTable | None = None
+) -> FastAPI:
+    """The FastAPI app around a ``GenerationEngine``."""
+    adapters = table or AdapterTable()
+    renderer = ChatRenderer(engine.tokenizer, engine.max_model_len, options.default_max_tokens)
+    app = FastAPI(title="durable-grpo CPU serving engine")
+    app.state.adapters = adapters
+
+    @app.exception_handler(ServingHTTPError)
+    async def _http_error(_: Request, err: ServingHTTPError) -> JSONResponse:
+        return JSONResponse(error_body(err.status, err.message, err.param), status_code=err.status)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        now = int(time.time())
+        card = {"object": "model", "created": now, "owned_by": "dgrpo", "max_model_len": engine.max_model_len}
+        data = [{**card, "id": served_name, "root": options.model, "parent": None}]
+        data += [{**card, "id": n, "root": p, "parent": served_name} for n, p in adapters.paths.items()]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> dict[str, Any]:
+        req: ChatCompletionRequest = _validate(ChatCompletionRequest, await _json_body(request))
+        adapter = None if req.model == served_name else req.model
+        prompt_ids, params = renderer.prepare(req)
+        if adapter is not None:
+            adapters.acquire(adapter)
+        try:
+            requests = [
+                GenerationRequest(prompt_ids, adapter, renderer.params_for_choice(params, i))
+                for i in range(req.n)
+            ]
+            completions = await engine.generate(requests)
+        finally:
+            if adapter is not None:
+                await adapters.release(adapter)
+        return renderer.response(req, prompt_ids, completions, parse_tool_calls)
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> PlainTextResponse:
+        req: LoadLoraAdapterRequest = _validate(LoadLoraAdapterRequest, await _json_body(request))
+        name = req.lora_name
+        if name == served_name:
+            raise ServingHTTPError(
+                400, f"{name!r} is the base model's name; pick another lora_name", "lora_name"
+            )
+        async with adapters.lock:
+            if name in adapters.paths and not req.load_inplace:
+                raise ServingHTTPError(
+                    400, f"The lora adapter '{name}' has already been loaded.", "lora_name"
+                )
+            await asyncio.to_thread(verify_adapter_dir, req.lora_path, req.sha256)
+            if name in adapters.paths:
+                adapters.unloading.add(name)
+                await adapters.drained(name)
+                await engine.control("unload", name)
+                del adapters.paths[name]
+                adapters.unloading.discard(name)
+            try:
+                await engine.control("load", name, req.lora_path)
+            except Exception as err:
+                raise ServingHTTPError(
+                    400, f"loading adapter {name!r} from {req.lora_path} failed: {err}"
+                ) from err
+            adapters.paths[name] = req.lora_path
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> PlainTextResponse:
+        req: UnloadLoraAdapterRequest = _validate(UnloadLoraAdapterRequest, await _json_body(request))
+        name = req.lora_name
+        if name not in adapters.paths or name in adapters.unloading:
+            raise ServingHTTPError(404, f"The lora adapter '{name}' cannot be found.", "lora_name")
+        adapters.unloading.add(name)  # new requests for it are refused from here on
+        try:
+            await adapters.drained(name)
+            async with adapters.lock:
+                await engine.control("unload", name)
+                adapters.paths.pop(name, None)
+        finally:
+            adapters.unloading.discard(name)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
+
+    @app.post("/sleep")
+    async def sleep(level: int = 1) -> Response:
+        await engine.control("sleep")  # finishes in-flight rows; new ones wait for wake_up
+        return Response(status_code=200)
+
+    @app.post("/wake_up")
+    async def wake_up() -> Response:
+        await engine.control("wake_up")
+        return Response(status_code=200)
+
+    @app.get("/is_sleeping")
+    async def is_sleeping() -> dict[str, bool]:
+        return {"is_sleeping": bool(engine.sleeping)}
+
+    return app
+
+
+def create_server(options: ServerOptions) -> tuple[FastAPI, GenerationEngine]:
+    """Load the model (and starting adapters) and build the app; returns ``(app, engine)``."""
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    resolved = resolve_base_model(options.model)
+    served_name = options.served_name or options.model
+    to_load = dict(options.lora_modules)
+    if resolved.adapter_path is not None:
+        config = json.loads((Path(resolved.adapter_path) / "adapter_config.json").read_text())
+        served_name = options.served_name or str(config["base_model_name_or_path"])
+        start_name = options.start_adapter_name or f"{Path(resolved.adapter_path).name}@0"
+        to_load = {start_name: resolved.adapter_path, **to_load}
+    engine = GenerationEngine(
+        resolved.base_path,
+        dtype=options.dtype,
+        max_batch=options.max_batch,
+        batch_window_s=options.batch_window_s,
+        max_model_len=options.max_model_len,
+    )
+    table = AdapterTable()
+    for name, path in to_load.items():
+        verify_adapter_dir(path, None)
+        engine.command("load", name, path).result()
+        table.paths[name] = path
+    log.info("serving %s as %r with adapters %s", resolved.base_path, served_name, sorted(table.paths))
+    return build_app(engine, served_name, options, table), engine
+
+
+def serve(options: ServerOptions) -> None:
+    """Run the server until interrupted (what ``dgrpo serve`` does)."""
+    import uvicorn
+
+    app, engine = create_server(options)
+    try:
+        uvicorn.run(app, host=options.host, port=options.port, log_level="warning", access_log=False)
+    finally:
+        engine.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.serving_cpu", description=__doc__.splitlines()[0]
+    )
+    add_arguments(parser)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(options_from_args(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

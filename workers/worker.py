@@ -1,0 +1,178 @@
+"""Worker processes, one per task queue: ``control``, ``inference``, ``trainer``, or ``all`` three in one.
+
+- control: the workflows (``TrainingRun``, ``TrainStep``) and the judge, advantages and metrics activities.
+- inference: rollouts, reload and sleep/wake, in front of a serving engine: ``server_url`` attaches to a
+  running one (vLLM or ours); otherwise the CPU server for ``model`` is started on ``serve_port``.
+- trainer: train, publish, publish_initial and latest_checkpoint, polling the trainer queue and its own
+  worker-specific queue (publish runs where the trained step is staged).
+
+Temporal and the object store come from the environment (``DGRPO_TEMPORAL_*``, ``DGRPO_S3_*``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.object_store import ObjectStore
+from schemas.config import TaskQueues
+from schemas.layout import worker_task_queue
+from schemas.settings import dgrpo_home
+from workers.serving_process import ServerProcess
+from workers.temporal import connect_client
+from workflows.train_step import TrainStep
+from workflows.training_run import TrainingRun
+
+log = logging.getLogger(__name__)
+
+Role = Literal["control", "inference", "trainer", "all"]
+ROLES: tuple[Role, ...] = ("control", "inference", "trainer", "all")
+DEFAULT_MODEL = "smollm2-135m-instruct"
+ENV_SERVE_PORT = "DGRPO_SERVE_PORT"
+
+
+@dataclass
+class WorkerOptions:
+    """What a worker process runs; the CLI fills it from flags."""
+
+    role: Role = "all"
+    task_queues: TaskQueues = field(default_factory=TaskQueues)
+    model: str = DEFAULT_MODEL
+    """The base model the inference worker serves (a run naming another is refused by rollouts/reload)."""
+    server_url: str | None = None
+    """Attach to this OpenAI-compatible server instead of starting the CPU server (a control worker's
+    default judge uses it too)."""
+    serve_port: int | None = None
+    """Port of the CPU server this worker starts (default ``$DGRPO_SERVE_PORT``, else a free one)."""
+    staging_root: Path | None = None
+    """Where the trainer stages trained steps (default ``$DGRPO_HOME/staging``)."""
+    worker_id: str | None = None
+    ready_file: Path | None = None
+    """Written once every worker polls (launchers wait for it)."""
+
+
+def _add_cwd_to_path() -> None:
+    # User task modules (examples.arithmetic, my_env.rollout) are found from where the worker starts.
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def control_activities(store: ObjectStore, judge_url: str | None) -> list[Callable[..., Any]]:
+    from activities.advantages import AdvantagesActivities
+    from activities.judge import JudgeActivities
+    from activities.metrics import MetricsActivities
+
+    return [
+        AdvantagesActivities(store).compute_advantages,
+        JudgeActivities(store, judge_url).judge,
+        *MetricsActivities(store).all(),
+    ]
+
+
+def inference_activities(store: ObjectStore, server_urls: Sequence[str]) -> list[Callable[..., Any]]:
+    from activities.serving import ServingActivities
+
+    from activities.rollouts import RolloutActivities
+
+    return [RolloutActivities(list(server_urls), store).rollouts, *ServingActivities(list(server_urls)).all()]
+
+
+async def build_workers(
+    client: Client, opts: WorkerOptions, store: ObjectStore, server_urls: Sequence[str]
+) -> list[Worker]:
+    """The ``Worker`` objects of ``opts.role`` (not yet running)."""
+    queues = opts.task_queues
+    roles = {"control", "inference", "trainer"} if opts.role == "all" else {opts.role}
+    workers: list[Worker] = []
+    if "control" in roles:
+        workers.append(
+            Worker(
+                client,
+                task_queue=queues.control,
+                workflows=[TrainingRun, TrainStep],
+                activities=control_activities(store, server_urls[0] if server_urls else opts.server_url),
+            )
+        )
+    if "inference" in roles:
+        workers.append(
+            Worker(client, task_queue=queues.inference, activities=inference_activities(store, server_urls))
+        )
+    if "trainer" in roles:
+        from activities.training import TrainerActivities
+
+        staging = opts.staging_root or Path(dgrpo_home()) / "staging"
+        trainer = TrainerActivities(store, staging, worker_id=opts.worker_id)
+        own_queue = worker_task_queue(queues.trainer, trainer.worker_id)
+        log.info("trainer %s polls %s and %s", trainer.worker_id, queues.trainer, own_queue)
+        for queue in (queues.trainer, own_queue):
+            workers.append(Worker(client, task_queue=queue, activities=trainer.all()))
+    return workers
+
+
+async def run_workers(
+    opts: WorkerOptions, client: Client | None = None, stop: asyncio.Event | None = None
+) -> None:
+    """Run the workers of ``opts.role`` until ``stop`` is set (or the task is cancelled), then shut down."""
+    _add_cwd_to_path()
+    client = client or await connect_client()
+    store = ObjectStore.from_env()
+    await asyncio.to_thread(store.ensure_bucket)
+    stop = stop or asyncio.Event()
+    async with contextlib.AsyncExitStack() as exits:
+        server_urls: list[str] = []
+        if opts.role in ("inference", "all"):
+            if opts.server_url:
+                server_urls = [opts.server_url]
+            else:
+                port = opts.serve_port or int(os.environ.get(ENV_SERVE_PORT, "0")) or None
+                server = ServerProcess(opts.model, port=port)
+                exits.callback(server.stop)
+                server.spawn()
+                await asyncio.to_thread(server.wait_ready)
+                server_urls = [server.url]
+        workers = await build_workers(client, opts, store, server_urls)
+        tasks = [asyncio.create_task(w.run(), name=f"worker:{w.task_queue}") for w in workers]
+        log.info("%s worker polling %s", opts.role, ", ".join(w.task_queue for w in workers))
+        if opts.ready_file is not None:
+            opts.ready_file.write_text(" ".join(server_urls) + "\n")
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait([*tasks, stopped], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stopped and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            log.info("shutting down %s worker (in-flight activities finish or are cancelled)", opts.role)
+            await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
+            stopped.cancel()
+
+
+async def run_all_workers(client: Client, task_queues: TaskQueues, serve_port: int | None = None) -> None:
+    """All three workers in this event loop (``LocalBackend(in_process=True)``); cancel the task to stop."""
+    await run_workers(WorkerOptions(role="all", task_queues=task_queues, serve_port=serve_port), client)
+
+
+def main(opts: WorkerOptions) -> int:
+    """Run until SIGTERM/SIGINT, then shut the workers down gracefully."""
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_workers(opts, stop=stop)
+
+    asyncio.run(_main())
+    return 0

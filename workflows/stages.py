@@ -1,0 +1,116 @@
+"""Activity names and call options of every stage, stated once: the failure behaviour of a step reads here.
+
+Workflows call activities by NAME (the modules that define them import torch, vllm, ...). Each stage's
+timeouts and retry policy sit next to its name, and ``run_stage`` turns an activity failure into an
+``ApplicationError`` whose message names the step and the stage and keeps the activity's own message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
+
+with workflow.unsafe.imports_passed_through():
+    from schemas.errors import NON_RETRYABLE
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One activity as the workflows call it."""
+
+    name: str
+    """The registered activity name."""
+    start_to_close: timedelta
+    heartbeat: timedelta | None = None
+    max_attempts: int = 5
+    schedule_to_start: timedelta | None = None
+    """Set where the activity is pinned to one worker that may have died (publish)."""
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            initial_interval=timedelta(seconds=2),
+            backoff_coefficient=2.0,
+            maximum_interval=timedelta(seconds=60),
+            maximum_attempts=self.max_attempts,
+            non_retryable_error_types=list(NON_RETRYABLE),
+        )
+
+
+# Rollouts talk to a server over HTTP and heartbeat per finished rollout.
+ROLLOUTS = Stage("rollouts", timedelta(hours=2), heartbeat=timedelta(minutes=3), max_attempts=3)
+JUDGE = Stage("judge", timedelta(hours=1), heartbeat=timedelta(minutes=3), max_attempts=5)
+ADVANTAGES = Stage("compute_advantages", timedelta(minutes=10), max_attempts=5)
+# OOM retries halve the micro-batch; a dead trainer is noticed within the heartbeat timeout.
+TRAIN = Stage("train", timedelta(hours=4), heartbeat=timedelta(minutes=5), max_attempts=6)
+# Runs on the worker holding the staged adapter; if it died, the task never starts and we train again.
+PUBLISH = Stage(
+    "publish",
+    timedelta(minutes=30),
+    heartbeat=timedelta(minutes=3),
+    max_attempts=5,
+    schedule_to_start=timedelta(minutes=2),
+)
+PUBLISH_INITIAL = Stage("publish_initial", timedelta(minutes=30), heartbeat=timedelta(minutes=3))
+LATEST_CHECKPOINT = Stage("latest_checkpoint", timedelta(minutes=2), max_attempts=10)
+RELOAD = Stage("reload", timedelta(minutes=15), heartbeat=timedelta(minutes=3), max_attempts=10)
+SERVING_CONTROL = Stage("serving_control", timedelta(minutes=10), max_attempts=5)
+METRICS = Stage("metrics", timedelta(minutes=2), max_attempts=3)
+
+RETRAINS_AFTER_LOST_WORKER = 3
+"""Times a step is trained again because the worker holding its adapter vanished before publishing."""
+
+
+class StageFailed(ApplicationError):
+    """A stage failed for good; the message names the step, the stage and the activity's error."""
+
+
+def is_lost_worker(err: ActivityError) -> bool:
+    """True when the activity was never picked up: the worker (queue) it was pinned to is gone."""
+    cause = err.cause
+    return isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START
+
+
+async def run_stage(
+    stage: Stage,
+    arg: Any,
+    *,
+    task_queue: str,
+    step: int,
+    result_type: type[T] | None = None,
+    reraise: bool = False,
+) -> T:
+    """Execute ``stage`` on ``task_queue``; a final failure becomes a ``StageFailed`` with a clear message."""
+    try:
+        return await workflow.execute_activity(
+            stage.name,
+            arg,
+            task_queue=task_queue,
+            start_to_close_timeout=stage.start_to_close,
+            schedule_to_start_timeout=stage.schedule_to_start,
+            heartbeat_timeout=stage.heartbeat,
+            retry_policy=stage.retry_policy(),
+            result_type=result_type,
+            summary=f"step {step}",
+        )
+    except ActivityError as err:
+        if reraise:
+            raise
+        raise stage_failure(stage, step, err) from err
+
+
+def stage_failure(stage: Stage, step: int, err: ActivityError) -> StageFailed:
+    cause = err.cause
+    if isinstance(cause, ApplicationError):
+        detail, kind = cause.message, cause.type or "ActivityError"
+    elif cause is not None:
+        detail, kind = f"{type(cause).__name__}: {cause}", type(cause).__name__
+    else:
+        detail, kind = str(err), "ActivityError"
+    return StageFailed(f"step {step}: {stage.name} failed: {detail}", type=kind, non_retryable=True)

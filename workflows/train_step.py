@@ -1,0 +1,217 @@
+"""``TrainStep``: advantages -> train -> publish -> reload, the chain one GRPO step runs after scoring.
+
+The ART-style client's ``model.train`` runs it as a workflow; ``TrainingRun`` calls ``train_and_serve``
+inline for each of its steps, so the chain is written once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
+    from schemas.activities import (
+        AdvantagesInput,
+        AdvantagesResult,
+        CheckpointLookup,
+        PublishInput,
+        ReloadInput,
+        ReloadResult,
+        ServingControlInput,
+        TrainInput,
+        TrainResult,
+    )
+    from schemas.errors import CONFIG_ERROR
+    from schemas.layout import worker_task_queue
+    from schemas.refs import CheckpointRef
+    from schemas.run_state import TrainStepInput, TrainStepResult
+
+from workflows.stages import (
+    ADVANTAGES,
+    LATEST_CHECKPOINT,
+    PUBLISH,
+    RELOAD,
+    RETRAINS_AFTER_LOST_WORKER,
+    SERVING_CONTROL,
+    TRAIN,
+    StageFailed,
+    is_lost_worker,
+    run_stage,
+    stage_failure,
+)
+
+PhaseCallback = Callable[[str], None]
+
+
+class PhaseClock:
+    """Wall seconds per phase, measured with the workflow's deterministic clock."""
+
+    def __init__(self, on_phase: PhaseCallback | None = None) -> None:
+        self.seconds: dict[str, float] = {}
+        self._on_phase = on_phase
+        self._phase: str | None = None
+        self._since: datetime | None = None
+
+    def enter(self, phase: str) -> None:
+        self.stop()
+        self._phase, self._since = phase, workflow.now()
+        if self._on_phase is not None:
+            self._on_phase(phase)
+
+    def stop(self) -> None:
+        if self._phase is not None and self._since is not None:
+            elapsed = (workflow.now() - self._since).total_seconds()
+            self.seconds[self._phase] = self.seconds.get(self._phase, 0.0) + elapsed
+        self._phase = self._since = None
+
+
+async def serve_checkpoint(inp: TrainStepInput, checkpoint: CheckpointRef, clock: PhaseClock) -> str:
+    """Load ``checkpoint`` into the inference servers; returns the adapter name it is served under."""
+    clock.enter("reload")
+    reloaded = await run_stage(
+        RELOAD,
+        ReloadInput(model_name=inp.model.name, checkpoint=checkpoint, serving=inp.serving),
+        task_queue=inp.task_queues.inference,
+        step=checkpoint.step,
+        result_type=ReloadResult,
+    )
+    return reloaded.adapter
+
+
+async def train_and_publish(
+    inp: TrainStepInput, advantages: AdvantagesResult, clock: PhaseClock
+) -> tuple[TrainResult, CheckpointRef]:
+    """Train the step, then publish it from the worker that holds it; train again if that worker died."""
+    for attempt in range(RETRAINS_AFTER_LOST_WORKER + 1):
+        clock.enter("train")
+        trained = await run_stage(
+            TRAIN,
+            TrainInput(
+                run_id=inp.run_id,
+                step=inp.step,
+                model=inp.model,
+                advantages=advantages.ref,
+                train=inp.train,
+                start_from=inp.start_from,
+            ),
+            task_queue=inp.task_queues.trainer,
+            step=inp.step,
+            result_type=TrainResult,
+        )
+        clock.enter("publish")
+        publish = PublishInput(
+            run_id=inp.run_id,
+            step=inp.step,
+            staging_dir=trained.staging_dir,
+            metrics={"loss": trained.loss, "grad_norm": trained.grad_norm},
+        )
+        queue = worker_task_queue(inp.task_queues.trainer, trained.worker_id)
+        try:
+            checkpoint = await run_stage(
+                PUBLISH, publish, task_queue=queue, step=inp.step, result_type=CheckpointRef, reraise=True
+            )
+        except ActivityError as err:
+            if is_lost_worker(err) and attempt < RETRAINS_AFTER_LOST_WORKER:
+                workflow.logger.warning(
+                    "step %d: trainer %s vanished before publishing; training again",
+                    inp.step,
+                    trained.worker_id,
+                )
+                continue
+            raise stage_failure(PUBLISH, inp.step, err) from err
+        return trained, checkpoint
+    raise AssertionError("unreachable: the loop returns or raises")
+
+
+async def train_and_serve(inp: TrainStepInput, on_phase: PhaseCallback | None = None) -> TrainStepResult:
+    """advantages -> [sleep] -> train -> publish -> [wake] -> reload; ``inp.start_from`` must be resolved."""
+    clock = PhaseClock(on_phase)
+    queues = inp.task_queues
+    clock.enter("advantages")
+    advantages = await run_stage(
+        ADVANTAGES,
+        AdvantagesInput(run_id=inp.run_id, step=inp.step, trajectories=inp.trajectories, train=inp.train),
+        task_queue=queues.control,
+        step=inp.step,
+        result_type=AdvantagesResult,
+    )
+    if inp.shared_device:
+        clock.enter("sleep")
+        await run_stage(
+            SERVING_CONTROL, ServingControlInput(action="sleep"), task_queue=queues.inference, step=inp.step
+        )
+    trained, checkpoint = await train_and_publish(inp, advantages, clock)
+    if inp.shared_device:
+        clock.enter("wake_up")
+        await run_stage(
+            SERVING_CONTROL, ServingControlInput(action="wake_up"), task_queue=queues.inference, step=inp.step
+        )
+    adapter = await serve_checkpoint(inp, checkpoint, clock)
+    clock.stop()
+    return TrainStepResult(
+        step=inp.step,
+        checkpoint=checkpoint,
+        adapter=adapter,
+        loss=trained.loss,
+        n_trajectories=advantages.n_trajectories,
+        n_groups_zero_variance=advantages.n_groups_zero_variance,
+        seconds=clock.seconds,
+    )
+
+
+async def latest_checkpoint(run_id: str, trainer_queue: str, step: int) -> CheckpointRef | None:
+    return await run_stage(
+        LATEST_CHECKPOINT,
+        CheckpointLookup(run_id=run_id),
+        task_queue=trainer_queue,
+        step=step,
+        result_type=CheckpointRef | None,  # type: ignore[arg-type]
+    )
+
+
+@workflow.defn(name="TrainStep", failure_exception_types=[ValidationError])
+class TrainStep:
+    """One durable ``model.train`` call; idempotent per (run, step): a finished step is only served again."""
+
+    def __init__(self) -> None:
+        self._phase = "starting"
+
+    @workflow.query
+    def phase(self) -> str:
+        return self._phase
+
+    def _set_phase(self, phase: str) -> None:
+        self._phase = phase
+
+    @workflow.run
+    async def run(self, inp: TrainStepInput) -> TrainStepResult:
+        if inp.start_from is None:
+            newest = await latest_checkpoint(inp.run_id, inp.task_queues.trainer, inp.step)
+            if newest is not None and newest.step == inp.step:
+                # A retried call whose step already finished: serve it, do not train twice.
+                adapter = await serve_checkpoint(inp, newest, PhaseClock(self._set_phase))
+                self._phase = "done"
+                return TrainStepResult(step=inp.step, checkpoint=newest, adapter=adapter, skipped=True)
+            newest_step = -1 if newest is None else newest.step
+            if newest_step > inp.step or (
+                newest_step < inp.step - 1 and not (newest is None and inp.step == 1)
+            ):
+                raise ApplicationError(
+                    f"cannot train step {inp.step} of run {inp.run_id!r}: its newest checkpoint is step "
+                    f"{newest_step if newest else 'none'}; train step {newest_step + 1} next",
+                    type=CONFIG_ERROR,
+                    non_retryable=True,
+                )
+            inp = inp.model_copy(update={"start_from": newest})
+        try:
+            result = await train_and_serve(inp, self._set_phase)
+        except StageFailed:
+            self._phase = "failed"
+            raise
+        self._phase = "done"
+        return result

@@ -1,0 +1,333 @@
+"""``TrainingRun``: a whole GRPO run as one workflow (continued-as-new every few steps).
+
+Per step: rollouts (inference) -> judge (control) -> advantages (control) -> train (trainer) -> publish
+(trainer, same worker) -> reload (inference) -> metrics (control). The step counter advances once the
+new adapter is served. A fresh start (first run, or the same run id after a terminate or a dead stack)
+finds the newest manifested checkpoint and continues after it; with none, it publishes and serves step 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
+    from schemas.activities import (
+        InitialAdapterInput,
+        JudgeInput,
+        MetricsInput,
+        ReloadInput,
+        ReloadResult,
+        RolloutsInput,
+    )
+    from schemas.config import RunSpec
+    from schemas.errors import CONFIG_ERROR
+    from schemas.layout import adapter_name
+    from schemas.refs import CheckpointRef, TrajectoriesRef
+    from schemas.run_state import MAX_HISTORY, Phase, RunState, RunStatus, StepSummary, TrainStepInput
+
+from workflows.stages import JUDGE, METRICS, PUBLISH_INITIAL, RELOAD, ROLLOUTS, StageFailed, run_stage
+from workflows.train_step import latest_checkpoint, train_and_serve
+
+
+@workflow.defn(name="TrainingRun", failure_exception_types=[ValidationError])
+class TrainingRun:
+    """Query ``status``; updates ``pause``, ``resume``, ``stop`` (both act at a step boundary)."""
+
+    def __init__(self) -> None:
+        self._spec: RunSpec | None = None
+        self._state = RunState()
+        self._phase: Phase = "starting"
+        self._working_on: int | None = None
+        self._phase_seconds: dict[str, float] = {}
+        self._error: str | None = None
+        self._policy_by_step: dict[int, int] = {}
+
+    # --- control ---------------------------------------------------------------------------------
+
+    @workflow.query
+    def status(self) -> RunStatus:
+        spec, s = self._spec, self._state
+        return RunStatus(
+            run_id=spec.run_id if spec else workflow.info().workflow_id,
+            mode=spec.mode if spec else "sync",
+            steps=spec.steps if spec else 0,
+            step=s.step,
+            phase=self._phase,
+            working_on=self._working_on,
+            paused=s.paused,
+            stopping=s.stopping,
+            last_checkpoint=s.checkpoint,
+            adapter=s.adapter,
+            history=s.history,
+            dropped_stale_groups=s.dropped_stale_groups,
+            phase_seconds=dict(self._phase_seconds),
+            error=self._error,
+        )
+
+    @workflow.update
+    def pause(self) -> RunStatus:
+        """Pause at the next step boundary (the step in progress finishes)."""
+        self._state.paused = True
+        return self.status()
+
+    @workflow.update
+    def resume(self) -> RunStatus:
+        self._state.paused = False
+        return self.status()
+
+    @workflow.update
+    def stop(self) -> RunStatus:
+        """Stop gracefully at the next step boundary; the run completes with the steps done so far."""
+        self._state.stopping = True
+        return self.status()
+
+    def _enter(self, phase: str) -> None:
+        self._phase = phase  # type: ignore[assignment]
+        self._phase_seconds = {}
+
+    # --- the run ---------------------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, spec: RunSpec, state: RunState | None = None) -> RunStatus:
+        if isinstance(spec, dict):
+            # Started with the spec alone (the CLI, `temporal workflow start`): the SDK only applies type
+            # hints when every parameter has a payload, so validate here (a bad spec fails the run).
+            spec = RunSpec.model_validate(spec)
+        self._spec = spec
+        if spec.mode == "pipelined" and spec.shared_device:
+            raise ApplicationError(
+                "mode 'pipelined' needs dedicated inference and trainer devices, but shared_device is true; "
+                "use mode 'shared' or 'sync'",
+                type=CONFIG_ERROR,
+                non_retryable=True,
+            )
+        try:
+            if state is None:
+                await self._start_or_recover()
+            else:
+                self._state = state
+            await self._loop()
+        except StageFailed as err:
+            self._error = err.message
+            raise
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        self._phase = "stopped" if self._state.step < spec.steps else "done"
+        self._working_on = None
+        return self.status()
+
+    async def _start_or_recover(self) -> None:
+        spec = self._require_spec()
+        self._enter("starting")
+        checkpoint = await latest_checkpoint(spec.run_id, spec.task_queues.trainer, 0)
+        if checkpoint is None:
+            checkpoint = await run_stage(
+                PUBLISH_INITIAL,
+                self._initial_input(),
+                task_queue=spec.task_queues.trainer,
+                step=0,
+                result_type=CheckpointRef,
+            )
+        else:
+            workflow.logger.info("run %s resumes after checkpoint %d", spec.run_id, checkpoint.step)
+        self._enter("reload")
+        reloaded = await run_stage(
+            RELOAD,
+            ReloadInput(model_name=spec.model.name, checkpoint=checkpoint, serving=spec.serving),
+            task_queue=spec.task_queues.inference,
+            step=checkpoint.step,
+            result_type=ReloadResult,
+        )
+        self._state.step, self._state.checkpoint, self._state.adapter = (
+            checkpoint.step,
+            checkpoint,
+            reloaded.adapter,
+        )
+
+    def _initial_input(self) -> InitialAdapterInput:
+        spec = self._require_spec()
+        return InitialAdapterInput(run_id=spec.run_id, model=spec.model, seed=spec.train.seed)
+
+    def _require_spec(self) -> RunSpec:
+        assert self._spec is not None
+        return self._spec
+
+    async def _loop(self) -> None:
+        spec, state = self._require_spec(), self._state
+        steps_this_run = 0
+        prefetch: asyncio.Task[TrajectoriesRef] | None = None
+        while state.step < spec.steps:
+            if state.stopping:
+                break
+            if prefetch is not None:
+                state.prefetched = await prefetch
+                prefetch = None
+            if state.paused:
+                self._enter("paused")
+                self._working_on = None
+                await workflow.wait_condition(lambda: not state.paused or state.stopping)
+                if state.stopping:
+                    break
+            if steps_this_run >= spec.continue_as_new_every:
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(args=[spec, state])
+            prefetch = await self._step(state.step + 1)
+            steps_this_run += 1
+        if prefetch is not None:
+            prefetch.cancel()
+
+    async def _step(self, target: int) -> asyncio.Task[TrajectoriesRef] | None:
+        """Produce and serve step ``target``; in pipelined mode returns the next step's rollouts, running."""
+        spec, state = self._require_spec(), self._state
+        self._working_on = target
+        self._phase_seconds = {}
+        started = workflow.now()
+        scored = self._take_prefetched(target)
+        if scored is None:
+            scored = await self._rollouts_and_judge(target, policy_step=state.step, track=True)
+        prefetch: asyncio.Task[TrajectoriesRef] | None = None
+        if spec.mode == "pipelined" and target < spec.steps and not state.stopping:
+            prefetch = asyncio.create_task(self._rollouts_and_judge(target + 1, state.step, track=False))
+        result = await train_and_serve(
+            TrainStepInput(
+                run_id=spec.run_id,
+                model=spec.model,
+                trajectories=scored,
+                train=spec.train,
+                step=target,
+                start_from=state.checkpoint,
+                serving=spec.serving,
+                task_queues=spec.task_queues,
+                shared_device=spec.mode == "shared",
+            ),
+            on_phase=self._on_chain_phase,
+        )
+        self._phase_seconds.update(result.seconds)
+        summary = StepSummary(
+            step=target,
+            reward_mean=scored.reward_mean,
+            reward_std=scored.reward_std,
+            n_trajectories=scored.n_trajectories,
+            n_exceptions=scored.n_exceptions,
+            n_groups_zero_variance=result.n_groups_zero_variance,
+            policy_step=self._policy_of(scored),
+            loss=result.loss,
+            checkpoint=result.checkpoint,
+            seconds={**self._phase_seconds, "step": (workflow.now() - started).total_seconds()},
+        )
+        # The step advances only now: its adapter is served.
+        state.step, state.checkpoint, state.adapter = target, result.checkpoint, result.adapter
+        state.history = [*state.history, summary][-MAX_HISTORY:]
+        await self._log_metrics(summary)
+        return prefetch
+
+    def _on_chain_phase(self, phase: str) -> None:
+        self._phase = phase  # type: ignore[assignment]
+
+    def _policy_of(self, scored: TrajectoriesRef) -> int:
+        return self._policy_by_step.get(scored.step, max(scored.step - 1, 0))
+
+    def _take_prefetched(self, target: int) -> TrajectoriesRef | None:
+        """The pipelined rollouts made for ``target``, unless their policy is too stale (then dropped)."""
+        spec, state = self._require_spec(), self._state
+        scored, policy = state.prefetched, state.prefetched_policy
+        state.prefetched = None
+        if scored is None or scored.step != target:
+            return None
+        staleness = (target - 1) - policy
+        if staleness > spec.max_staleness:
+            state.dropped_stale_groups += scored.n_groups
+            workflow.logger.info(
+                "step %d: dropped %d groups sampled by policy %d (staleness %d > max_staleness %d)",
+                target,
+                scored.n_groups,
+                policy,
+                staleness,
+                spec.max_staleness,
+            )
+            return None
+        self._policy_by_step[target] = policy
+        return scored
+
+    async def _rollouts_and_judge(self, target: int, policy_step: int, track: bool) -> TrajectoriesRef:
+        spec, state = self._require_spec(), self._state
+        self._policy_by_step[target] = policy_step
+        if track:
+            self._phase = "rollouts"
+        started = workflow.now()
+        scored = await run_stage(
+            ROLLOUTS,
+            RolloutsInput(
+                run_id=spec.run_id,
+                step=target,
+                model_name=spec.model.name,
+                adapter=adapter_name(spec.model.name, policy_step) if state.adapter else None,
+                policy_step=policy_step,
+                task=spec.task,
+                groups_per_step=spec.groups_per_step,
+                group_size=spec.group_size,
+                scenario_offset=(target - 1) * spec.groups_per_step,
+                seed=spec.seed,
+            ),
+            task_queue=spec.task_queues.inference,
+            step=target,
+            result_type=TrajectoriesRef,
+        )
+        if spec.judge.kind != "rollout":
+            if track:
+                self._phase = "judge"
+            scored = await run_stage(
+                JUDGE,
+                JudgeInput(
+                    run_id=spec.run_id,
+                    step=target,
+                    trajectories=scored,
+                    judge=spec.judge,
+                    base_model_name=spec.model.base_model,
+                ),
+                task_queue=spec.task_queues.control,
+                step=target,
+                result_type=TrajectoriesRef,
+            )
+        if track:
+            self._phase_seconds["rollouts"] = (workflow.now() - started).total_seconds()
+        else:
+            state.prefetched_policy = policy_step
+        return scored
+
+    async def _log_metrics(self, summary: StepSummary) -> None:
+        """Best effort: a metrics sink that is down never fails the run."""
+        spec = self._require_spec()
+        self._phase = "metrics"
+        metrics: dict[str, float] = {
+            "reward_mean": summary.reward_mean if summary.reward_mean is not None else float("nan"),
+            "reward_std": summary.reward_std if summary.reward_std is not None else float("nan"),
+            "n_trajectories": float(summary.n_trajectories),
+            "n_exceptions": float(summary.n_exceptions),
+            "n_groups_zero_variance": float(summary.n_groups_zero_variance),
+            "policy_step": float(summary.policy_step),
+            "dropped_stale_groups": float(self._state.dropped_stale_groups),
+        }
+        if summary.loss is not None:
+            metrics["loss"] = summary.loss
+        metrics.update({f"seconds/{k}": v for k, v in summary.seconds.items()})
+        try:
+            await run_stage(
+                METRICS,
+                MetricsInput(
+                    run_id=spec.run_id,
+                    project=spec.model.project,
+                    model_name=spec.model.name,
+                    step=summary.step,
+                    metrics=metrics,
+                    wandb=spec.metrics.wandb,
+                ),
+                task_queue=spec.task_queues.control,
+                step=summary.step,
+            )
+        except StageFailed as err:
+            workflow.logger.warning("metrics for step %d not logged: %s", summary.step, err.message)
