@@ -4,7 +4,8 @@
 
 Each trajectory is a multi-turn chat (system, user, two sampled assistant choices with a tool result
 between them); each choice carries ~64 completion token ids with their logprobs and its prompt token
-ids, as vLLM returns them. Groups hold 8 trajectories. Prints a markdown table.
+ids, as vLLM returns them. Groups hold 8 trajectories. Prints a markdown table of sizes and CPU seconds
+(process time, best of ``--repeat``), each with its ratio to our Parquet.
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ def make_groups(n: int, seed: int = 0) -> list[TrajectoryGroup]:
 def timed(fn: Callable[[], object], repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = time.process_time()  # CPU time: steady on a shared, busy machine
         fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.process_time() - start)
     return best
 
 
@@ -118,7 +119,9 @@ def main() -> None:
     print(
         f"{args.n} trajectories in {len(groups)} groups, {n_tokens} sampled tokens (best of {args.repeat})\n"
     )
-    print("| format | size (MB) | size × | write (s) | write × | read all (s) | read × | rewards only (s) |")
+    print(
+        "| format | size (MB) | size × | write (CPU s) | write × | read all (CPU s) | read × | rewards only (CPU s) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, size, w, r, q in rows:
         print(

@@ -50,6 +50,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         staging_root=Path(args.staging) if args.staging else None,
         worker_id=args.worker_id,
         ready_file=Path(args.ready_file) if args.ready_file else None,
+        single_process=args.single_process,
     )
     return main(opts)
 
@@ -140,6 +141,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     worker.add_argument("--staging", help="trainer staging dir (default $DGRPO_HOME/staging)")
     worker.add_argument("--worker-id", help="trainer worker id (default host-pid-random)")
+    worker.add_argument(
+        "--single-process",
+        action="store_true",
+        help="role all: the trainer in this process too (default: a child)",
+    )
     worker.add_argument("--ready-file", help=argparse.SUPPRESS)
     worker.set_defaults(func=cmd_worker)
 

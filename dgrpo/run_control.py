@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.object_store import ObjectStore
@@ -98,8 +98,8 @@ async def watch(
         while not result_task.done():
             try:
                 on_status(await handle.query(TrainingRun.status))
-            except RPCError:
-                pass  # between continue-as-new runs, or the worker is restarting
+            except (RPCError, WorkflowQueryFailedError):
+                pass  # between continue-as-new runs, a busy or restarting worker: ask again
             await asyncio.wait({result_task}, timeout=interval)
         final = result_task.result()
         on_status(final)

@@ -232,7 +232,9 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         elif e["type"] == "string_pattern_mismatch":
             pattern = str((e.get("ctx") or {}).get("pattern", ""))
             msg = _PATTERN_HINTS.get(pattern, msg)
-        got = "" if e["type"] in ("missing", "extra_forbidden") else f" (got {e.get('input')!r})"
+        value = e.get("input")
+        shown = e["type"] not in ("missing", "extra_forbidden") and not isinstance(value, dict | list)
+        got = f" (got {value!r})" if shown else ""
         lines.append(f"  - {loc}: {msg}{got}")
     return "\n".join(lines)
 

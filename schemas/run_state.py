@@ -23,6 +23,7 @@ Phase = Literal[
     "paused",
     "done",
     "stopped",
+    "failed",
 ]
 
 MAX_HISTORY = 200
@@ -46,6 +47,8 @@ class StepSummary(_Strict):
     """The policy that sampled this step's trajectories (step - 1 in sync mode)."""
     loss: float | None = None
     checkpoint: CheckpointRef | None = None
+    resampled: int = Field(0, ge=0)
+    """Times the step was rolled out again because no group had reward variance."""
     seconds: dict[str, float] = Field(default_factory=dict)
     """Wall seconds per phase."""
 

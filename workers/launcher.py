@@ -27,6 +27,8 @@ class WorkerProcess:
         server_url: str | None = None,
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
+        die_with_parent: bool = False,
+        extra_args: list[str] | None = None,
     ) -> None:
         self.role = role
         self.log_path = log_path
@@ -39,6 +41,8 @@ class WorkerProcess:
             self.args += ["--model", model]
         if server_url:
             self.args += ["--server-url", server_url]
+        self.args += extra_args or []
+        self.die_with_parent = die_with_parent
         self.env = {**os.environ, **(env or {})}
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None

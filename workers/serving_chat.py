@@ -81,7 +81,7 @@ class ChatRenderer:
         return dataclasses.replace(params, seed=params.seed + index)
 
     def _token_strings(self, ids: list[int], as_ids: bool) -> list[str]:
-        if as_ids:
+        if as_ids or not ids:
             return [f"token_id:{i}" for i in ids]
         return list(self.tokenizer.batch_decode([[i] for i in ids]))
 

@@ -144,7 +144,10 @@ def build_app(
         now = int(time.time())
         card = {"object": "model", "created": now, "owned_by": "dgrpo", "max_model_len": engine.max_model_len}
         data = [{**card, "id": served_name, "root": options.model, "parent": None}]
-        data += [{**card, "id": n, "root": p, "parent": served_name} for n, p in adapters.paths.items()]
+        data += [
+            {**card, "id": n, "root": p, "parent": served_name, "in_flight": adapters.leases[n]}
+            for n, p in adapters.paths.items()
+        ]
         return {"object": "list", "data": data}
 
     @app.post("/v1/chat/completions")

@@ -22,7 +22,7 @@ START_TIMEOUT_S = 300.0
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # Linux: a worker killed with SIGKILL must not leave its server (and the model's memory) behind.
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -61,7 +61,7 @@ class ServerProcess:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -33,6 +33,9 @@ from workers.serving_process import ServerProcess
 from workers.temporal import connect_client
 from workflows.train_step import TrainStep
 from workflows.training_run import TrainingRun
+
+if TYPE_CHECKING:
+    from workers.launcher import WorkerProcess
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,9 @@ class WorkerOptions:
     worker_id: str | None = None
     ready_file: Path | None = None
     """Written once every worker polls (launchers wait for it)."""
+    single_process: bool = False
+    """Role ``all``: run the trainer in this process too. By default it gets a child process, so its
+    GIL-holding work never starves the workflow thread (Temporal fails a workflow task after 2 s)."""
 
 
 def _add_cwd_to_path() -> None:
@@ -82,19 +88,18 @@ def control_activities(store: ObjectStore, judge_url: str | None) -> list[Callab
 
 
 def inference_activities(store: ObjectStore, server_urls: Sequence[str]) -> list[Callable[..., Any]]:
+    from activities.rollouts import RolloutActivities
     from activities.serving import ServingActivities
 
-    from activities.rollouts import RolloutActivities
-
-    return [RolloutActivities(list(server_urls), store).rollouts, *ServingActivities(list(server_urls)).all()]
+    urls = list(server_urls)
+    return [RolloutActivities(urls, store).rollouts, *ServingActivities(urls, store).all()]
 
 
 async def build_workers(
-    client: Client, opts: WorkerOptions, store: ObjectStore, server_urls: Sequence[str]
+    client: Client, roles: set[str], opts: WorkerOptions, store: ObjectStore, server_urls: Sequence[str]
 ) -> list[Worker]:
-    """The ``Worker`` objects of ``opts.role`` (not yet running)."""
+    """The ``Worker`` objects of ``roles`` (not yet running)."""
     queues = opts.task_queues
-    roles = {"control", "inference", "trainer"} if opts.role == "all" else {opts.role}
     workers: list[Worker] = []
     if "control" in roles:
         workers.append(
@@ -142,7 +147,13 @@ async def run_workers(
                 server.spawn()
                 await asyncio.to_thread(server.wait_ready)
                 server_urls = [server.url]
-        workers = await build_workers(client, opts, store, server_urls)
+        roles: set[str] = {"control", "inference", "trainer"} if opts.role == "all" else {str(opts.role)}
+        if opts.role == "all" and not opts.single_process:
+            trainer = _trainer_child(opts)
+            exits.callback(trainer.stop)
+            await asyncio.to_thread(trainer.start)
+            roles.discard("trainer")
+        workers = await build_workers(client, roles, opts, store, server_urls)
         tasks = [asyncio.create_task(w.run(), name=f"worker:{w.task_queue}") for w in workers]
         log.info("%s worker polling %s", opts.role, ", ".join(w.task_queue for w in workers))
         if opts.ready_file is not None:
@@ -159,9 +170,25 @@ async def run_workers(
             stopped.cancel()
 
 
+def _trainer_child(opts: WorkerOptions) -> WorkerProcess:
+    from workers.launcher import WorkerProcess
+
+    log_dir = opts.ready_file.parent if opts.ready_file else Path(dgrpo_home()) / "logs"
+    extra = ["--staging", str(opts.staging_root)] if opts.staging_root else []
+    extra += ["--worker-id", opts.worker_id] if opts.worker_id else []
+    return WorkerProcess(
+        "trainer",
+        log_dir / f"trainer-{os.getpid()}.log",
+        task_queues=opts.task_queues,
+        die_with_parent=True,
+        extra_args=extra,
+    )
+
+
 async def run_all_workers(client: Client, task_queues: TaskQueues, serve_port: int | None = None) -> None:
     """All three workers in this event loop (``LocalBackend(in_process=True)``); cancel the task to stop."""
-    await run_workers(WorkerOptions(role="all", task_queues=task_queues, serve_port=serve_port), client)
+    opts = WorkerOptions(role="all", task_queues=task_queues, serve_port=serve_port)
+    await run_workers(opts, client)
 
 
 def main(opts: WorkerOptions) -> int:

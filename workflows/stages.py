@@ -67,6 +67,16 @@ RETRAINS_AFTER_LOST_WORKER = 3
 """Times a step is trained again because the worker holding its adapter vanished before publishing."""
 
 
+RESAMPLES_WITHOUT_SIGNAL = 3
+"""Times TrainingRun rolls a step out again (other scenarios) when every group's rewards were equal."""
+
+NO_LEARNING_SIGNAL = "NoLearningSignal"
+
+
+class NoLearningSignal(ApplicationError):
+    """Every group of the step had equal rewards: GRPO has nothing to learn from it."""
+
+
 class StageFailed(ApplicationError):
     """A stage failed for good; the message names the step, the stage and the activity's error."""
 

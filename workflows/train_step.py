@@ -34,11 +34,13 @@ with workflow.unsafe.imports_passed_through():
 from workflows.stages import (
     ADVANTAGES,
     LATEST_CHECKPOINT,
+    NO_LEARNING_SIGNAL,
     PUBLISH,
     RELOAD,
     RETRAINS_AFTER_LOST_WORKER,
     SERVING_CONTROL,
     TRAIN,
+    NoLearningSignal,
     StageFailed,
     is_lost_worker,
     run_stage,
@@ -140,6 +142,13 @@ async def train_and_serve(inp: TrainStepInput, on_phase: PhaseCallback | None = 
         step=inp.step,
         result_type=AdvantagesResult,
     )
+    if advantages.n_trajectories == 0:
+        raise NoLearningSignal(
+            f"step {inp.step}: no learning signal: in all {advantages.n_groups} groups every rollout got the "
+            "same reward; use a larger group_size or a finer-grained reward",
+            type=NO_LEARNING_SIGNAL,
+            non_retryable=True,
+        )
     if inp.shared_device:
         clock.enter("sleep")
         await run_stage(
@@ -210,7 +219,7 @@ class TrainStep:
             inp = inp.model_copy(update={"start_from": newest})
         try:
             result = await train_and_serve(inp, self._set_phase)
-        except StageFailed:
+        except (StageFailed, NoLearningSignal):
             self._phase = "failed"
             raise
         self._phase = "done"

@@ -30,7 +30,17 @@ with workflow.unsafe.imports_passed_through():
     from schemas.refs import CheckpointRef, TrajectoriesRef
     from schemas.run_state import MAX_HISTORY, Phase, RunState, RunStatus, StepSummary, TrainStepInput
 
-from workflows.stages import JUDGE, METRICS, PUBLISH_INITIAL, RELOAD, ROLLOUTS, StageFailed, run_stage
+from workflows.stages import (
+    JUDGE,
+    METRICS,
+    PUBLISH_INITIAL,
+    RELOAD,
+    RESAMPLES_WITHOUT_SIGNAL,
+    ROLLOUTS,
+    NoLearningSignal,
+    StageFailed,
+    run_stage,
+)
 from workflows.train_step import latest_checkpoint, train_and_serve
 
 
@@ -112,8 +122,9 @@ class TrainingRun:
             else:
                 self._state = state
             await self._loop()
-        except StageFailed as err:
+        except (StageFailed, NoLearningSignal) as err:
             self._error = err.message
+            self._phase = "failed"
             raise
         await workflow.wait_condition(workflow.all_handlers_finished)
         self._phase = "stopped" if self._state.step < spec.steps else "done"
@@ -192,20 +203,18 @@ class TrainingRun:
         prefetch: asyncio.Task[TrajectoriesRef] | None = None
         if spec.mode == "pipelined" and target < spec.steps and not state.stopping:
             prefetch = asyncio.create_task(self._rollouts_and_judge(target + 1, state.step, track=False))
-        result = await train_and_serve(
-            TrainStepInput(
-                run_id=spec.run_id,
-                model=spec.model,
-                trajectories=scored,
-                train=spec.train,
-                step=target,
-                start_from=state.checkpoint,
-                serving=spec.serving,
-                task_queues=spec.task_queues,
-                shared_device=spec.mode == "shared",
-            ),
-            on_phase=self._on_chain_phase,
-        )
+        resampled = 0
+        while True:
+            try:
+                result = await train_and_serve(self._train_step_input(target, scored), self._on_chain_phase)
+                break
+            except NoLearningSignal as err:
+                if resampled >= RESAMPLES_WITHOUT_SIGNAL:
+                    self._error = err.message
+                    raise
+                resampled += 1
+                workflow.logger.info("%s; rolling out other scenarios (%d)", err.message, resampled)
+                scored = await self._rollouts_and_judge(target, state.step, track=True, resample=resampled)
         self._phase_seconds.update(result.seconds)
         summary = StepSummary(
             step=target,
@@ -217,6 +226,7 @@ class TrainingRun:
             policy_step=self._policy_of(scored),
             loss=result.loss,
             checkpoint=result.checkpoint,
+            resampled=resampled,
             seconds={**self._phase_seconds, "step": (workflow.now() - started).total_seconds()},
         )
         # The step advances only now: its adapter is served.
@@ -253,7 +263,23 @@ class TrainingRun:
         self._policy_by_step[target] = policy
         return scored
 
-    async def _rollouts_and_judge(self, target: int, policy_step: int, track: bool) -> TrajectoriesRef:
+    def _train_step_input(self, target: int, scored: TrajectoriesRef) -> TrainStepInput:
+        spec = self._require_spec()
+        return TrainStepInput(
+            run_id=spec.run_id,
+            model=spec.model,
+            trajectories=scored,
+            train=spec.train,
+            step=target,
+            start_from=self._state.checkpoint,
+            serving=spec.serving,
+            task_queues=spec.task_queues,
+            shared_device=spec.mode == "shared",
+        )
+
+    async def _rollouts_and_judge(
+        self, target: int, policy_step: int, track: bool, resample: int = 0
+    ) -> TrajectoriesRef:
         spec, state = self._require_spec(), self._state
         self._policy_by_step[target] = policy_step
         if track:
@@ -271,7 +297,8 @@ class TrainingRun:
                 groups_per_step=spec.groups_per_step,
                 group_size=spec.group_size,
                 scenario_offset=(target - 1) * spec.groups_per_step,
-                seed=spec.seed,
+                # A resample draws other scenarios (the scenario order is seeded).
+                seed=spec.seed + 7919 * resample,
             ),
             task_queue=spec.task_queues.inference,
             step=target,

@@ -126,7 +126,7 @@ async def test_oom_halves_the_micro_batch_and_finishes(object_store, stack, task
     ref = trajectory_store.upload_groups(
         object_store, groups, "oom", 1, key=layout.advantages_key("oom", 1), advantages=advantages
     ).ref
-    env = {**os.environ, ENV_S3_BUCKET: object_store.bucket, "MALLOC_ARENA_MAX": "2"}
+    env = {**os.environ, ENV_S3_BUCKET: object_store.bucket, "MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "131072"}
     script = tmp_path / "oom_worker.py"
     script.write_text(WORKER)
     proc = subprocess.Popen(
@@ -178,6 +178,8 @@ async def test_oom_halves_the_micro_batch_and_finishes(object_store, stack, task
                 if e.HasField("activity_task_started_event_attributes")
             ]
         log = "".join(lines)
+        print(used, attempts)
+        print(log[-6000:])
         assert "out of memory" in log.lower() or "OutOfMemory" in log, log[-3000:]
         assert used < MICRO_BATCH, f"micro-batch did not shrink: {used}"
         assert max(attempts) >= 2

@@ -236,3 +236,24 @@ async def test_a_task_that_does_not_import_fails_at_once(client: Client, task_qu
         isinstance(cause, ApplicationError) and cause.type == TASK_IMPORT and "examples.nope" in cause.message
     )
     assert stubs.names("rollouts") == [1]
+
+
+async def test_a_step_without_learning_signal_is_rolled_out_again(client: Client, task_queue: str) -> None:
+    stubs = ScriptedActivities(no_signal={2: 1})
+    spec = make_spec(task_queue, f"flat-{task_queue}", steps=2)
+    async with running(stubs, client, task_queue):
+        final = await (await start(client, spec)).result()
+    assert final.step == 2 and [h.resampled for h in final.history] == [0, 1]
+    seeds = stubs.rollout_seeds[2]
+    assert len(seeds) == 2 and seeds[0] != seeds[1]  # other scenarios the second time
+    assert stubs.names("train") == [1, 2]
+
+
+async def test_a_run_that_never_finds_learning_signal_fails_clearly(client: Client, task_queue: str) -> None:
+    stubs = ScriptedActivities(no_signal={1: 99})
+    spec = make_spec(task_queue, f"never-{task_queue}", steps=1)
+    async with running(stubs, client, task_queue):
+        with pytest.raises(WorkflowFailureError) as err:
+            await (await start(client, spec)).result()
+    assert "no learning signal" in str(err.value.cause) and "group_size" in str(err.value.cause)
+    assert len(stubs.names("rollouts")) == 4 and stubs.names("train") == []

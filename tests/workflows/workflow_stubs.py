@@ -62,6 +62,9 @@ class ScriptedActivities:
     train_gates: dict[int, asyncio.Event] = field(default_factory=dict)
     """Training step n waits for ``train_gates[n]`` when present."""
     train_started: dict[int, asyncio.Event] = field(default_factory=lambda: defaultdict(asyncio.Event))
+    no_signal: dict[int, int] = field(default_factory=dict)
+    """Step -> how many of its advantage computations find every group's rewards equal."""
+    rollout_seeds: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
     lost_workers: int = 0
     """The first ``lost_workers`` trainings report a worker that no longer polls (publish never starts)."""
     rollout_seconds: float = 0.0
@@ -97,6 +100,7 @@ class ScriptedActivities:
     async def rollouts(self, inp: RolloutsInput) -> TrajectoriesRef:
         self.calls.append(("rollouts", inp.step))
         self.rollout_policies[inp.step].append(inp.policy_step)
+        self.rollout_seeds[inp.step].append(inp.seed)
         if self.rollout_failure is not None:
             f = self.rollout_failure
             raise ApplicationError(f.message, type=f.type, non_retryable=f.non_retryable)
@@ -124,13 +128,16 @@ class ScriptedActivities:
     @activity.defn(name="compute_advantages")
     async def compute_advantages(self, inp: AdvantagesInput) -> AdvantagesResult:
         self.calls.append(("compute_advantages", inp.step))
+        flat = self.no_signal.get(inp.step, 0) > 0
+        if flat:
+            self.no_signal[inp.step] -= 1
         return AdvantagesResult(
             ref=ObjectRef(
                 uri=f"s3://stub/runs/{inp.run_id}/steps/{inp.step}/a.parquet", size=1, sha256=_sha("a")
             ),
-            n_trajectories=inp.trajectories.n_trajectories,
+            n_trajectories=0 if flat else inp.trajectories.n_trajectories,
             n_groups=inp.trajectories.n_groups,
-            n_groups_zero_variance=0,
+            n_groups_zero_variance=inp.trajectories.n_groups if flat else 0,
         )
 
     @activity.defn(name="train")

@@ -1,0 +1,289 @@
+"""The CPU serving engine end to end: the real SmolLM2-135M behind the real HTTP server, driven by the
+unmodified ``openai`` SDK and our ``ServingClient``, with real LoRA adapters."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import torch
+from peft import PeftModel
+from serving_adapters import FIXED_ANSWER, TRAIN_QUESTIONS, chat, random_adapter, train_fixed_answer_adapter
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from activities.model_bootstrap import SMOLLM2_NAME, ensure_smollm2
+from schemas.trajectory import Choice
+from workers.serving_client import ServingClient, ServingError
+from workers.serving_engine import CpuServingEngine
+
+BASE = SMOLLM2_NAME
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("adapters")
+    return {"fixed": train_fixed_answer_adapter(root / "fixed"), "random": random_adapter(root / "random", seed=1)}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CpuServingEngine]:
+    server = CpuServingEngine(BASE, threads=1, log_path=tmp_path_factory.mktemp("serve") / "serve.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def client(engine: CpuServingEngine) -> ServingClient:
+    return engine.client
+
+
+@pytest.fixture
+def sdk(engine: CpuServingEngine) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=engine.client.openai_base_url, api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return AutoTokenizer.from_pretrained(str(ensure_smollm2()))
+
+
+async def ensure_loaded(client: ServingClient, name: str, path: Path) -> None:
+    await client.load_adapter(name, str(path))
+    assert name in await client.adapters()
+
+
+def teacher_forced_logprobs(model: Any, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """fp32 logprobs of ``completion`` given ``prompt`` from one unpadded forward (what the trainer does)."""
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + completion])).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : -1]
+    return logprobs.gather(1, torch.tensor(completion).unsqueeze(1)).squeeze(1)
+
+
+async def test_base_model_chat_returns_logprobs_and_token_ids(sdk: openai.AsyncOpenAI, tokenizer: Any) -> None:
+    messages = [{"role": "user", "content": "Say something about cats."}]
+    response = await sdk.chat.completions.create(
+        model=BASE, messages=messages, max_tokens=16, logprobs=True, top_logprobs=3, seed=0  # type: ignore[arg-type]
+    )
+    assert response.model == BASE
+    expected_prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    choice = Choice.model_validate(response.choices[0])  # what a rollout records: ids lifted from model_extra
+    assert choice.prompt_token_ids == tokenizer(expected_prompt, add_special_tokens=False)["input_ids"]
+    assert choice.prompt_token_ids == (response.model_extra or {})["prompt_token_ids"]
+    assert choice.token_ids and 1 <= len(choice.token_ids) <= 16
+    logprobs = choice.sampled_logprobs()
+    assert logprobs is not None and len(logprobs) == len(choice.token_ids)
+    assert all(lp <= 0 for lp in logprobs)
+    assert choice.message["content"] == tokenizer.decode(choice.token_ids, skip_special_tokens=True)
+    assert response.usage is not None and response.usage.completion_tokens == len(choice.token_ids)
+    content = response.choices[0].logprobs.content  # type: ignore[union-attr]
+    for token_id, entry in zip(choice.token_ids, content, strict=True):
+        assert entry.token == tokenizer.decode([token_id])
+        assert len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob >= entry.logprob - 1e-6
+
+
+async def test_logprobs_match_a_teacher_forced_forward_in_a_left_padded_mixed_batch(
+    client: ServingClient, sdk: openai.AsyncOpenAI, adapters: dict[str, Path]
+) -> None:
+    await ensure_loaded(client, "fixed@1", adapters["fixed"])
+    questions = ["Hi", "Explain, in some detail, why the sky looks blue during the day but red at sunset."]
+    jobs = [(model, q) for model in (BASE, "fixed@1") for q in questions]  # lengths differ: left padding
+    responses = await asyncio.gather(
+        *(
+            sdk.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": q}], max_tokens=12, logprobs=True, seed=i
+            )
+            for i, (model, q) in enumerate(jobs)
+        )
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        base = AutoModelForCausalLM.from_pretrained(str(ensure_smollm2()), dtype=torch.float32).eval()
+        policy = PeftModel.from_pretrained(base, str(adapters["fixed"])).eval()
+        worst = 0.0
+        for (model, _), response in zip(jobs, responses, strict=True):
+            choice = Choice.model_validate(response.choices[0])
+            assert choice.prompt_token_ids and choice.token_ids
+            if model == BASE:
+                with policy.disable_adapter():
+                    expected = teacher_forced_logprobs(policy, choice.prompt_token_ids, choice.token_ids)
+            else:
+                expected = teacher_forced_logprobs(policy, choice.prompt_token_ids, choice.token_ids)
+            served = torch.tensor(choice.sampled_logprobs())
+            worst = max(worst, float((served - expected).abs().max()))
+    finally:
+        torch.set_num_threads(threads)
+    assert worst < 1e-4, f"served logprobs differ from the teacher-forced fp32 forward by {worst:.2e}"
+
+
+async def test_a_trained_adapter_changes_outputs(
+    client: ServingClient, sdk: openai.AsyncOpenAI, adapters: dict[str, Path]
+) -> None:
+    await ensure_loaded(client, "fixed@1", adapters["fixed"])
+    models = {m["id"]: m for m in await client.models()}
+    assert models["fixed@1"]["parent"] == BASE and models[BASE]["parent"] is None
+    for question in TRAIN_QUESTIONS[:2]:
+        tuned, base = await asyncio.gather(
+            *(
+                sdk.chat.completions.create(model=m, messages=chat(question), max_tokens=12, temperature=0)  # type: ignore[arg-type]
+                for m in ("fixed@1", BASE)
+            )
+        )
+        assert tuned.choices[0].message.content == FIXED_ANSWER
+        assert tuned.choices[0].finish_reason == "stop"
+        assert (tuned.choices[0].model_extra or {})["token_ids"][-1] == 2  # EOS sampled and returned
+        assert base.choices[0].message.content != FIXED_ANSWER
+
+
+async def test_load_and_unload_under_32_concurrent_requests(
+    client: ServingClient, sdk: openai.AsyncOpenAI, adapters: dict[str, Path]
+) -> None:
+    await ensure_loaded(client, "fixed@1", adapters["fixed"])
+    question = chat(TRAIN_QUESTIONS[0])
+
+    async def ask(model: str, max_tokens: int = 10) -> tuple[str, str | None, float]:
+        r = await sdk.chat.completions.create(model=model, messages=question, max_tokens=max_tokens, temperature=0)  # type: ignore[arg-type]
+        return r.model, r.choices[0].message.content, time.monotonic()
+
+    _, base_answer, _ = await ask(BASE)
+    first = [asyncio.create_task(ask(m, 24)) for m in ["fixed@1", BASE] * 16]
+    deadline = time.monotonic() + 60
+    while {m["id"]: m for m in await client.models()}["fixed@1"]["in_flight"] < 16:  # all 16 hold a lease
+        assert time.monotonic() < deadline, "the requests never reached the server"
+        await asyncio.sleep(0.05)
+    unload = asyncio.create_task(client.unload_adapter("fixed@1"))
+    assert await client.load_adapter("random@2", str(adapters["random"]))
+    second = [asyncio.create_task(ask(m)) for m in ["random@2", BASE] * 4]
+    assert await unload
+    unloaded_at = time.monotonic()
+    results = await asyncio.gather(*first, *second)  # any failed request raises here
+    assert len(results) == 40
+    for model, content, done_at in results[:32]:
+        if model == "fixed@1":
+            assert content == FIXED_ANSWER
+            assert done_at <= unloaded_at  # the unload waited for every request that held the adapter
+        else:
+            assert model == BASE and (content or "").startswith(base_answer or "")
+    _, random_answer, _ = await ask("random@2")
+    assert random_answer != base_answer
+    for model, content, _ in results[32:]:
+        assert content == (random_answer if model == "random@2" else base_answer)
+    assert "fixed@1" not in await client.adapters()
+    with pytest.raises(openai.NotFoundError):
+        await ask("fixed@1")
+
+
+async def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(
+    client: ServingClient, sdk: openai.AsyncOpenAI, adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    hi = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        await sdk.chat.completions.create(model="nobody@7", messages=hi)  # type: ignore[arg-type]
+    bad_bodies = [
+        {"model": BASE, "messages": [{"content": "no role"}]},
+        {"model": BASE, "messages": [{"role": "wizard", "content": "x"}]},
+        {"model": BASE, "messages": [{"role": "user", "content": 42}]},
+        {"model": BASE, "messages": []},
+        {"model": BASE, "messages": hi, "temperature": -1},
+        {"model": BASE, "messages": hi, "n": 0},
+        {"model": BASE, "messages": hi, "max_tokens": 10_000_000},
+        {"model": BASE, "messages": hi, "stream": True},
+    ]
+    async with httpx.AsyncClient(base_url=client.openai_base_url) as http:
+        for body in bad_bodies:
+            r = await http.post("/chat/completions", json=body)
+            assert r.status_code == 400, (body, r.text)
+            error = r.json()["error"]
+            assert error["type"] == "BadRequestError" and error["message"]
+        r = await http.post("/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 400
+    with pytest.raises(ServingError) as missing:
+        await client.load_adapter("ghost@1", str(tmp_path / "nowhere"))
+    assert missing.value.status == 404 and "does not exist" in missing.value.message
+    with pytest.raises(ServingError) as not_adapter:
+        await client.load_adapter("ghost@1", str(tmp_path))
+    assert not_adapter.value.status == 400 and "adapter_config.json" in not_adapter.value.message
+    with pytest.raises(ServingError) as mismatch:
+        await client.load_adapter("ghost@1", str(adapters["random"]), sha256={"adapter_model.safetensors": "0" * 64})
+    assert mismatch.value.status == 400 and "sha256 mismatch" in mismatch.value.message
+    assert "ghost@1" not in await client.adapters()
+    assert not await client.unload_adapter("ghost@1")
+    assert await client.health()
+    ok = await sdk.chat.completions.create(model=BASE, messages=hi, max_tokens=4)  # type: ignore[arg-type]
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+async def test_sampling_options(sdk: openai.AsyncOpenAI) -> None:
+    messages = [{"role": "user", "content": "Count from one to twenty in words."}]
+    kwargs: dict[str, Any] = {"model": BASE, "messages": messages, "max_tokens": 8}
+    first, again = [await sdk.chat.completions.create(n=3, seed=7, logprobs=True, **kwargs) for _ in range(2)]
+    ids = [(c.model_extra or {})["token_ids"] for c in first.choices]
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    assert ids == [(c.model_extra or {})["token_ids"] for c in again.choices]  # a seed reproduces
+    assert len({tuple(i) for i in ids}) > 1  # ... and each choice draws its own
+    greedy = await sdk.chat.completions.create(temperature=0, **kwargs)
+    assert greedy.choices[0].finish_reason == "length" and len((greedy.choices[0].model_extra or {})["token_ids"]) == 8
+    text = greedy.choices[0].message.content or ""
+    stop = text.split()[1]
+    stopped = await sdk.chat.completions.create(temperature=0, stop=[stop], **kwargs)
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stop not in (stopped.choices[0].message.content or "") and text.startswith(stopped.choices[0].message.content or "")
+    narrow = await sdk.chat.completions.create(top_p=0.05, seed=3, **kwargs)
+    assert (narrow.choices[0].model_extra or {})["token_ids"] == (greedy.choices[0].model_extra or {})["token_ids"]
+    long = await sdk.chat.completions.create(
+        model=BASE, messages=messages, max_tokens=6, extra_body={"ignore_eos": True, "min_tokens": 6}
+    )
+    assert len((long.choices[0].model_extra or {})["token_ids"]) == 6
+
+
+async def test_tools_reach_the_prompt(sdk: openai.AsyncOpenAI, tokenizer: Any) -> None:
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather of a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    response = await sdk.chat.completions.create(model=BASE, messages=messages, tools=tools, max_tokens=4)  # type: ignore[arg-type]
+    prompt = tokenizer.decode((response.model_extra or {})["prompt_token_ids"])
+    assert "<tools>" in prompt and '"get_weather"' in prompt
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
+    assert "<tool_response>\nsunny\n</tool_response>" in prompt
+
+
+async def test_sleep_holds_requests_until_wake_up(client: ServingClient, sdk: openai.AsyncOpenAI) -> None:
+    await client.sleep()
+    assert await client.is_sleeping()
+    request = asyncio.create_task(
+        sdk.chat.completions.create(model=BASE, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    )
+    await asyncio.sleep(0.5)
+    assert not request.done()
+    await client.wake_up()
+    assert not await client.is_sleeping()
+    assert (await asyncio.wait_for(request, 60)).choices

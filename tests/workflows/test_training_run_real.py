@@ -1,0 +1,138 @@
+"""TrainingRun end to end: real Temporal, real S3, real `dgrpo worker all` (CPU server + trainer), real SmolLM2."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+
+from activities.object_store import ObjectStore
+from dgrpo import run_control
+from schemas.config import RunSpec, TaskQueues
+from schemas.layout import MANIFEST_NAME, checkpoint_prefix, spec_key, trajectories_key
+from schemas.run_state import RunStatus
+from schemas.settings import ENV_HOME, S3Settings
+from workers.launcher import WorkerProcess
+from workers.stack import EmbeddedStack
+from workflows.training_run import TrainingRun
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+TEMPORAL = str(Path(sys.executable).parent / "temporal")
+
+
+@pytest.fixture(scope="module")
+def queues() -> TaskQueues:
+    suffix = uuid.uuid4().hex[:8]
+    return TaskQueues(
+        control=f"it-control-{suffix}", inference=f"it-inference-{suffix}", trainer=f"it-trainer-{suffix}"
+    )
+
+
+@pytest.fixture(scope="module")
+def workers(
+    stack: EmbeddedStack, queues: TaskQueues, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    home = tmp_path_factory.mktemp("worker-home")
+    proc = WorkerProcess("all", home / "worker.log", task_queues=queues, env={ENV_HOME: str(home)}, cwd=REPO)
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def small_spec(run_id: str, queues: TaskQueues, **overrides: Any) -> RunSpec:
+    data = json.loads((REPO / "examples" / "run.json").read_text())
+    data.update(run_id=run_id, task_queues=queues.model_dump(), metrics={"wandb": False})
+    data["train"] = {"learning_rate": 2e-4}
+    data.update(overrides)
+    return RunSpec.model_validate(data)
+
+
+def assert_steps_in_store(store: ObjectStore, run_id: str, steps: int) -> None:
+    for step in range(1, steps + 1):
+        assert store.exists(trajectories_key(run_id, step)), f"no trajectories for step {step}"
+    for step in range(steps + 1):
+        assert store.exists(checkpoint_prefix(run_id, step) + MANIFEST_NAME), (
+            f"no manifested checkpoint {step}"
+        )
+    ref = store.latest_checkpoint(run_id)
+    assert ref is not None and ref.step == steps
+
+
+async def run_and_watch(client: Client, spec: RunSpec) -> tuple[RunStatus, list[RunStatus]]:
+    handle = await run_control.start_run(client, spec)
+    seen: list[RunStatus] = []
+    final = await asyncio.wait_for(run_control.watch(handle, seen.append, interval=0.5), 300)
+    return final, seen
+
+
+async def test_a_real_sync_run_completes_and_leaves_its_steps_in_s3(
+    client: Client, workers: WorkerProcess, queues: TaskQueues, s3_settings: S3Settings
+) -> None:
+    spec = small_spec(f"real-sync-{uuid.uuid4().hex[:6]}", queues)
+    final, seen = await run_and_watch(client, spec)
+    assert final.phase == "done" and final.step == 3 and final.adapter == f"{spec.model.name}@3"
+    assert [h.step for h in final.history] == [1, 2, 3]
+    assert all(h.n_trajectories == 8 and h.reward_mean is not None for h in final.history)
+    running = [s for s in seen if s.phase not in ("done", "stopped")]
+    assert {s.phase for s in running} & {"rollouts", "train", "publish", "reload"}  # status answered mid-run
+    store = ObjectStore(s3_settings)
+    assert_steps_in_store(store, spec.run_id, 3)
+    assert store.exists(spec_key(spec.run_id))
+
+
+async def test_a_real_pipelined_run_completes(
+    client: Client, workers: WorkerProcess, queues: TaskQueues, s3_settings: S3Settings
+) -> None:
+    spec = small_spec(f"real-pipe-{uuid.uuid4().hex[:6]}", queues, mode="pipelined")
+    final, _ = await run_and_watch(client, spec)
+    assert final.step == 3 and final.dropped_stale_groups == 0
+    assert [h.policy_step for h in final.history] == [0, 0, 1]  # step n+1 rolled out while step n trained
+    assert_steps_in_store(ObjectStore(s3_settings), spec.run_id, 3)
+
+
+async def test_a_run_started_with_the_temporal_cli_completes(
+    client: Client, workers: WorkerProcess, queues: TaskQueues, stack: EmbeddedStack, tmp_path: Path
+) -> None:
+    run_id = f"real-cli-{uuid.uuid4().hex[:6]}"
+    data = json.loads((REPO / "examples" / "run.json").read_text())
+    data.update(run_id=run_id, steps=2, task_queues=queues.model_dump(), metrics={"wandb": False})
+    run_file = tmp_path / "run.json"
+    run_file.write_text(json.dumps(data))
+    cmd = [TEMPORAL, "workflow", "start", "--type", "TrainingRun", "--task-queue", queues.control]
+    cmd += ["--workflow-id", run_id, "--input-file", str(run_file), "--address", stack.temporal_address]
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0, out.decode()
+    handle = client.get_workflow_handle_for(TrainingRun.run, run_id)
+    final = await asyncio.wait_for(handle.result(), 300)
+    assert final.step == 2 and [h.step for h in final.history] == [1, 2]
+
+
+async def test_a_terminated_real_run_restarts_from_its_newest_checkpoint(
+    client: Client, workers: WorkerProcess, queues: TaskQueues, s3_settings: S3Settings
+) -> None:
+    spec = small_spec(f"real-resume-{uuid.uuid4().hex[:6]}", queues, steps=2)
+    handle = await run_control.start_run(client, spec)
+    for _ in range(600):
+        if (await handle.query(TrainingRun.status)).step >= 1:
+            break
+        await asyncio.sleep(0.5)
+    await handle.terminate("simulated crash after step 1")
+    store = ObjectStore(s3_settings)
+    newest = store.latest_checkpoint(spec.run_id)
+    assert newest is not None and newest.step == 1
+    final = await asyncio.wait_for((await run_control.start_run(client, spec)).result(), 300)
+    assert final.step == 2 and [h.step for h in final.history] == [2]  # step 1 not redone, none skipped
+    assert_steps_in_store(store, spec.run_id, 2)
