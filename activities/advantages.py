@@ -23,7 +23,6 @@ from temporalio import activity
 
 from activities import trajectory_store
 from activities.object_store import ObjectStore
-
 from schemas import layout
 from schemas.activities import AdvantagesInput, AdvantagesResult
 from schemas.config import TrainConfig

@@ -58,6 +58,7 @@ SYSTEM_PROMPT = (
 )
 MAX_CHARS_PER_MESSAGE = 2000
 GROUP_CONCURRENCY = 4
+HEARTBEAT_EVERY_S = 10.0
 ENV_INFERENCE_URL = "DGRPO_INFERENCE_URL"
 """The default judge's server when the control worker was not given one."""
 
@@ -363,9 +364,17 @@ class JudgeActivities:
                 activity.heartbeat({"groups_done": done, "total": len(groups)})
             return judged
 
+        async def keep_alive() -> None:  # one slow judge call must not look like a dead worker
+            while True:
+                await asyncio.sleep(HEARTBEAT_EVERY_S)
+                if activity.in_activity():
+                    activity.heartbeat({"groups_done": done, "total": len(groups)})
+
+        beat = asyncio.create_task(keep_alive())
         try:
             scored = await asyncio.gather(*(score(g) for g in groups))
         finally:
+            beat.cancel()
             await client.close()
         fallbacks = sum(bool(t.metrics.get("judge_fallback")) for g in scored for t in g.trajectories)
         log.info(

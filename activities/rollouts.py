@@ -37,6 +37,9 @@ from schemas.trajectory import Choice, ExceptionRecord, Trajectory, TrajectoryGr
 
 log = logging.getLogger(__name__)
 
+HEARTBEAT_EVERY_S = 10.0
+"""Heartbeat at least this often while rollouts run (and after each one finishes)."""
+
 RolloutFn = Callable[[Any, dict[str, Any]], Awaitable[Any]]
 
 
@@ -214,6 +217,13 @@ async def run_groups(
     tasks = [asyncio.create_task(one(g, i)) for g in range(len(picked)) for i in range(group_size)]
     outcomes: dict[tuple[int, int], Trajectory | ExceptionRecord] = {}
     failures: list[ExceptionRecord] = []
+
+    async def keep_alive() -> None:  # a single long rollout must not look like a dead worker
+        while True:
+            await asyncio.sleep(HEARTBEAT_EVERY_S)
+            _heartbeat(len(outcomes), total)
+
+    beat = asyncio.create_task(keep_alive())
     try:
         for next_done in asyncio.as_completed(tasks):
             g, i, outcome = await next_done
@@ -229,9 +239,9 @@ async def run_groups(
                     )
             _heartbeat(len(outcomes), total)
     finally:
-        for t in tasks:
+        for t in [*tasks, beat]:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, beat, return_exceptions=True)
     groups = []
     for g, (index, scenario) in enumerate(picked):
         group = TrajectoryGroup(

@@ -71,9 +71,7 @@ class TokenizedStep:
 
 def _render(tokenizer: ChatTokenizer, messages: list[dict[str, Any]], tools: Any, gen_prompt: bool) -> str:
     clean = [{**m, "content": m.get("content") or ""} for m in messages]
-    text = tokenizer.apply_chat_template(
-        clean, tools=tools, add_generation_prompt=gen_prompt, tokenize=False
-    )
+    text = tokenizer.apply_chat_template(clean, tools=tools, add_generation_prompt=gen_prompt, tokenize=False)
     return str(text)
 
 

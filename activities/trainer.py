@@ -97,12 +97,11 @@ class Trainer:
             base = self._load_unsloth()
         else:
             base = AutoModelForCausalLM.from_pretrained(self.base_path, dtype=torch.float32)
-            base.to(self.device)
+            base = base.to(self.device)  # type: ignore[arg-type]
         if self.warm_start_path is not None:
             self.model: Any = PeftModel.from_pretrained(base, self.warm_start_path, is_trainable=True)
         else:
             self.model = get_peft_model(base, self._peft_config())
-        self.model.config.use_cache = False
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer: torch.optim.AdamW | None = None
         log.info(
@@ -116,7 +115,7 @@ class Trainer:
         lora = self.spec.lora
         return PeftLoraConfig(
             r=lora.rank,
-            lora_alpha=lora.alpha,
+            lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft takes any number (scale = alpha / r)
             lora_dropout=lora.dropout,
             target_modules=lora.target_modules,
             task_type="CAUSAL_LM",
@@ -148,7 +147,7 @@ class Trainer:
     def load_state(self, directory: str | Path) -> None:
         """Adapter weights and (when present) optimizer state from a checkpoint dir."""
         directory = Path(directory)
-        result = set_peft_model_state_dict(self.model, load_file(str(directory / ADAPTER_WEIGHTS)))
+        result: Any = set_peft_model_state_dict(self.model, load_file(str(directory / ADAPTER_WEIGHTS)))
         if result.unexpected_keys:
             raise ValueError(f"{directory}: adapter has unexpected keys {result.unexpected_keys[:3]}")
         self.optimizer = None
@@ -192,12 +191,27 @@ class Trainer:
         batch = {"ids": ids, "attn": attn, "old": old[:, 1:], "w": w[:, 1:], "adv": adv}
         return {k: v.to(self.device) for k, v in batch.items()}
 
+    def target_logprobs(self, ids: torch.Tensor, attn: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+        """``log p(ids[:, t + 1] | ids[:, : t + 1])`` where ``select[:, t]``, else 0; shape ``[B, T - 1]``.
+
+        The vocabulary projection runs only on the selected (trainable) positions, as TRL's
+        ``logits_to_keep`` does: prompt positions never get a ``[vocab]``-wide logits row.
+        """
+        base = self.model.get_base_model()
+        with self._autocast():
+            hidden = base.get_decoder()(
+                input_ids=ids, attention_mask=attn, use_cache=False
+            ).last_hidden_state[:, :-1]
+            logits = base.get_output_embeddings()(hidden[select])
+        out = torch.zeros(select.shape, dtype=torch.float32, device=ids.device)
+        out[select] = token_logprobs(logits, ids[:, 1:][select])
+        return out
+
     def sequence_logprobs(self, seqs: list[TrainSequence]) -> list[list[float]]:
         """The current policy's logprob of every token after the first (no grad), per sequence."""
         batch = self._batch(seqs, [[0.0] * len(s.tokens) for s in seqs])
-        with torch.no_grad(), self._autocast():
-            logits = self.model(input_ids=batch["ids"], attention_mask=batch["attn"]).logits[:, :-1]
-        lp = token_logprobs(logits, batch["ids"][:, 1:])
+        with torch.no_grad():
+            lp = self.target_logprobs(batch["ids"], batch["attn"], batch["attn"][:, 1:].bool())
         return [lp[i, : len(s.tokens) - 1].tolist() for i, s in enumerate(seqs)]
 
     def train_step(
@@ -226,7 +240,6 @@ class Trainer:
         self.model.train()
         sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "ratio": 0.0, "clipped": 0.0}
         grad_norm = 0.0
-        n_done = 0
         for _epoch in range(config.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             sums = dict.fromkeys(sums, 0.0)
@@ -234,18 +247,14 @@ class Trainer:
                 if should_stop is not None and should_stop():
                     raise InterruptedError("training cancelled")
                 batch = self._batch([sequences[i] for i in chunk], [weights[i] for i in chunk])
-                with self._autocast():
-                    logits = self.model(input_ids=batch["ids"], attention_mask=batch["attn"]).logits[:, :-1]
-                logprobs = token_logprobs(logits, batch["ids"][:, 1:])
-                del logits
+                select = batch["w"] > 0
+                logprobs = self.target_logprobs(batch["ids"], batch["attn"], select)
                 # Unknown sampling logprobs (chat-template fallback): the current policy's, ratio 1.
                 old = torch.where(torch.isnan(batch["old"]), logprobs.detach(), batch["old"])
                 ref = None
                 if params.kl_coef > 0:
-                    with torch.no_grad(), self.model.disable_adapter(), self._autocast():
-                        ref_logits = self.model(input_ids=batch["ids"], attention_mask=batch["attn"]).logits
-                    ref = token_logprobs(ref_logits[:, :-1], batch["ids"][:, 1:])
-                    del ref_logits
+                    with torch.no_grad(), self.model.disable_adapter():
+                        ref = self.target_logprobs(batch["ids"], batch["attn"], select)
                 out = grpo_loss(logprobs, old, batch["adv"], batch["w"], total_weight, params, ref)
                 out.loss.backward()
                 sums["loss"] += float(out.loss.detach())
@@ -253,7 +262,6 @@ class Trainer:
                 sums["kl"] += out.kl_sum
                 sums["ratio"] += out.ratio_sum
                 sums["clipped"] += out.clipped_tokens
-                n_done += 1
                 if progress is not None:
                     progress(index + 1, len(chunks), micro_batch_size)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm))

@@ -23,6 +23,7 @@ import asyncio
 import gc
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -131,7 +132,9 @@ class TrainerActivities:
         oom = read_oom_state(self.staging_root, inp.run_id, inp.step)
         micro_batch = next_micro_batch(inp.train.micro_batch_size, oom, details)
         if micro_batch < inp.train.micro_batch_size:
-            log.warning("step %d attempt %d: micro-batch %d after an OOM", inp.step, info.attempt, micro_batch)
+            log.warning(
+                "step %d attempt %d: micro-batch %d after an OOM", inp.step, info.attempt, micro_batch
+            )
         progress: dict[str, Any] = {"micro_batch": 0, "of": 0, "micro_batch_size": micro_batch}
 
         def on_progress(i: int, n: int, m: int) -> None:
@@ -276,6 +279,7 @@ class TrainerActivities:
             )
             self._memory = (inp.run_id, inp.step)
         oom_state_file(self.staging_root, inp.run_id, inp.step).unlink(missing_ok=True)
+        self._prune(inp.run_id, inp.step)
         log.info("step %d trained: loss %.4f, %s", inp.step, stats.loss, metrics)
         return TrainResult(
             run_id=inp.run_id,
@@ -291,10 +295,20 @@ class TrainerActivities:
             seconds=time.monotonic() - started,
         )
 
+    def _prune(self, run_id: str, step: int, keep: int = 2) -> None:
+        """Drop staged steps and downloaded inputs older than the last ``keep`` (they are published)."""
+        run_dir = self.staging_root / run_id
+        for parent in (run_dir, run_dir / ".inputs"):
+            for old in parent.glob("[0-9]" * 6):
+                if int(old.name) < step - keep:
+                    shutil.rmtree(old, ignore_errors=True)
+
     def publish_sync(self, inp: PublishInput) -> CheckpointRef:
         staged = Path(inp.staging_dir)
         if not staged.is_dir():
-            raise config_error(f"{staged} does not exist on trainer {self.worker_id}; train step {inp.step} again")
+            raise config_error(
+                f"{staged} does not exist on trainer {self.worker_id}; train step {inp.step} again"
+            )
         state = read_trainer_state(staged)
         ref = publish_staged(self.store, staged, inp.run_id, inp.step, {**state.model_dump(), **inp.metrics})
         with self._lock:

@@ -15,59 +15,41 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from temporalio.client import WorkflowFailureError
 
 from dgrpo import run_control
 from dgrpo.progress import RunProgress, history_table
-from schemas.config import RunSpec, TaskQueues
+from schemas.config import RunSpec, TaskQueues, load_run_spec
 from schemas.layout import checkpoints_prefix, reward_curve_key
 from schemas.run_state import RunStatus
-from schemas.settings import dgrpo_home
+from schemas.settings import ENV_HOME, dgrpo_home
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
 from workers.temporal import connect_client
 
 log = logging.getLogger(__name__)
 
-# Sized for ~10 minutes on 2 CPU cores; the arithmetic reward gives partial credit, so every group
-# has variance from step 1 and lr 2e-4 on a rank-16 LoRA moves the 135M model within a few steps.
-DEMO_TASKS: dict[str, dict[str, Any]] = {
-    "arithmetic": {
-        "task": {"rollout": "examples.arithmetic:rollout", "scenarios": "examples.arithmetic:scenarios"},
-        "steps": 10,
-        "groups_per_step": 4,
-        "group_size": 8,
-        "train": {"learning_rate": 2e-4, "micro_batch_size": 16},
-    },
-    "tool_agent": {
-        "task": {"rollout": "examples.tool_agent:rollout", "scenarios": "examples.tool_agent:scenarios"},
-        "steps": 8,
-        "groups_per_step": 4,
-        "group_size": 6,
-        "train": {"learning_rate": 2e-4, "micro_batch_size": 8},
-    },
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+DEMO_TASKS: dict[str, Path] = {
+    "arithmetic": EXAMPLES / "run.toml",
+    "tool_agent": EXAMPLES / "tool_agent.toml",
 }
+"""Each demo task's run spec: the example's own TOML (sized by its author to show the reward rise)."""
 
 
 def demo_spec(task: str, steps: int | None, run_id: str) -> RunSpec:
-    preset = dict(DEMO_TASKS[task])
-    if steps is not None:
-        preset["steps"] = steps
     suffix = run_id[:80]
-    return RunSpec.model_validate(
-        {
-            "run_id": run_id,
-            "model": {"name": f"demo-{task}", "project": "dgrpo-demo", "base_model": "smollm2-135m-instruct"},
-            "mode": "sync",
-            "metrics": {"wandb": False},
-            # Queues of its own: the demo's workers never pick up another run's work, nor the reverse.
-            "task_queues": {
-                "control": f"demo-control-{suffix}",
-                "inference": f"demo-inference-{suffix}",
-                "trainer": f"demo-trainer-{suffix}",
-            },
-            **preset,
-        }
-    )
+    overrides: dict[str, Any] = {
+        "run_id": run_id,
+        "metrics.wandb": False,
+        # Queues of its own: the demo's workers never pick up another run's work, nor the reverse.
+        "task_queues.control": f"demo-control-{suffix}",
+        "task_queues.inference": f"demo-inference-{suffix}",
+        "task_queues.trainer": f"demo-trainer-{suffix}",
+    }
+    if steps is not None:
+        overrides["steps"] = steps
+    return load_run_spec(DEMO_TASKS[task], overrides)
 
 
 async def _train(spec: RunSpec, console: Console) -> RunStatus:
@@ -89,9 +71,8 @@ def run_demo(args: argparse.Namespace) -> int:
     os.environ.update(stack.env())
     console.print(f"{'reusing' if reused else 'started'} the embedded stack in {home}")
     queues: TaskQueues = spec.task_queues
-    worker = WorkerProcess(
-        "all", home / "logs" / f"{run_id}-workers.log", task_queues=queues, env=stack.env()
-    )
+    env = {**stack.env(), ENV_HOME: str(home)}  # the metrics activity draws the curve under $DGRPO_HOME/runs
+    worker = WorkerProcess("all", home / "logs" / f"{run_id}-workers.log", task_queues=queues, env=env)
     console.print(f"starting the workers (log: {worker.log_path}); loading SmolLM2-135M ...")
     worker.start()
     try:
@@ -100,15 +81,20 @@ def run_demo(args: argparse.Namespace) -> int:
             f"{spec.groups_per_step} groups x {spec.group_size} rollouts, lr {spec.train.learning_rate}"
         )
         final = asyncio.run(_train(spec, console))
+    except WorkflowFailureError as err:
+        console.print(f"[red]the demo run failed:[/red] {err.cause}\n(workers' log: {worker.log_path})")
+        return 1
     finally:
         worker.stop()
     curve = home / "runs" / run_id / "reward_curve.png"
     console.print(history_table(final))
-    first, last = final.history[0], final.history[-1]
-    console.print(
-        f"reward {first.reward_mean:.3f} at step {first.step} -> {last.reward_mean:.3f} at step {last.step} "
-        f"in {time.monotonic() - started:.0f}s"
-    )
+    rewards = [(h.step, h.reward_mean) for h in final.history if h.reward_mean is not None]
+    if rewards:
+        (first_step, first), (last_step, last) = rewards[0], rewards[-1]
+        console.print(
+            f"reward {first:.3f} at step {first_step} -> {last:.3f} at step {last_step}, "
+            f"in {time.monotonic() - started:.0f}s"
+        )
     bucket = stack.s3_settings.bucket
     console.print(f"reward curve:  {curve} (and s3://{bucket}/{reward_curve_key(run_id)})")
     console.print(

@@ -123,12 +123,7 @@ class LocalBackend:
         await wait_for_server(self.inference_url(), self.start_timeout)
 
     def _adopt_or_spawn(self, started_stack: bool) -> None:
-        current: _Owner | None = None
-        if self.owner_path.exists():
-            try:
-                current = _Owner.model_validate_json(self.owner_path.read_text())
-            except ValueError:
-                log.warning("ignoring unreadable %s", self.owner_path)
+        current = self._read_owner()
         if current is not None and alive(current.workers):
             if alive(current.owner) and current.owner.pid != os.getpid():
                 log.info("reusing the workers of client pid %d", current.owner.pid)
@@ -211,7 +206,9 @@ class LocalBackend:
             return self._in_process_url
         if self._owner is not None:
             return self._owner.inference_url
-        current = _Owner.model_validate_json(self.owner_path.read_text())
+        current = self._read_owner()
+        if current is None:
+            raise BackendError(f"no workers run from {self.path}: start the backend first")
         return current.inference_url
 
     async def close(self) -> None:
@@ -234,6 +231,22 @@ class LocalBackend:
         if started_stack:
             log.info("stopping the embedded stack under %s", self.path)
             self.stack.stop()
+
+    def stop_all(self) -> None:
+        """Stop the workers and the stack running from ``path``, whoever started them (after a crash)."""
+        current = self._read_owner()
+        if current is not None:
+            self._stop_workers(current)
+        self.stack.stop()
+
+    def _read_owner(self) -> _Owner | None:
+        if not self.owner_path.exists():
+            return None
+        try:
+            return _Owner.model_validate_json(self.owner_path.read_text())
+        except ValueError:
+            log.warning("ignoring unreadable %s", self.owner_path)
+            return None
 
     def _stop_workers(self, owner: _Owner) -> None:
         if alive(owner.workers):

@@ -85,9 +85,16 @@ def metrics_by_step(store: ObjectStore, run_id: str) -> dict[int, dict[str, floa
     return dict(by_step)
 
 
+def complete_checkpoint_steps(store: ObjectStore, run_id: str) -> list[int]:
+    """Steps with a manifested checkpoint (a deleted one may leave an empty prefix behind on some stores)."""
+    return [
+        s for s in store.checkpoint_steps(run_id) if store.is_complete(layout.checkpoint_prefix(run_id, s))
+    ]
+
+
 def select_checkpoints_to_delete(store: ObjectStore, run_id: str, metric: str, keep_last: int) -> list[int]:
     """Steps to delete: all but the newest ``keep_last`` and the one with the highest ``metric``."""
-    steps = store.checkpoint_steps(run_id)
+    steps = complete_checkpoint_steps(store, run_id)
     keep = set(steps[-keep_last:]) if keep_last > 0 else set()
     recorded = metrics_by_step(store, run_id)
     scored = {s: m[metric] for s, m in recorded.items() if metric in m and s in steps}

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from schemas.config import TaskQueues
+from workers.serving_process import die_with_parent
 
 READY_TIMEOUT_S = 600.0
 
@@ -48,6 +49,12 @@ class WorkerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> None:
+        self.spawn()
+        self.wait_ready(timeout)
+
+    def spawn(self) -> None:
+        """Start the process; with ``die_with_parent``, call it from a thread that lives as long as the
+        parent (the death signal follows the spawning thread)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.ready_file.unlink(missing_ok=True)
         with open(self.log_path, "ab") as out:
@@ -58,7 +65,11 @@ class WorkerProcess:
                 stdin=subprocess.DEVNULL,
                 env=self.env,
                 cwd=self.cwd,
+                preexec_fn=die_with_parent if self.die_with_parent else None,
             )
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        assert self.proc is not None, "spawn() first"
         deadline = time.monotonic() + timeout
         while not self.ready_file.exists():
             if self.proc.poll() is not None:
@@ -81,16 +92,19 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self, timeout: float = 60.0) -> None:
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout``; returns the exit code (None if it was not running)."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return proc.returncode
 
     def kill(self) -> None:
         """SIGKILL, as a crash would (tests of durability)."""

@@ -107,7 +107,7 @@ class GenerationEngine:
         model_path: str,
         dtype: Literal["fp32", "bf16"] = "fp32",
         max_batch: int = 32,
-        batch_window_s: float = 0.01,
+        batch_window_s: float = 0.02,
         max_model_len: int | None = None,
     ) -> None:
         torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
@@ -190,8 +190,14 @@ class GenerationEngine:
         items: list[_Row | _Command | None] = []
         if block:
             items.append(self._inbox.get())
-            if isinstance(items[0], _Row):
-                time.sleep(self.batch_window_s)  # let concurrent requests arrive and share the prefill
+            # An idle engine collects a burst of requests until the inbox is quiet for one window (at most
+            # ten), so they share one prefill and finish together instead of trickling into the batch.
+            deadline = time.monotonic() + 10 * self.batch_window_s
+            while isinstance(items[-1], _Row) and len(items) < self.max_batch and time.monotonic() < deadline:
+                try:
+                    items.append(self._inbox.get(timeout=self.batch_window_s))
+                except queue.Empty:
+                    break
         while True:
             try:
                 items.append(self._inbox.get_nowait())
@@ -248,20 +254,28 @@ class GenerationEngine:
         cache: DynamicCache,
         rows: list[_Row],
     ) -> torch.Tensor:
-        model = self.base
-        extra = {}
-        if self.peft is not None and self.adapter_paths:
-            model = self.peft  # type: ignore[assignment]
-            extra["adapter_names"] = [r.request.adapter or BASE_ADAPTER for r in rows]
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-            **extra,
-        )
+        inputs = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": positions,
+            "past_key_values": cache,
+            "use_cache": True,
+            "logits_to_keep": 1,
+        }
+        peft: Any = self.peft
+        names = {r.request.adapter for r in rows}
+        if peft is None or not self.adapter_paths:
+            out = self.base(**inputs)
+        elif names == {None}:  # base rows only: skip the adapters entirely
+            with peft.disable_adapter():
+                out = self.base(**inputs)
+        elif len(names) == 1:  # one adapter (the usual RL case): no per-layer mixed-batch routing
+            name = names.pop()
+            if peft.active_adapter != name:
+                peft.set_adapter(name)
+            out = peft(**inputs)
+        else:
+            out = peft(**inputs, adapter_names=[r.request.adapter or BASE_ADAPTER for r in rows])
         return out.logits[:, -1, :]
 
     def _admit(self) -> None:
@@ -270,17 +284,28 @@ class GenerationEngine:
             return
         admitted, self._waiting = self._waiting[:free], self._waiting[free:]
         admitted.sort(key=lambda r: len(r.request.prompt_ids))
-        chunk: list[_Row] = []
+        chunks: list[list[_Row]] = [[]]
         for row in admitted:
-            if chunk and (len(chunk) + 1) * len(row.request.prompt_ids) > PREFILL_TOKENS:
+            if chunks[-1] and (len(chunks[-1]) + 1) * len(row.request.prompt_ids) > PREFILL_TOKENS:
+                chunks.append([])
+            chunks[-1].append(row)
+        for chunk in chunks:
+            try:
                 self._prefill(chunk)
-                chunk = []
-            chunk.append(row)
-        if chunk:
-            self._prefill(chunk)
+            except Exception as err:  # fails these requests only; the running batch is untouched
+                log.exception("prefill of %d requests failed", len(chunk))
+                for row in chunk:
+                    if not row.future.done():
+                        row.future.set_exception(err)
 
     def _prefill(self, rows: list[_Row]) -> None:
         width = max(len(r.request.prompt_ids) for r in rows)
+        log.debug(
+            "prefill %d requests (%d tokens wide) into a batch of %d",
+            len(rows),
+            width,
+            len(self._batch.rows) if self._batch else 0,
+        )
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, row in enumerate(rows):

@@ -135,6 +135,11 @@ def build_app(
     async def _http_error(_: Request, err: ServingHTTPError) -> JSONResponse:
         return JSONResponse(error_body(err.status, err.message, err.param), status_code=err.status)
 
+    @app.exception_handler(Exception)
+    async def _internal_error(_: Request, err: Exception) -> JSONResponse:
+        log.error("request failed: %s: %s", type(err).__name__, err)
+        return JSONResponse(error_body(500, f"{type(err).__name__}: {err}"), status_code=500)
+
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)

@@ -10,7 +10,6 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,18 +21,12 @@ from types import TracebackType
 import httpx
 
 from schemas.config import ServingSpec
+from workers.processes import HOST, free_port
 from workers.serving_client import ServingClient
 
 log = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
 START_TIMEOUT_S = 300.0
-
-
-def free_port(host: str = HOST) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _die_with_parent() -> None:
@@ -60,7 +53,7 @@ class ServingEngine(ABC):
     ) -> None:
         self.model = model
         self.host = host
-        self.port = port or free_port(host)
+        self.port = port or free_port()
         self.served_name = served_name
         self.start_adapter_name = start_adapter_name
         self.dtype = dtype

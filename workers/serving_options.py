@@ -27,8 +27,8 @@ class ServerOptions(BaseModel):
     """fp32 keeps sampling logprobs equal to the trainer's fp32 logprobs (to ~1e-5)."""
     max_batch: int = Field(32, ge=1)
     """Rows decoded together; more requests wait for a row to finish."""
-    batch_window_s: float = Field(0.01, ge=0)
-    """An idle engine waits this long after a request for others to share its prefill."""
+    batch_window_s: float = Field(0.02, ge=0)
+    """An idle engine collects requests until none arrived for this long (at most ten times this)."""
     threads: int | None = Field(None, ge=1)
     """torch intra-op threads; None keeps torch's default (the physical cores)."""
     max_model_len: int | None = Field(None, ge=16)
@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument(
-        "--batch-window", type=float, default=0.01, help="seconds to collect a batch when idle"
+        "--batch-window", type=float, default=0.02, help="seconds of quiet that end a burst of requests"
     )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--max-model-len", type=int, default=None)

@@ -32,6 +32,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     """Token ids that end the completion besides the model's EOS tokens."""
     ignore_eos: bool = False
+    """EOS does not end the completion (it may still be drawn), as in vLLM."""
     min_tokens: int = 0
     """EOS and stop tokens are not drawn before this many tokens."""
     top_logprobs: int = 0
@@ -68,7 +69,7 @@ class RowSampler:
             top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
             top_k=[p.top_k for p in params],
             generators=generators,
-            banned_until=[p.max_tokens + 1 if p.ignore_eos else p.min_tokens for p in params],
+            banned_until=[p.min_tokens for p in params],
             end_ids=[[*([] if p.ignore_eos else eos_ids), *p.stop_token_ids] for p in params],
             top_logprobs=[p.top_logprobs for p in params],
             default_generator=default_generator,

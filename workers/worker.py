@@ -151,7 +151,8 @@ async def run_workers(
         if opts.role == "all" and not opts.single_process:
             trainer = _trainer_child(opts)
             exits.callback(trainer.stop)
-            await asyncio.to_thread(trainer.start)
+            trainer.spawn()
+            await asyncio.to_thread(trainer.wait_ready)
             roles.discard("trainer")
         workers = await build_workers(client, roles, opts, store, server_urls)
         tasks = [asyncio.create_task(w.run(), name=f"worker:{w.task_queue}") for w in workers]

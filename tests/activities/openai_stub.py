@@ -31,7 +31,7 @@ class StubServer:
 
 
 def default_reply(body: dict[str, Any]) -> str:
-    prompt = body["messages"][-1]["content"] if body["messages"] else ""
+    prompt = next((str(m["content"]) for m in body["messages"] if "<trajectory" in str(m.get("content"))), "")
     blocks = re.findall(r'<trajectory id="(\d+)">(.*?)</trajectory>', prompt, flags=re.DOTALL)
     scores = [
         {"trajectory_id": tid, "explanation": "scripted", "score": 0.9 if "correct" in text else 0.1}

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from activities import trajectory_store
 from activities.advantages import (
-    AdvantagesActivities,
     ZERO_VARIANCE_TOL,
+    AdvantagesActivities,
     compute_step_advantages,
     group_advantages,
 )

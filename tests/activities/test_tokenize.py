@@ -27,7 +27,7 @@ def render(tok, messages) -> list[int]:
 
 def choice(tok, prompt_ids, text, logprob_base, tool_calls=None) -> Choice:
     """A choice as a vLLM-style server returns it: sampled ids (ending in <|im_end|>) and their logprobs."""
-    completion = ids(tok, text) + [tok.eos_token_id]
+    completion = [*ids(tok, text), tok.eos_token_id]
     logprobs = [
         TokenLogprob(token=f"token_id:{t}", logprob=logprob_base - i * 0.01) for i, t in enumerate(completion)
     ]
@@ -109,7 +109,7 @@ def test_chat_template_fallback_marks_only_the_assistant_turn(tok):
     seq = step.sequences[0]
     prompt = render(tok, messages)
     assert seq.tokens[: len(prompt)] == prompt and not any(seq.trainable[: len(prompt)])
-    assert seq.tokens[len(prompt) :] == ids(tok, "Hi there!") + [tok.eos_token_id]
+    assert seq.tokens[len(prompt) :] == [*ids(tok, "Hi there!"), tok.eos_token_id]
     assert all(seq.trainable[len(prompt) :])
     assert all(math.isnan(x) for x in seq.sampling_logprobs)  # unknown: the trainer uses ratio 1
 

@@ -11,71 +11,18 @@ import pytest
 import torch
 
 from activities import trajectory_store
+from activities.checkpoints import OomState
+from activities.local_sampling import sample_choices
 from activities.tokenize import build_sequences
 from activities.trainer import Trainer
-from activities.training import TrainerActivities
+from activities.training import TrainerActivities, next_micro_batch
 from schemas import layout
-from schemas.activities import CheckpointLookup, InitialAdapterInput, PublishInput, TrainInput
+from schemas.activities import InitialAdapterInput, PublishInput, TrainInput
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
 from schemas.trajectory import Choice, ChoiceLogprobs, TokenLogprob, Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 MODEL = ModelSpec(name="m", base_model="smollm2-135m-instruct", lora=LoraConfig(rank=8, alpha=16))
-
-
-def sample(trainer: Trainer, prompts: list[str], n: int, max_new_tokens: int, seed: int) -> list[Choice]:
-    """Sample ``n`` completions per prompt with HF generate (left padding, fp32), logprobs from its logits."""
-    tok = trainer.tokenizer
-    prompt_ids = [
-        list(
-            tok(
-                tok.apply_chat_template(
-                    [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
-                ),
-                add_special_tokens=False,
-            )["input_ids"]
-        )
-        for p in prompts
-        for _ in range(n)
-    ]
-    width = max(len(p) for p in prompt_ids)
-    pad = tok.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids])
-    attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
-    torch.manual_seed(seed)
-    trainer.model.eval()
-    with torch.no_grad():
-        out = trainer.model.generate(
-            input_ids=ids,
-            attention_mask=attn,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=max_new_tokens,
-            output_logits=True,
-            return_dict_in_generate=True,
-            use_cache=True,
-            pad_token_id=pad,
-        )
-    logprobs = torch.stack([torch.log_softmax(x.float(), -1) for x in out.logits], 1)
-    choices = []
-    for i, p in enumerate(prompt_ids):
-        completion = out.sequences[i, width:].tolist()
-        if tok.eos_token_id in completion:
-            completion = completion[: completion.index(tok.eos_token_id) + 1]
-        lps = [float(logprobs[i, t, c]) for t, c in enumerate(completion)]
-        choices.append(
-            Choice(
-                message={"role": "assistant", "content": tok.decode(completion, skip_special_tokens=True)},
-                token_ids=completion,
-                prompt_token_ids=p,
-                logprobs=ChoiceLogprobs(
-                    content=[TokenLogprob(token=f"token_id:{c}", logprob=v) for c, v in zip(completion, lps)]
-                ),
-            )
-        )
-    return choices
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +38,11 @@ def trainer() -> Trainer:
 
 
 def test_training_forward_logprobs_match_sampling_logprobs(trainer):
-    choices = sample(trainer, ["Name a colour.", "What is 2 + 2? Answer briefly please."], 2, 12, seed=0)
+    prompts = [
+        [{"role": "user", "content": "Name a colour."}],
+        [{"role": "user", "content": "What is 2 + 2? Answer briefly."}],
+    ]
+    choices = sample_choices(trainer.model, trainer.tokenizer, prompts, 2, 12, seed=0)
     trajs = [Trajectory(messages_and_choices=[c]) for c in choices]
     step = build_sequences(trajs, [1.0] * len(trajs), max_seq_len=512)
     assert len({len(c.prompt_token_ids) for c in choices}) > 1  # left padding was exercised
@@ -156,6 +107,13 @@ def synthetic_groups(trainer: Trainer, n_groups: int, size: int, seed: int) -> l
     return out
 
 
+def test_next_micro_batch_halves_after_an_oom_down_to_one():
+    assert next_micro_batch(8, None, None) == 8
+    assert next_micro_batch(8, OomState(micro_batch_size=8, attempt=1), None) == 4
+    assert next_micro_batch(8, None, {"micro_batch": 1, "of": 4, "oom_micro_batch_size": 4}) == 2
+    assert next_micro_batch(8, OomState(micro_batch_size=1, attempt=4), None) == 1
+
+
 def train_steps(acts: TrainerActivities, run_id: str, refs, steps: range, start, config: TrainConfig):
     for step in steps:
         result = acts.train_sync(
@@ -206,6 +164,10 @@ def test_resume_from_published_checkpoint_is_exact(object_store, tmp_path, train
     assert latest is not None and latest.step == 2
     train_steps(c, "run-b", refs, range(3, 4), latest, config)
     got = c.trainer.adapter_state()
+    # Publishing again (a retried publish) reuses the complete checkpoint with the same files.
+    staged = tmp_path / "c" / "run-b" / "000003"
+    again = c.publish_sync(PublishInput(run_id="run-b", step=3, staging_dir=str(staged)))
+    assert again == object_store.latest_checkpoint("run-b")
 
     assert want.keys() == got.keys()
     moved = 0.0

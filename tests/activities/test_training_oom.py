@@ -31,8 +31,9 @@ from workers.temporal import connect_client
 MODEL = ModelSpec(name="m", base_model="smollm2-135m-instruct", lora=LoraConfig(rank=8, alpha=16))
 MICRO_BATCH = 8
 HEADROOM_GIB = 2.0
-"""Address space allowed above the warm worker's: ~2.8 MB/token of activations makes 8 x 128 tokens
-(~2.9 GiB) fail and 4 x 128 (~1.5 GiB) fit."""
+"""Address space allowed above the loaded worker's: 8 x 128 tokens of activations (~2.9 GiB) fail.
+Freed memory does not all come back to the address space between attempts (allocator arenas), so the
+step may only fit at a smaller micro-batch than 4; the test asserts that it shrank and finished."""
 
 WORKER = textwrap.dedent(
     """
@@ -55,7 +56,7 @@ WORKER = textwrap.dedent(
         client = await connect_client()
         acts = TrainerActivities(ObjectStore.from_env(), staging, worker_id="oom-worker")
         model = ModelSpec(name="m", base_model="smollm2-135m-instruct", lora=LoraConfig(rank=8, alpha=16))
-        trainer = acts.trainer_for(model, "fp32")  # warm before the limit, as a long-running worker is
+        acts.trainer_for(model, "fp32")  # loaded before the limit, as a long-running worker is
         workers = [
             Worker(client, task_queue=q, activities=acts.all())
             for q in (queue, worker_task_queue(queue, acts.worker_id))
@@ -126,10 +127,15 @@ async def test_oom_halves_the_micro_batch_and_finishes(object_store, stack, task
     ref = trajectory_store.upload_groups(
         object_store, groups, "oom", 1, key=layout.advantages_key("oom", 1), advantages=advantages
     ).ref
-    env = {**os.environ, ENV_S3_BUCKET: object_store.bucket, "MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "131072"}
+    env = {
+        **os.environ,
+        ENV_S3_BUCKET: object_store.bucket,
+        "MALLOC_ARENA_MAX": "2",
+        "MALLOC_MMAP_THRESHOLD_": "131072",
+    }
     script = tmp_path / "oom_worker.py"
     script.write_text(WORKER)
-    proc = subprocess.Popen(
+    proc = subprocess.Popen(  # noqa: ASYNC220 -- a long-lived worker process, read by a thread
         [sys.executable, str(script), task_queue, str(tmp_path / "staging"), str(HEADROOM_GIB)],
         env=env,
         cwd=Path(__file__).parents[2],
@@ -178,8 +184,6 @@ async def test_oom_halves_the_micro_batch_and_finishes(object_store, stack, task
                 if e.HasField("activity_task_started_event_attributes")
             ]
         log = "".join(lines)
-        print(used, attempts)
-        print(log[-6000:])
         assert "out of memory" in log.lower() or "OutOfMemory" in log, log[-3000:]
         assert used < MICRO_BATCH, f"micro-batch did not shrink: {used}"
         assert max(attempts) >= 2

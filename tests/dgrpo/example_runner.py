@@ -13,20 +13,22 @@ SMALL = ["--groups", "2", "--group-size", "3"]
 """Small steps: 2 scenarios x 3 rollouts of at most 16 tokens."""
 
 
-def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+def env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
 def example(*args: str) -> list[str]:
     return [sys.executable, str(EXAMPLE), *SMALL, *args]
 
 
-def run_example(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_example(
+    *args: str, extra_env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
     """Run examples/art_style.py to the end; its output is kept for the assertion messages."""
     return subprocess.run(
         example(*args),
         cwd=REPO,
-        env=env(),
+        env=env(extra_env),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -1,10 +1,16 @@
 """examples/art_style.py end to end on the CPU: real stack, real workers, real SmolLM2-135M.
 
-- 3 steps with a LocalBackend of its own, which stops everything it started when the script ends;
-- the client SIGKILLed in the middle of ``model.train``: the step still completes, and a rerun
-  continues at the next step without a second run of the killed step's workflow;
-- the same script against ``TemporalBackend`` (the session's stack and workers, started separately);
-- the user errors that need a stack, and ``delete_checkpoints``.
+One story on one stack (the real model is slow here, so every step counts):
+
+1. the script, with a ``LocalBackend`` of its own, trains step 1 and is SIGKILLed in the middle of
+   ``model.train`` for step 2; the workers it started finish step 2 anyway;
+2. the same script runs against ``TemporalBackend`` pointed at that (now separately running) stack and
+   its workers; in this process, a ``TemporalBackend`` checks the name/base-model conflict and
+   ``delete_checkpoints``;
+3. rerun with ``LocalBackend``: it adopts the orphaned workers, continues at step 3 (step 2 is not trained
+   again), and stops the stack and the workers when it ends;
+4. a ``LocalBackend`` in this process restarts it all (a fresh server: register serves step 3 again) and
+   shows one checkpoint and one ``TrainStep`` run per step.
 """
 
 from __future__ import annotations
@@ -17,12 +23,12 @@ from pathlib import Path
 import psutil
 import pytest
 from example_runner import run_example, spawn_example, tail
-from temporalio.api.enums.v1 import WorkflowExecutionStatus
-from temporalio.client import Client
-from temporalio.service import RPCError
+from temporalio.client import Client, WorkflowExecutionStatus
 
 import dgrpo
-from dgrpo.metrics import read_metrics
+from dgrpo.metrics import complete_checkpoint_steps, metrics_by_step
+from schemas import layout
+from schemas.run_state import TrainStepResult
 from workers.stack import EmbeddedStack
 
 pytestmark = pytest.mark.slow
@@ -47,101 +53,109 @@ def processes_of(home: Path) -> list[str]:
     return found
 
 
-def test_three_steps_with_a_local_backend_of_its_own(tmp_path: Path) -> None:
+async def wait_running(client: Client, workflow_id: str, script: subprocess.Popen[bytes], log: Path) -> None:
+    for _ in range(1200):
+        if script.poll() is not None:
+            raise AssertionError(f"the script ended before {workflow_id} ran:\n{tail(log)}")
+        try:
+            if (
+                await client.get_workflow_handle(workflow_id).describe()
+            ).status == WorkflowExecutionStatus.RUNNING:
+                return
+        except Exception:  # not started yet (or the stack is still starting)
+            pass
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{workflow_id} never started:\n{tail(log)}")
+
+
+async def wait_for_stack(home: Path, script: subprocess.Popen[bytes], log: Path) -> EmbeddedStack:
+    stack = EmbeddedStack(home)
+    for _ in range(600):
+        if stack.load_state() is not None:
+            return stack
+        assert script.poll() is None, tail(log)
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"the script's stack never came up:\n{tail(log)}")
+
+
+async def test_art_style_killed_mid_train_then_temporal_backend_then_rerun(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    proc = run_example("--steps", "3", "--path", str(home), "--name", "local-3", timeout=600)
-    assert proc.returncode == 0, output(proc)
-    for step in (1, 2, 3):
-        assert f"step {step}: reward" in proc.stdout, output(proc)
-    assert "is at step 3" in proc.stdout, output(proc)
-    # It started the stack and the workers, so it stopped them.
-    assert EmbeddedStack(home).load_state() is None
-    assert processes_of(home) == []
-
-
-async def test_client_killed_mid_train_the_step_completes_and_a_rerun_continues(
-    local_backend: dgrpo.LocalBackend, tmp_path: Path
-) -> None:
-    name = "killed"
-    run_id = f"{PROJECT}-{name}"
-    args = ["--steps", "1", "--path", str(local_backend.path), "--name", name]
-    client = await local_backend.temporal_client()
-    handle = client.get_workflow_handle(f"train-{PROJECT}-{name}-000001")
-    log = tmp_path / "killed.log"
-    script = spawn_example(*args, log=log)
     try:
-        await wait_running(client, handle.id, script, log)
-        script.send_signal(signal.SIGKILL)  # a crash in the middle of model.train
+        await art_style_story(tmp_path, home)
+    finally:
+        dgrpo.LocalBackend(path=home).stop_all()  # whatever a failure left running
+
+
+async def art_style_story(tmp_path: Path, home: Path) -> None:
+    local = ["--path", str(home), "--name", "art"]
+    run_id = f"{PROJECT}-art"
+
+    # 1. Step 1 trains; the client dies in the middle of model.train for step 2.
+    log = tmp_path / "first.log"
+    script = spawn_example("--steps", "3", *local, log=log)
+    try:
+        stack = await wait_for_stack(home, script, log)
+        client = await dgrpo.TemporalBackend(address=stack.temporal_address).temporal_client()
+        step2 = client.get_workflow_handle(f"train-{PROJECT}-art-000002", result_type=TrainStepResult)
+        await wait_running(client, step2.id, script, log)
+        script.send_signal(signal.SIGKILL)
     finally:
         script.kill()
         script.wait()
-    result = await asyncio.wait_for(handle.result(), timeout=300)
-    assert result.step == 1
-    store = local_backend.object_store()
-    assert store.checkpoint_steps(run_id) == [1]
-    assert store.is_complete(f"runs/{run_id}/checkpoints/000001/")
+    assert "step 1: reward" in tail(log, 100_000), tail(log)
+    result = await asyncio.wait_for(step2.result(), timeout=600)
+    assert (result.step, result.adapter, result.skipped) == (2, "art@2", False)
 
-    rerun = run_example("--steps", "2", "--path", str(local_backend.path), "--name", name)
-    assert rerun.returncode == 0, output(rerun)
-    assert "step 1, training to step 2" in rerun.stdout, output(rerun)
-    assert "step 2: reward" in rerun.stdout and "step 1: reward" not in rerun.stdout, output(rerun)
-    assert store.checkpoint_steps(run_id) == [1, 2]
-    runs = [w async for w in client.list_workflows(f'WorkflowId = "{handle.id}"')]
-    assert len(runs) == 1, "the killed client's step was trained once, by one workflow run"
+    # 2. The same script against TemporalBackend: that stack and its workers, started separately.
+    inference_url = dgrpo.LocalBackend(path=home).inference_url()
+    remote = run_example(
+        "--backend", "temporal", "--address", stack.temporal_address, "--inference-url", inference_url,
+        "--steps", "1", "--name", "remote", extra_env=stack.env(),
+    )  # fmt: skip
+    assert remote.returncode == 0, output(remote)
+    assert "step 1: reward" in remote.stdout and "is at step 1" in remote.stdout, output(remote)
 
-    # delete_checkpoints keeps the newest and the best by a metric that train recorded per step.
-    model = dgrpo.TrainableModel(name=name, project=PROJECT)
-    await model.register(local_backend)
-    assert await model.get_step() == 2
-    rewards = {s: m["train/reward"] for s, m in read_metrics(store, run_id).items() if "train/reward" in m}
-    assert set(rewards) == {1, 2}
-    deleted = await model.delete_checkpoints(best_checkpoint_metric="train/reward", keep_last=1)
-    best = max(rewards, key=lambda s: (rewards[s], s))
-    assert store.checkpoint_steps(run_id) == sorted({2, best})
-    assert deleted == [s for s in (1, 2) if s not in {2, best}]
-
-
-async def wait_running(client: Client, workflow_id: str, script: subprocess.Popen[bytes], log: Path) -> None:
-    running = WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
-    for _ in range(600):
-        if script.poll() is not None:
-            raise AssertionError(f"the script ended before training:\n{tail(log)}")
-        try:
-            described = await client.get_workflow_handle(workflow_id).describe()
-            if described.raw_description.workflow_execution_info.status == running:
-                return
-        except RPCError:
-            pass
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"{workflow_id} never started")
-
-
-async def test_same_script_against_a_temporal_backend(local_backend: dgrpo.LocalBackend) -> None:
-    proc = run_example(
-        "--backend",
-        "temporal",
-        "--address",
-        local_backend.stack.temporal_address,
-        "--inference-url",
-        local_backend.inference_url(),
-        "--steps",
-        "1",
-        "--name",
-        "remote",
+    backend = dgrpo.TemporalBackend(
+        address=stack.temporal_address, inference_url=inference_url, s3=stack.s3_settings
     )
-    assert proc.returncode == 0, output(proc)
-    assert "step 1: reward" in proc.stdout, output(proc)
-    assert local_backend.object_store().checkpoint_steps(f"{PROJECT}-remote") == [1]
-
-
-async def test_a_name_registered_with_another_base_model(local_backend: dgrpo.LocalBackend) -> None:
-    first = dgrpo.TrainableModel(name="taken", project="errors", base_model="smollm2-135m-instruct")
-    await first.register(local_backend)
-    assert await first.get_step() == 0
-    other = dgrpo.TrainableModel(
-        name="taken", project="errors", base_model="HuggingFaceTB/SmolLM2-360M-Instruct"
+    store = backend.object_store()
+    assert store.checkpoint_steps(run_id) == [1, 2]
+    other_base = dgrpo.TrainableModel(
+        name="art", project=PROJECT, base_model="HuggingFaceTB/SmolLM2-360M-Instruct"
     )
     with pytest.raises(
-        dgrpo.ModelConflictError, match=r"already registered with base_model='smollm2-135m-instruct'"
+        dgrpo.ModelConflictError, match="already registered with base_model='smollm2-135m-instruct'"
     ):
-        await other.register(local_backend)
+        await other_base.register(backend)
+    model = dgrpo.TrainableModel(name="art", project=PROJECT)
+    await model.register(backend)
+    assert await model.get_step() == 2
+    rewards = {s: m["train/reward"] for s, m in metrics_by_step(store, run_id).items() if "train/reward" in m}
+    assert set(rewards) == {1, 2}, "train() records the step's rewards before it trains"
+    best = max(rewards, key=lambda s: (rewards[s], s))
+    deleted = await model.delete_checkpoints(best_checkpoint_metric="train/reward", keep_last=1)
+    kept = sorted({2, best})
+    assert (complete_checkpoint_steps(store, run_id), deleted) == (kept, [s for s in (1, 2) if s not in kept])
+    for step in deleted:
+        assert store.list(layout.checkpoint_prefix(run_id, step)) == [], "a deleted checkpoint leaves no file"
+
+    # 3. Rerun: continues at step 3 on the adopted workers, then stops everything it now owns.
+    rerun = run_example("--steps", "3", *local)
+    assert rerun.returncode == 0, output(rerun)
+    assert "art: step 2, training to step 3" in rerun.stdout, output(rerun)
+    assert "step 3: reward" in rerun.stdout and "step 2: reward" not in rerun.stdout, output(rerun)
+    assert EmbeddedStack(home).load_state() is None
+    assert processes_of(home) == []
+
+    # 4. A LocalBackend here: a fresh server, so register serves the newest checkpoint again; nothing
+    #    was trained twice (one checkpoint and one TrainStep run per step); close() stops it all.
+    async with dgrpo.LocalBackend(path=home) as again:
+        model = dgrpo.TrainableModel(name="art", project=PROJECT)
+        await model.register(again)
+        assert (await model.get_step(), model.get_inference_name()) == (3, "art@3")
+        client = await again.temporal_client()
+        for step in (1, 2, 3):
+            runs = [w async for w in client.list_workflows(f'WorkflowId = "train-{PROJECT}-art-{step:06d}"')]
+            assert len(runs) == 1, f"step {step} ran {len(runs)} times"
+        assert complete_checkpoint_steps(again.object_store(), run_id) == [*kept, 3]
+    assert processes_of(home) == []

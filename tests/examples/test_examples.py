@@ -59,16 +59,17 @@ def test_tool_scenarios_exclude_the_worked_example() -> None:
     ("episode", "reward"),
     [
         (tool_agent.Episode(), 0.0),
-        (tool_agent.Episode(attempted_call=True), 0.1),
-        (tool_agent.Episode(attempted_call=True, well_formed_calls=1), 0.3),
-        (tool_agent.Episode(attempted_call=True, well_formed_calls=1, catalog_calls=1), 0.5),
+        (tool_agent.Episode(structured=True), 0.05),
+        (tool_agent.Episode(attempted_call=True), 0.2),
+        (tool_agent.Episode(attempted_call=True, well_formed_calls=1), 0.4),
+        (tool_agent.Episode(attempted_call=True, well_formed_calls=1, catalog_calls=1), 0.6),
         (
             tool_agent.Episode(
                 attempted_call=True, well_formed_calls=1, catalog_calls=1, final_answer="$42."
             ),
             1.0,
         ),
-        (tool_agent.Episode(final_answer="It costs 42 dollars"), 0.5),
+        (tool_agent.Episode(final_answer="It costs 42 dollars"), 0.4),
         (tool_agent.Episode(final_answer="It costs 420 dollars"), 0.0),
     ],
 )

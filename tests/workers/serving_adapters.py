@@ -45,13 +45,13 @@ def _train(out_dir: Path, steps: int, seed: int) -> Path:
     path = str(ensure_smollm2())
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"])
+    config = LoraConfig(
+        r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
+    )
     peft_model = get_peft_model(model, config)
     rows = []
     for question in TRAIN_QUESTIONS:
-        prompt = tokenizer.apply_chat_template(
-            chat(question), add_generation_prompt=True, tokenize=False
-        )
+        prompt = tokenizer.apply_chat_template(chat(question), add_generation_prompt=True, tokenize=False)
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         answer_ids = tokenizer(FIXED_ANSWER + "<|im_end|>", add_special_tokens=False)["input_ids"]
         rows.append((prompt_ids, answer_ids))

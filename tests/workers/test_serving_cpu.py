@@ -28,7 +28,10 @@ BASE = SMOLLM2_NAME
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("adapters")
-    return {"fixed": train_fixed_answer_adapter(root / "fixed"), "random": random_adapter(root / "random", seed=1)}
+    return {
+        "fixed": train_fixed_answer_adapter(root / "fixed"),
+        "random": random_adapter(root / "random", seed=1),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +72,17 @@ def teacher_forced_logprobs(model: Any, prompt: list[int], completion: list[int]
     return logprobs.gather(1, torch.tensor(completion).unsqueeze(1)).squeeze(1)
 
 
-async def test_base_model_chat_returns_logprobs_and_token_ids(sdk: openai.AsyncOpenAI, tokenizer: Any) -> None:
+async def test_base_model_chat_returns_logprobs_and_token_ids(
+    sdk: openai.AsyncOpenAI, tokenizer: Any
+) -> None:
     messages = [{"role": "user", "content": "Say something about cats."}]
     response = await sdk.chat.completions.create(
-        model=BASE, messages=messages, max_tokens=16, logprobs=True, top_logprobs=3, seed=0  # type: ignore[arg-type]
+        model=BASE,
+        messages=messages,
+        max_tokens=16,
+        logprobs=True,
+        top_logprobs=3,
+        seed=0,  # type: ignore[arg-type]
     )
     assert response.model == BASE
     expected_prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -153,7 +163,9 @@ async def test_load_and_unload_under_32_concurrent_requests(
     question = chat(TRAIN_QUESTIONS[0])
 
     async def ask(model: str, max_tokens: int = 10) -> tuple[str, str | None, float]:
-        r = await sdk.chat.completions.create(model=model, messages=question, max_tokens=max_tokens, temperature=0)  # type: ignore[arg-type]
+        r = await sdk.chat.completions.create(
+            model=model, messages=question, max_tokens=max_tokens, temperature=0
+        )  # type: ignore[arg-type]
         return r.model, r.choices[0].message.content, time.monotonic()
 
     _, base_answer, _ = await ask(BASE)
@@ -206,7 +218,9 @@ async def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(
             assert r.status_code == 400, (body, r.text)
             error = r.json()["error"]
             assert error["type"] == "BadRequestError" and error["message"]
-        r = await http.post("/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+        r = await http.post(
+            "/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+        )
         assert r.status_code == 400
     with pytest.raises(ServingError) as missing:
         await client.load_adapter("ghost@1", str(tmp_path / "nowhere"))
@@ -215,7 +229,9 @@ async def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(
         await client.load_adapter("ghost@1", str(tmp_path))
     assert not_adapter.value.status == 400 and "adapter_config.json" in not_adapter.value.message
     with pytest.raises(ServingError) as mismatch:
-        await client.load_adapter("ghost@1", str(adapters["random"]), sha256={"adapter_model.safetensors": "0" * 64})
+        await client.load_adapter(
+            "ghost@1", str(adapters["random"]), sha256={"adapter_model.safetensors": "0" * 64}
+        )
     assert mismatch.value.status == 400 and "sha256 mismatch" in mismatch.value.message
     assert "ghost@1" not in await client.adapters()
     assert not await client.unload_adapter("ghost@1")
@@ -233,14 +249,21 @@ async def test_sampling_options(sdk: openai.AsyncOpenAI) -> None:
     assert ids == [(c.model_extra or {})["token_ids"] for c in again.choices]  # a seed reproduces
     assert len({tuple(i) for i in ids}) > 1  # ... and each choice draws its own
     greedy = await sdk.chat.completions.create(temperature=0, **kwargs)
-    assert greedy.choices[0].finish_reason == "length" and len((greedy.choices[0].model_extra or {})["token_ids"]) == 8
+    assert (
+        greedy.choices[0].finish_reason == "length"
+        and len((greedy.choices[0].model_extra or {})["token_ids"]) == 8
+    )
     text = greedy.choices[0].message.content or ""
     stop = text.split()[1]
     stopped = await sdk.chat.completions.create(temperature=0, stop=[stop], **kwargs)
     assert stopped.choices[0].finish_reason == "stop"
-    assert stop not in (stopped.choices[0].message.content or "") and text.startswith(stopped.choices[0].message.content or "")
+    assert stop not in (stopped.choices[0].message.content or "") and text.startswith(
+        stopped.choices[0].message.content or ""
+    )
     narrow = await sdk.chat.completions.create(top_p=0.05, seed=3, **kwargs)
-    assert (narrow.choices[0].model_extra or {})["token_ids"] == (greedy.choices[0].model_extra or {})["token_ids"]
+    assert (narrow.choices[0].model_extra or {})["token_ids"] == (greedy.choices[0].model_extra or {})[
+        "token_ids"
+    ]
     long = await sdk.chat.completions.create(
         model=BASE, messages=messages, max_tokens=6, extra_body={"ignore_eos": True, "min_tokens": 6}
     )
@@ -264,7 +287,11 @@ async def test_tools_reach_the_prompt(sdk: openai.AsyncOpenAI, tokenizer: Any) -
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
             ],
         },
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},

@@ -44,7 +44,9 @@ def test_greedy_rows_take_the_argmax() -> None:
 def test_a_seeded_row_is_reproducible_and_independent_of_its_batch_mates() -> None:
     x = logits(1, seed=5)
     alone = [sample_step(x, rows(SamplingParams(8, seed=11)), [0]).tokens[0]]
-    crowd = sample_step(x.repeat(3, 1), rows(SamplingParams(8), SamplingParams(8, seed=11), SamplingParams(8)), [0] * 3)
+    crowd = sample_step(
+        x.repeat(3, 1), rows(SamplingParams(8), SamplingParams(8, seed=11), SamplingParams(8)), [0] * 3
+    )
     assert crowd.tokens[1] == alone[0]
     many = [sample_step(x, rows(SamplingParams(8, seed=s)), [0]).tokens[0] for s in range(40)]
     assert len(set(many)) > 3  # it does sample
@@ -69,14 +71,17 @@ def test_top_p_and_top_k_restrict_the_support() -> None:
     assert seen_p == {0, 1} and seen_k == {0}
 
 
-def test_eos_is_banned_before_min_tokens_and_with_ignore_eos() -> None:
+def test_end_tokens_are_banned_before_min_tokens() -> None:
     x = torch.full((2, 10), -20.0)
     x[:, EOS] = 10.0  # EOS is almost certain
-    sampler = rows(SamplingParams(8, min_tokens=2), SamplingParams(8, ignore_eos=True, temperature=0.0))
-    early = sample_step(x, sampler, [1, 5])
-    assert EOS not in early.tokens
-    later = sample_step(x, sampler, [2, 5])
-    assert later.tokens[0] == EOS and later.tokens[1] != EOS
+    x[:, 7] = 9.0
+    sampler = rows(
+        SamplingParams(8, min_tokens=2), SamplingParams(8, min_tokens=3, stop_token_ids=(7,), temperature=0.0)
+    )
+    early = sample_step(x, sampler, [1, 2])
+    assert EOS not in early.tokens and early.tokens[1] != 7
+    later = sample_step(x, sampler, [2, 3])
+    assert later.tokens == [EOS, EOS]
 
 
 def test_top_logprobs_are_sorted_raw_logprobs() -> None:

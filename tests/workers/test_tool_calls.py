@@ -8,7 +8,9 @@ from workers.tool_calls import parse_tool_calls, prepare_messages
 
 
 def test_one_call_becomes_an_openai_tool_call() -> None:
-    content, calls = parse_tool_calls('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    content, calls = parse_tool_calls(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    )
     assert content is None
     assert len(calls) == 1 and calls[0]["type"] == "function" and calls[0]["id"].startswith("chatcmpl-tool-")
     assert calls[0]["function"]["name"] == "get_weather"
@@ -62,10 +64,18 @@ def test_tools_go_into_the_system_prompt_when_the_template_ignores_them() -> Non
 
 def test_a_tool_aware_template_gets_tools_and_messages_as_they_are() -> None:
     call = {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    messages = [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "content": "ok"}]
-    out, native = prepare_messages(messages, [{"type": "function"}], template="{% if tools %}{{ tool_calls }}")
+    messages = [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "ok"},
+    ]
+    out, native = prepare_messages(
+        messages, [{"type": "function"}], template="{% if tools %}{{ tool_calls }}"
+    )
     assert native
-    assert out == [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": "ok"}]
+    assert out == [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "ok"},
+    ]
 
 
 def test_history_is_written_hermes_style_for_a_plain_template() -> None:
@@ -75,5 +85,8 @@ def test_history_is_written_hermes_style_for_a_plain_template() -> None:
         {"role": "tool", "content": [{"type": "text", "text": "42"}]},
     ]
     out, _ = prepare_messages(messages, None, template="")
-    assert out[0] == {"role": "assistant", "content": 'Calling.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'}
+    assert out[0] == {
+        "role": "assistant",
+        "content": 'Calling.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>',
+    }
     assert out[1] == {"role": "tool", "content": "<tool_response>\n42\n</tool_response>"}

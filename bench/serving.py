@@ -1,0 +1,152 @@
+"""Tokens/s of the CPU serving engine against raw batched ``model.generate``, same prompts, same run.
+
+    python bench/serving.py [--dtype fp32 bf16] [--concurrency 32] [--max-tokens 64] [--repeats 2]
+
+For each dtype: raw ``generate`` on the left-padded batch of chat prompts in this process (sampling at
+temperature 1, exactly ``--max-tokens`` new tokens per row), then the server (a subprocess) answering the
+same prompts as ``--concurrency`` concurrent ``openai`` SDK requests (``ignore_eos``, same ``max_tokens``).
+Then the same with LoRA adapters: raw ``generate(adapter_names=...)`` on a peft model against the server
+with requests alternating base / adapter A / adapter B. Best of ``--repeats``. Prints a markdown table.
+Other processes on the machine make the numbers noisy; the ratio is what to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from activities.model_bootstrap import SMOLLM2_NAME, ensure_smollm2
+from workers.serving_engine import CpuServingEngine
+
+TOPICS = ["cats", "the sea", "trains", "music", "rain", "chess", "bread", "stars"]
+
+
+def prompts(n: int) -> list[list[dict[str, str]]]:
+    return [
+        [{"role": "user", "content": f"Tell me a story about {TOPICS[i % 8]} and the number {i}."}]
+        for i in range(n)
+    ]
+
+
+def make_adapters(root: Path) -> list[Path]:
+    """Two random rank-16 all-linear LoRAs (the trainer's default shape)."""
+    out = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_pretrained(str(ensure_smollm2()))
+        peft = get_peft_model(
+            model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", init_lora_weights=False)
+        )
+        peft.save_pretrained(str(root / f"a{seed}"))
+        out.append(root / f"a{seed}")
+    return out
+
+
+def raw_generate(dtype: str, chats: list[Any], max_tokens: int, adapters: list[Path] | None) -> float:
+    """Tokens/s of one batched ``generate`` call over all prompts."""
+    path = str(ensure_smollm2())
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).eval()
+    kwargs: dict[str, Any] = {}
+    if adapters:
+        model = PeftModel.from_pretrained(model, str(adapters[0]), adapter_name="a").eval()
+        model.load_adapter(str(adapters[1]), adapter_name="b")
+        kwargs["adapter_names"] = [("__base__", "a", "b")[i % 3] for i in range(len(chats))]
+    texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    sampling = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+    with torch.inference_mode():
+        model.generate(**batch, max_new_tokens=2, **sampling, **kwargs)  # warm-up
+        start = time.perf_counter()
+        out = model.generate(
+            **batch, max_new_tokens=max_tokens, min_new_tokens=max_tokens, **sampling, **kwargs
+        )
+        seconds = time.perf_counter() - start
+    new_tokens = (out.shape[1] - batch["input_ids"].shape[1]) * out.shape[0]
+    return new_tokens / seconds
+
+
+async def server_requests(base_url: str, chats: list[Any], max_tokens: int, models: list[str]) -> float:
+    """Tokens/s of all prompts sent at once as concurrent chat requests."""
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=3600) as sdk:
+        extra = {"ignore_eos": True}
+        await sdk.chat.completions.create(model=models[0], messages=chats[0], max_tokens=2, extra_body=extra)
+        start = time.perf_counter()
+        responses = await asyncio.gather(
+            *(
+                sdk.chat.completions.create(
+                    model=models[i % len(models)], messages=c, max_tokens=max_tokens, extra_body=extra
+                )
+                for i, c in enumerate(chats)
+            )
+        )
+        seconds = time.perf_counter() - start
+    return sum(r.usage.completion_tokens for r in responses if r.usage) / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", nargs="+", choices=("fp32", "bf16"), default=["fp32", "bf16"])
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads for both sides")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    chats = prompts(args.concurrency)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        adapters = make_adapters(Path(tmp))
+        for dtype in args.dtype:
+            server = CpuServingEngine(
+                SMOLLM2_NAME, dtype=dtype, max_batch=args.concurrency, threads=args.threads
+            )
+            server.start()
+            try:
+                for label, raw_adapters, models in (
+                    ("base", None, [SMOLLM2_NAME]),
+                    ("mixed: base / A / B", adapters, [SMOLLM2_NAME, "a@1", "b@1"]),
+                ):
+                    if raw_adapters:  # loaded only now: the base rows compare like with like
+                        asyncio.run(server.client.load_adapter("a@1", str(adapters[0])))
+                        asyncio.run(server.client.load_adapter("b@1", str(adapters[1])))
+                    raw, served = 0.0, 0.0
+                    for _ in range(args.repeats):
+                        raw = max(raw, raw_generate(dtype, chats, args.max_tokens, raw_adapters))
+                        url = server.client.openai_base_url
+                        served = max(
+                            served, asyncio.run(server_requests(url, chats, args.max_tokens, models))
+                        )
+                    rows.append((dtype, label, raw, served))
+                    print(f"{dtype} {label}: raw {raw:.1f} tok/s, server {served:.1f} tok/s", flush=True)
+            finally:
+                server.stop()
+    print(
+        f"\n{args.concurrency} concurrent requests x {args.max_tokens} new tokens, SmolLM2-135M, "
+        f"torch threads {args.threads or torch.get_num_threads()}, best of {args.repeats}\n"
+    )
+    print("| dtype | adapters | raw `generate` tok/s | server tok/s | server / raw |")
+    print("|---|---|---:|---:|---:|")
+    for dtype, label, raw, served in rows:
+        print(f"| {dtype} | {label} | {raw:.1f} | {served:.1f} | {served / raw:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""The reload and serving-control activities against the real S3 store and the real CPU server."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from temporalio import workflow
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from transformers import AutoModelForCausalLM
+
+from activities.model_bootstrap import SMOLLM2_NAME, ensure_smollm2
+from activities.object_store import ObjectStore
+from activities.serving import ServingActivities
+from schemas.activities import ReloadInput, ReloadResult, ServingControlInput
+from schemas.config import ServingSpec
+from schemas.errors import CONFIG_ERROR, CORRUPT_CHECKPOINT
+from schemas.refs import CheckpointRef
+from workers.serving_client import ServingClient
+from workers.stack import EmbeddedStack
+from workers.temporal import connect_client
+from workflows.stages import RELOAD, SERVING_CONTROL, run_stage
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random (non-zero) LoRA in PEFT format, as the trainer publishes one."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(str(ensure_smollm2()), dtype=torch.float32)
+    peft = get_peft_model(
+        model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
+    out = tmp_path_factory.mktemp("adapter")
+    peft.save_pretrained(str(out))
+    (out / "trainer_state.json").write_text("{}")  # checkpoints hold more than the adapter
+    return out
+
+
+def publish(store: ObjectStore, adapter: Path, run_id: str, step: int) -> CheckpointRef:
+    return store.publish_checkpoint(adapter, run_id, step)
+
+
+async def reload(
+    acts: ServingActivities, model: str, ref: CheckpointRef, keep: int = 2, beats: list[Any] | None = None
+) -> Any:
+    env = ActivityEnvironment()
+    if beats is not None:
+        env.on_heartbeat = lambda *details: beats.append(details)
+    spec = ServingSpec(keep_adapters=keep)
+    return await env.run(acts.reload, ReloadInput(model_name=model, checkpoint=ref, serving=spec))
+
+
+async def test_reload_serves_each_step_and_keeps_the_newest_and_the_leased(
+    cpu_server: str, object_store: ObjectStore, adapter_dir: Path, tmp_path: Path
+) -> None:
+    model, run_id = f"agent-{uuid.uuid4().hex[:6]}", "run-reload"
+    acts = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path)
+    client = ServingClient(cpu_server)
+    beats: list[Any] = []
+    results = []
+    for step in (1, 2, 3):
+        ref = publish(object_store, adapter_dir, run_id, step)
+        results.append(await reload(acts, model, ref, keep=2, beats=beats))
+    assert [r.adapter for r in results] == [f"{model}@1", f"{model}@2", f"{model}@3"]
+    assert results[0].servers == [client.base_url]
+    assert results[2].unloaded == [f"{model}@1"]
+    assert {n for n in await client.adapters() if n.startswith(model)} == {f"{model}@2", f"{model}@3"}
+    assert (
+        not (tmp_path / run_id / "000001").exists()
+        and (tmp_path / run_id / "000003" / "adapter_config.json").is_file()
+    )
+    assert any(b[0] == "load" for b in beats)
+    # a retried reload is a no-op
+    again = await reload(acts, model, publish(object_store, adapter_dir, run_id, 3), keep=2)
+    assert again.adapter == f"{model}@3" and again.unloaded == []
+    # keep=1: step 4 evicts step 3 but not the leased step 2
+    with acts.leases.hold(f"{model}@2"):
+        fourth = await reload(acts, model, publish(object_store, adapter_dir, run_id, 4), keep=1)
+    assert fourth.unloaded == [f"{model}@3"]
+    assert {n for n in await client.adapters() if n.startswith(model)} == {f"{model}@2", f"{model}@4"}
+    sdk = openai.AsyncOpenAI(base_url=client.openai_base_url, api_key="unused", max_retries=0)
+    response = await sdk.chat.completions.create(
+        model=f"{model}@4", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
+    assert response.choices[0].message.content is not None
+    for name in (f"{model}@2", f"{model}@4"):
+        await client.unload_adapter(name)
+
+
+async def test_reload_refuses_corrupt_checkpoints(
+    cpu_server: str, object_store: ObjectStore, adapter_dir: Path, tmp_path: Path
+) -> None:
+    model = f"agent-{uuid.uuid4().hex[:6]}"
+    acts = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path)
+    ref = publish(object_store, adapter_dir, "run-corrupt", 1)
+    wrong_manifest = ref.model_copy(update={"manifest_sha256": "0" * 64})
+    with pytest.raises(ApplicationError) as stale:
+        await reload(acts, model, wrong_manifest)
+    assert stale.value.type == CORRUPT_CHECKPOINT and stale.value.non_retryable
+    object_store.put_bytes(
+        object_store.key(ref.uri) + "adapter_model.safetensors", b"not the published bytes"
+    )
+    with pytest.raises(ApplicationError) as corrupt:
+        await reload(acts, model, ref)
+    assert corrupt.value.type == CORRUPT_CHECKPOINT and corrupt.value.non_retryable
+    assert "does not match its manifest" in corrupt.value.message
+    assert not [n for n in await ServingClient(cpu_server).adapters() if n.startswith(model)]
+
+
+async def test_reload_reports_an_adapter_the_server_cannot_load(
+    cpu_server: str, object_store: ObjectStore, tmp_path: Path
+) -> None:
+    not_an_adapter = tmp_path / "src"
+    not_an_adapter.mkdir()
+    (not_an_adapter / "weights.bin").write_bytes(b"x")
+    ref = publish(object_store, not_an_adapter, "run-bad", 1)
+    acts = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path / "adapters")
+    with pytest.raises(ApplicationError) as refused:
+        await reload(acts, "agent-bad", ref)
+    assert refused.value.type == CONFIG_ERROR and refused.value.non_retryable
+    assert "adapter_config.json" in refused.value.message
+
+
+async def test_serving_control_puts_the_servers_to_sleep_and_wakes_them(cpu_server: str) -> None:
+    acts = ServingActivities([cpu_server])
+    client = ServingClient(cpu_server)
+    env = ActivityEnvironment()
+    await env.run(acts.serving_control, ServingControlInput(action="sleep"))
+    try:
+        assert await client.is_sleeping()
+    finally:
+        await env.run(acts.serving_control, ServingControlInput(action="wake_up"))
+    assert not await client.is_sleeping()
+    assert SMOLLM2_NAME == await client.base_model()
+
+
+@workflow.defn(sandboxed=False)
+class ReloadThenNap:
+    """Reload, then sleep and wake the servers: the calls TrainStep makes, with its stage options."""
+
+    @workflow.run
+    async def run(self, queue: str, inp: ReloadInput) -> ReloadResult:
+        step = inp.checkpoint.step
+        result = await run_stage(RELOAD, inp, task_queue=queue, step=step, result_type=ReloadResult)
+        for action in ("sleep", "wake_up"):
+            await run_stage(SERVING_CONTROL, ServingControlInput(action=action), task_queue=queue, step=step)
+        return result
+
+
+async def test_reload_on_a_real_temporal_worker(
+    stack: EmbeddedStack,
+    cpu_server: str,
+    object_store: ObjectStore,
+    adapter_dir: Path,
+    tmp_path: Path,
+    task_queue: str,
+) -> None:
+    client = await connect_client(address=stack.temporal_address)
+    acts = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path)
+    model = f"agent-{uuid.uuid4().hex[:6]}"
+    good = publish(object_store, adapter_dir, "run-temporal", 1)
+    bad = good.model_copy(update={"manifest_sha256": "f" * 64})
+    async with Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[ReloadThenNap],
+        activities=acts.all(),
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):
+        result = await client.execute_workflow(
+            ReloadThenNap.run,
+            args=[task_queue, ReloadInput(model_name=model, checkpoint=good)],
+            id=f"reload-{uuid.uuid4().hex[:8]}",
+            task_queue=task_queue,
+            result_type=ReloadResult,
+            execution_timeout=timedelta(minutes=5),
+        )
+        assert result.adapter == f"{model}@1"
+        with pytest.raises(WorkflowFailureError) as failed:  # corrupt: not retried, fails at once
+            await client.execute_workflow(
+                ReloadThenNap.run,
+                args=[task_queue, ReloadInput(model_name=model, checkpoint=bad)],
+                id=f"reload-bad-{uuid.uuid4().hex[:8]}",
+                task_queue=task_queue,
+                result_type=ReloadResult,
+                execution_timeout=timedelta(minutes=2),
+            )
+    assert "reload failed" in str(failed.value.cause) and CORRUPT_CHECKPOINT in repr(failed.value.cause)
+    served = ServingClient(cpu_server)
+    assert f"{model}@1" in await served.adapters() and not await served.is_sleeping()
+    await served.unload_adapter(f"{model}@1")

@@ -1,0 +1,103 @@
+"""Engine construction (CPU and vLLM command lines), ``dgrpo serve`` options, and an adapter dir as the model."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from serving_adapters import random_adapter
+
+from activities.model_bootstrap import SMOLLM2_NAME, ensure_smollm2
+from dgrpo.cli import build_parser
+from schemas.config import ServingSpec
+from workers.serving_cpu import create_server
+from workers.serving_engine import CpuServingEngine, make_engine
+from workers.serving_options import ServerOptions, options_from_args
+from workers.serving_vllm import VllmServingEngine, lora_rank_flag
+
+
+def test_make_engine_follows_the_serving_spec() -> None:
+    cpu = make_engine(ServingSpec(engine="cpu"), SMOLLM2_NAME, port=8123)
+    assert isinstance(cpu, CpuServingEngine)
+    assert cpu.command()[:3] == [sys.executable, "-m", "workers.serving_cpu"]
+    assert cpu.command()[cpu.command().index("--port") + 1] == "8123"
+    assert cpu.base_url == "http://127.0.0.1:8123" and cpu.client.openai_base_url.endswith(":8123/v1")
+    vllm = make_engine(ServingSpec(engine="vllm", keep_adapters=3), SMOLLM2_NAME, lora_rank=12, port=9000)
+    assert isinstance(vllm, VllmServingEngine)
+    argv = vllm.command()
+    assert "serve" in argv and str(ensure_smollm2()) in argv
+    assert argv[argv.index("--served-model-name") + 1] == SMOLLM2_NAME
+    assert argv[argv.index("--max-lora-rank") + 1] == "16" and argv[argv.index("--max-loras") + 1] == "4"
+    assert (
+        "--enable-lora" in argv
+        and "--return-tokens-as-token-ids" in argv
+        and "--enable-sleep-mode" not in argv
+    )
+    assert vllm.environment()["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+
+
+def test_vllm_command_for_a_starting_adapter_and_sleep_mode(tmp_path: Path) -> None:
+    adapter = tmp_path / "warm"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": SMOLLM2_NAME}))
+    engine = VllmServingEngine(
+        str(adapter), start_adapter_name="agent@0", sleep_mode=True, dtype="bf16", port=1
+    )
+    argv = engine.command()
+    assert argv[argv.index("--served-model-name") + 1] == SMOLLM2_NAME
+    assert argv[argv.index("--lora-modules") + 1] == f"agent@0={adapter.resolve()}"
+    assert argv[argv.index("--dtype") + 1] == "bfloat16" and "--enable-sleep-mode" in argv
+    assert engine.environment()["VLLM_SERVER_DEV_MODE"] == "1"
+    assert [lora_rank_flag(r) for r in (1, 8, 9, 64, 300)] == [1, 8, 16, 64, 320]
+    with pytest.raises(ValueError, match="largest"):
+        lora_rank_flag(1000)
+
+
+def test_dgrpo_serve_options() -> None:
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--model",
+            SMOLLM2_NAME,
+            "--port",
+            "8001",
+            "--dtype",
+            "bf16",
+            "--max-batch",
+            "8",
+            "--lora-modules",
+            "a@1=/x/a",
+            "--served-name",
+            "smol",
+        ]
+    )
+    options = options_from_args(args)
+    assert options == ServerOptions(
+        model=SMOLLM2_NAME,
+        port=8001,
+        dtype="bf16",
+        max_batch=8,
+        lora_modules={"a@1": "/x/a"},
+        served_name="smol",
+    )
+    assert args.func.__name__ == "_serve"
+
+
+async def test_an_adapter_dir_as_the_model_starts_with_that_adapter(tmp_path: Path) -> None:
+    adapter = random_adapter(tmp_path / "warm-start", seed=3)
+    app, engine = create_server(ServerOptions(model=str(adapter)))
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serve") as http:
+            models = (await http.get("/v1/models")).json()["data"]
+            assert [(m["id"], m["parent"]) for m in models] == [
+                (SMOLLM2_NAME, None),
+                ("warm-start@0", SMOLLM2_NAME),
+            ]
+            body = {"model": "warm-start@0", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            response = (await http.post("/v1/chat/completions", json=body)).json()
+            assert response["model"] == "warm-start@0" and len(response["choices"][0]["token_ids"]) <= 3
+    finally:
+        engine.close()
