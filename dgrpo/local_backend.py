@@ -81,6 +81,7 @@ class LocalBackend:
         self._started = False
         self._started_stack = False
         self._atexit = False
+        self._saved_env: dict[str, str | None] = {}
         self._lock = asyncio.Lock()
 
     @property
@@ -111,6 +112,7 @@ class LocalBackend:
         await asyncio.to_thread(self.stack.start)
         self._started_stack = not stack_was_running
         for name, value in self.stack.env().items():
+            self._saved_env.setdefault(name, os.environ.get(name))
             os.environ[name] = value  # the user's rollout code and any child process find the stack
         client = await self.temporal_client()
         if self.in_process:
@@ -184,7 +186,9 @@ class LocalBackend:
     async def _start_in_process(self, client: Client) -> None:
         from workers.worker import run_all_workers
 
-        os.environ.setdefault(env_names.ENV_HOME, str(self.path))  # where the trainer stages its steps
+        if env_names.ENV_HOME not in os.environ:
+            self._saved_env.setdefault(env_names.ENV_HOME, None)
+            os.environ[env_names.ENV_HOME] = str(self.path)  # where the trainer stages its steps
         port = free_port()
         self._in_process_url = f"http://127.0.0.1:{port}/v1"
         self._in_process_task = asyncio.create_task(
@@ -231,6 +235,16 @@ class LocalBackend:
         if started_stack:
             log.info("stopping the embedded stack under %s", self.path)
             self.stack.stop()
+        self._restore_env()
+
+    def _restore_env(self) -> None:
+        """Give back the environment ``start()`` changed, so nothing later finds a stopped stack."""
+        saved, self._saved_env = self._saved_env, {}
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
     def stop_all(self) -> None:
         """Stop the workers and the stack running from ``path``, whoever started them (after a crash)."""

@@ -16,6 +16,7 @@ One story on one stack (the real model is slow here, so every step counts):
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -148,7 +149,9 @@ async def art_style_story(tmp_path: Path, home: Path) -> None:
     assert processes_of(home) == []
 
     # 4. A LocalBackend here: a fresh server, so register serves the newest checkpoint again; nothing
-    #    was trained twice (one checkpoint and one TrainStep run per step); close() stops it all.
+    #    was trained twice (one checkpoint and one TrainStep run per step); close() stops it all and
+    #    gives back the environment it pointed at its stack.
+    env_before = dict(os.environ)
     async with dgrpo.LocalBackend(path=home) as again:
         model = dgrpo.TrainableModel(name="art", project=PROJECT)
         await model.register(again)
@@ -158,4 +161,6 @@ async def art_style_story(tmp_path: Path, home: Path) -> None:
             runs = [w async for w in client.list_workflows(f'WorkflowId = "train-{PROJECT}-art-{step:06d}"')]
             assert len(runs) == 1, f"step {step} ran {len(runs)} times"
         assert complete_checkpoint_steps(again.object_store(), run_id) == [*kept, 3]
+        assert os.environ["DGRPO_TEMPORAL_ADDRESS"] == again.stack.temporal_address
     assert processes_of(home) == []
+    assert dict(os.environ) == env_before
