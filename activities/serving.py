@@ -105,7 +105,7 @@ class ServingActivities:
     @activity.defn(name="reload")
     async def reload(self, input: ReloadInput) -> ReloadResult:
         """Download checkpoint ``input.checkpoint`` (sha256-verified), load it as ``<model>@<step>`` on every
-        server, then evict this model's adapters beyond the newest ``keep_adapters`` that no lease holds."""
+        server (replacing one of that name loaded from another run's checkpoint), then evict this model's adapters beyond the newest ``keep_adapters`` that no lease holds."""
         ref = input.checkpoint
         name = adapter_name(input.model_name, ref.step)
         local = self.local_dir(ref.run_id, ref.step)
@@ -122,8 +122,15 @@ class ServingActivities:
         sha256 = {e.path: e.sha256 for e in manifest.files if e.path.startswith(ADAPTER_FILE_PREFIX)}
         for client in self.clients:
             _heartbeat("load", name, client.base_url)
+            # The same name loaded from another directory is another run's adapter (two runs that share a
+            # model name and a server): this step's checkpoint replaces it. A retry finds its own path.
+            loaded_from = (await client.adapters()).get(name)
+            replace = loaded_from is not None and Path(loaded_from) != local
+            if replace:
+                log.warning("%s on %s was loaded from %s; replacing it with %s", name, client.base_url,
+                            loaded_from, local)  # fmt: skip
             try:
-                loaded = await client.load_adapter(name, str(local), sha256)
+                loaded = await client.load_adapter(name, str(local), sha256, replace=replace)
             except ServingError as err:
                 if err.status >= 500:
                     raise  # the server is in trouble: retried

@@ -47,6 +47,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         model=args.model,
         server_url=args.server_url,
         serve_port=args.serve_port,
+        engine=args.engine,
         staging_root=Path(args.staging) if args.staging else None,
         worker_id=args.worker_id,
         ready_file=Path(args.ready_file) if args.ready_file else None,
@@ -135,6 +136,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     worker.add_argument("--model", default=DEFAULT_MODEL, help="base model the inference worker serves")
     worker.add_argument(
         "--server-url", help="attach to this OpenAI-compatible server instead of starting one"
+    )
+    worker.add_argument(
+        "--engine",
+        choices=("cpu", "vllm"),
+        default="cpu",
+        help="serving engine an inference worker starts without --server-url (vllm needs a GPU)",
     )
     worker.add_argument(
         "--serve-port", type=int, help="port of the CPU server (default $DGRPO_SERVE_PORT or free)"

@@ -26,7 +26,7 @@ from dgrpo.backends import ENV_INFERENCE_URL, connect, wait_for_server, wait_for
 from dgrpo.errors import BackendError
 from schemas import settings as env_names
 from schemas.config import TaskQueues
-from workers.processes import ProcessInfo, alive, free_port, write_atomic
+from workers.processes import ProcessInfo, alive, free_port, spawn_logged, write_atomic
 from workers.stack import EmbeddedStack
 
 log = logging.getLogger(__name__)
@@ -147,23 +147,14 @@ class LocalBackend:
             "DGRPO_SERVE_PORT": str(port),
         }
         log_path = self.path / "logs" / "workers.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
         self.ready_path.unlink(missing_ok=True)
         args = [sys.executable, "-m", "dgrpo.cli", "worker", "all", "--ready-file", str(self.ready_path)]
         queues = self.task_queues
         args += ["--control-queue", queues.control, "--inference-queue", queues.inference]
         args += ["--trainer-queue", queues.trainer]
         log.info("starting the workers (log: %s)", log_path)
-        with open(log_path, "ab") as out:
-            # Its own session: a client killed with SIGKILL leaves the workers finishing the step it started.
-            proc = subprocess.Popen(
-                args,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
+        # Its own session: a client killed with SIGKILL leaves the workers finishing the step it started.
+        proc = spawn_logged(args, log_path, env=env, new_session=True)
         self._workers_proc = proc
         info = ProcessInfo(
             pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(), log=str(log_path)

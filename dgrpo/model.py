@@ -9,11 +9,10 @@ finished one's result) instead of training twice.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import math
-import uuid
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -44,8 +43,8 @@ from dgrpo.metrics import group_metrics, record_metrics, select_checkpoints_to_d
 from schemas import layout
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
 from schemas.errors import DgrpoError
-from schemas.refs import ObjectRef, TrajectoriesRef
-from schemas.run_state import TrainStepInput, TrainStepResult
+from schemas.refs import TrajectoriesRef
+from schemas.run_state import ServeModelInput, ServeModelResult, TrainStepInput, TrainStepResult
 from schemas.trajectory import TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -161,26 +160,37 @@ class TrainableModel(Model):
         """Route to the newest checkpoint, loading it into the server if it is not there (a new server)."""
         url = self._require_url()
         checkpoint = await asyncio.to_thread(store.latest_checkpoint, self.run_id)
-        if checkpoint is None:
+        if checkpoint is None and not self.warm_start:
             # Step 0 of a fresh LoRA is the base model itself (its B matrices are zero).
             self._step, self._served = 0, await discover_base_model(url)
             return
-        adapter = layout.adapter_name(self.name, checkpoint.step)
-        if adapter not in await _served_models(url):
-            if checkpoint.step == 0:
-                raise BackendError(
-                    f"{self.run_id}: checkpoint 0 exists but is not served, and TrainStep cannot reload step 0"
-                )
-            # TrainStep on a step whose checkpoint exists only reloads it (its trajectories are not read).
-            result = await self._run_train_step(
-                client,
-                _placeholder_ref(store, self.run_id, checkpoint.step),
-                TrainConfig(),
-                checkpoint.step,
-                workflow_id=f"serve-{self.run_id}-{checkpoint.step:06d}-{uuid.uuid4().hex[:8]}",
-            )
-            adapter = result.adapter
-        self._step, self._served = checkpoint.step, adapter
+        if checkpoint is not None:
+            adapter = layout.adapter_name(self.name, checkpoint.step)
+            if adapter in await _served_models(url):
+                self._step, self._served = checkpoint.step, adapter
+                return
+        # A new server, or a warm-start adapter at step 0: ServeModel publishes checkpoint 0 if there is
+        # none, and loads the newest checkpoint. Clients registering at once share one run of it.
+        queues = self._require_backend().task_queues
+        handle = await client.start_workflow(
+            "ServeModel",
+            ServeModelInput(run_id=self.run_id, model=self.spec, task_queues=queues),
+            id=f"serve-{self.run_id}",
+            task_queue=queues.control,
+            result_type=ServeModelResult,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        try:
+            served = await handle.result()
+        except WorkflowFailureError as err:
+            raise BackendError(f"{handle.id} could not serve {self.run_id}: {_innermost(err)}") from err
+        self._step, self._served = served.step, served.adapter
+
+    @property
+    def warm_start(self) -> bool:
+        """``base_model`` is a LoRA adapter directory (seen from this machine): step 0 is that adapter."""
+        return (Path(self.base_model) / "adapter_config.json").is_file()
 
     def get_inference_name(self) -> str:
         """The served name of the newest step (``<name>@<step>``, or the base model at step 0)."""
@@ -236,7 +246,6 @@ class TrainableModel(Model):
         trajectories: TrajectoriesRef,
         config: TrainConfig,
         step: int,
-        workflow_id: str | None = None,
     ) -> TrainStepResult:
         backend = self._require_backend()
         inp = TrainStepInput(
@@ -250,7 +259,7 @@ class TrainableModel(Model):
         handle = await client.start_workflow(
             "TrainStep",
             inp,
-            id=workflow_id or self.train_workflow_id(step),
+            id=self.train_workflow_id(step),
             task_queue=backend.task_queues.control,
             result_type=TrainStepResult,
             # A failed step may be tried again; a finished one never runs twice; a running one is joined.
@@ -353,12 +362,6 @@ async def _served_models(url: str) -> set[str]:
         response = await http.get(url + "/models")
         response.raise_for_status()
         return {str(m.get("id")) for m in response.json().get("data", []) if isinstance(m, dict)}
-
-
-def _placeholder_ref(store: ObjectStore, run_id: str, step: int) -> TrajectoriesRef:
-    empty = hashlib.sha256(b"").hexdigest()
-    ref = ObjectRef(uri=store.uri(layout.trajectories_key(run_id, step)), size=0, sha256=empty)
-    return TrajectoriesRef(ref=ref, run_id=run_id, step=step, n_groups=0, n_trajectories=0)
 
 
 def _innermost(err: BaseException) -> str:

@@ -123,3 +123,21 @@ class TrainStepResult(_Strict):
     skipped: bool = False
     """True when checkpoint ``step`` already existed (a retried client call) and was only reloaded."""
     seconds: dict[str, float] = Field(default_factory=dict)
+
+
+class ServeModelInput(_Strict):
+    """Serve a run's newest checkpoint, publishing checkpoint 0 first when the run has none."""
+
+    run_id: str
+    model: ModelSpec
+    serving: ServingSpec = Field(default_factory=ServingSpec)
+    task_queues: TaskQueues = Field(default_factory=TaskQueues)
+    seed: int = Field(0, ge=0)
+    """Seed of a fresh step-0 adapter (ignored when ``model.base_model`` is a warm-start adapter)."""
+
+
+class ServeModelResult(_Strict):
+    step: int
+    checkpoint: CheckpointRef
+    adapter: str
+    """The served name of ``checkpoint`` (``<model>@<step>``)."""

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from schemas.config import TaskQueues
-from workers.serving_process import die_with_parent
+from workers.processes import spawn_logged
 
 READY_TIMEOUT_S = 600.0
 
@@ -55,18 +55,10 @@ class WorkerProcess:
     def spawn(self) -> None:
         """Start the process; with ``die_with_parent``, call it from a thread that lives as long as the
         parent (the death signal follows the spawning thread)."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.ready_file.unlink(missing_ok=True)
-        with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(
-                self.args,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.env,
-                cwd=self.cwd,
-                preexec_fn=die_with_parent if self.die_with_parent else None,
-            )
+        self.proc = spawn_logged(
+            self.args, self.log_path, env=self.env, cwd=self.cwd, tied_to_parent=self.die_with_parent
+        )
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
         assert self.proc is not None, "spawn() first"

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -126,3 +127,32 @@ def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def spawn_logged(
+    args: list[str],
+    log_path: Path,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    new_session: bool = False,
+    tied_to_parent: bool = False,
+) -> subprocess.Popen[bytes]:
+    """Start ``args`` with stdout and stderr appended to ``log_path`` and stdin closed.
+
+    ``new_session``: the child outlives its parent and ignores the terminal's Ctrl+C (servers, workers
+    a client may abandon). ``tied_to_parent``: the child gets SIGTERM when the *thread* that spawned it
+    ends, so call it from a thread that lives as long as the parent (the main thread).
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            start_new_session=new_session,
+            preexec_fn=die_with_parent if tied_to_parent else None,
+        )

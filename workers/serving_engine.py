@@ -6,7 +6,6 @@ same HTTP API, so everything after ``start()`` goes through one ``ServingClient`
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -21,20 +20,12 @@ from types import TracebackType
 import httpx
 
 from schemas.config import ServingSpec
-from workers.processes import HOST, free_port
+from workers.processes import HOST, free_port, spawn_logged
 from workers.serving_client import ServingClient
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 300.0
-
-
-def _die_with_parent() -> None:
-    # Linux: a parent killed with SIGKILL must not leave its server (and the model's memory) behind.
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class ServingEngine(ABC):
@@ -78,18 +69,19 @@ class ServingEngine(ABC):
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Start the process and return once ``/health`` answers 200; raise with the log's tail if it dies."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.spawn()
+        self.wait_healthy(timeout_s)
+
+    def spawn(self) -> None:
+        """Start the process; it gets SIGTERM when the spawning thread ends, so call this from a thread that
+        lives as long as the parent (a worker's main thread), never from a pool thread."""
         argv = self.command()
         log.info("starting %s (log: %s)", " ".join(argv), self.log_path)
-        with open(self.log_path, "ab") as out:
-            self.process = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.environment(),
-                preexec_fn=_die_with_parent,
-            )
+        self.process = spawn_logged(argv, self.log_path, env=self.environment(), tied_to_parent=True)
+
+    def wait_healthy(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Return once ``/health`` answers 200; raise with the log's tail if the process dies first."""
+        assert self.process is not None, "spawn() first"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -31,11 +31,11 @@ from workers.processes import (
     HOST,
     ProcessInfo,
     alive,
-    die_with_parent,
     free_port,
     port_answers,
     port_is_free,
     run_in_thread,
+    spawn_logged,
     terminate,
     write_atomic,
 )
@@ -300,16 +300,8 @@ class EmbeddedStack:
     def _spawn(self, name: str, args: list[str]) -> ProcessInfo:
         log_path = self.home / "logs" / f"{name}.log"
         log.debug("starting %s: %s", name, " ".join(args))
-        with open(log_path, "ab") as out:
-            # A new session: the servers outlive `dgrpo up` and ignore the terminal's Ctrl+C.
-            proc = subprocess.Popen(
-                args,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=die_with_parent if self.tied_to_parent else None,
-            )
+        # A new session: the servers outlive `dgrpo up` and ignore the terminal's Ctrl+C.
+        proc = spawn_logged(args, log_path, new_session=True, tied_to_parent=self.tied_to_parent)
         self._children.append(proc)  # kept so the child is reaped, not left a zombie
         return ProcessInfo(
             pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(), log=str(log_path)

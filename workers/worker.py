@@ -1,8 +1,9 @@
 """Worker processes, one per task queue: ``control``, ``inference``, ``trainer``, or ``all`` three in one.
 
-- control: the workflows (``TrainingRun``, ``TrainStep``) and the judge, advantages and metrics activities.
+- control: the workflows (``TrainingRun``, ``TrainStep``, ``ServeModel``) and the judge, advantages and metrics activities.
 - inference: rollouts, reload and sleep/wake, in front of a serving engine: ``server_url`` attaches to a
-  running one (vLLM or ours); otherwise the CPU server for ``model`` is started on ``serve_port``.
+  running one (vLLM or ours); otherwise ``engine`` (our CPU server, or ``vllm serve``) is started for
+  ``model`` on ``serve_port``.
 - trainer: train, publish, publish_initial and latest_checkpoint, polling the trainer queue and its own
   worker-specific queue (publish runs where the trained step is staged).
 
@@ -26,11 +27,13 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.object_store import ObjectStore
-from schemas.config import TaskQueues
+from schemas.config import ServingSpec, TaskQueues
 from schemas.layout import worker_task_queue
 from schemas.settings import dgrpo_home
-from workers.serving_process import ServerProcess
+from workers.processes import free_port
+from workers.serving_engine import make_engine
 from workers.temporal import connect_client
+from workflows.serve_model import ServeModel
 from workflows.train_step import TrainStep
 from workflows.training_run import TrainingRun
 
@@ -56,6 +59,8 @@ class WorkerOptions:
     server_url: str | None = None
     """Attach to this OpenAI-compatible server instead of starting the CPU server (a control worker's
     default judge uses it too)."""
+    engine: Literal["cpu", "vllm"] = "cpu"
+    """The serving engine the inference worker starts when no ``server_url`` is given."""
     serve_port: int | None = None
     """Port of the CPU server this worker starts (default ``$DGRPO_SERVE_PORT``, else a free one)."""
     staging_root: Path | None = None
@@ -106,7 +111,7 @@ async def build_workers(
             Worker(
                 client,
                 task_queue=queues.control,
-                workflows=[TrainingRun, TrainStep],
+                workflows=[TrainingRun, TrainStep, ServeModel],
                 activities=control_activities(store, server_urls[0] if server_urls else opts.server_url),
             )
         )
@@ -141,12 +146,17 @@ async def run_workers(
             if opts.server_url:
                 server_urls = [opts.server_url]
             else:
-                port = opts.serve_port or int(os.environ.get(ENV_SERVE_PORT, "0")) or None
-                server = ServerProcess(opts.model, port=port)
-                exits.callback(server.stop)
-                server.spawn()
-                await asyncio.to_thread(server.wait_ready)
-                server_urls = [server.url]
+                port = opts.serve_port or int(os.environ.get(ENV_SERVE_PORT, "0")) or free_port()
+                engine = make_engine(
+                    ServingSpec(engine=opts.engine),
+                    opts.model,
+                    port=port,
+                    log_path=Path(dgrpo_home()) / "logs" / f"serve-{port}.log",
+                )
+                exits.callback(engine.stop)
+                engine.spawn()  # here, in the main thread: the server dies with this process
+                await asyncio.to_thread(engine.wait_healthy)
+                server_urls = [engine.client.openai_base_url]
         roles: set[str] = {"control", "inference", "trainer"} if opts.role == "all" else {str(opts.role)}
         if opts.role == "all" and not opts.single_process:
             trainer = _trainer_child(opts)

@@ -16,32 +16,32 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from schemas.activities import (
-        InitialAdapterInput,
-        JudgeInput,
-        MetricsInput,
-        ReloadInput,
-        ReloadResult,
-        RolloutsInput,
-    )
+    from schemas.activities import JudgeInput, MetricsInput, RolloutsInput
     from schemas.config import RunSpec
     from schemas.errors import CONFIG_ERROR
     from schemas.layout import adapter_name
-    from schemas.refs import CheckpointRef, TrajectoriesRef
-    from schemas.run_state import MAX_HISTORY, Phase, RunState, RunStatus, StepSummary, TrainStepInput
+    from schemas.refs import TrajectoriesRef
+    from schemas.run_state import (
+        MAX_HISTORY,
+        Phase,
+        RunState,
+        RunStatus,
+        ServeModelInput,
+        StepSummary,
+        TrainStepInput,
+    )
 
+from workflows.serve_model import serve_newest
 from workflows.stages import (
     JUDGE,
     METRICS,
-    PUBLISH_INITIAL,
-    RELOAD,
     RESAMPLES_WITHOUT_SIGNAL,
     ROLLOUTS,
     NoLearningSignal,
     StageFailed,
     run_stage,
 )
-from workflows.train_step import latest_checkpoint, train_and_serve
+from workflows.train_step import train_and_serve
 
 
 @workflow.defn(name="TrainingRun", failure_exception_types=[ValidationError])
@@ -134,34 +134,21 @@ class TrainingRun:
     async def _start_or_recover(self) -> None:
         spec = self._require_spec()
         self._enter("starting")
-        checkpoint = await latest_checkpoint(spec.run_id, spec.task_queues.trainer, 0)
-        if checkpoint is None:
-            checkpoint = await run_stage(
-                PUBLISH_INITIAL,
-                self._initial_input(),
-                task_queue=spec.task_queues.trainer,
-                step=0,
-                result_type=CheckpointRef,
-            )
-        else:
-            workflow.logger.info("run %s resumes after checkpoint %d", spec.run_id, checkpoint.step)
-        self._enter("reload")
-        reloaded = await run_stage(
-            RELOAD,
-            ReloadInput(model_name=spec.model.name, checkpoint=checkpoint, serving=spec.serving),
-            task_queue=spec.task_queues.inference,
-            step=checkpoint.step,
-            result_type=ReloadResult,
+        served = await serve_newest(
+            ServeModelInput(
+                run_id=spec.run_id,
+                model=spec.model,
+                serving=spec.serving,
+                task_queues=spec.task_queues,
+                seed=spec.train.seed,
+            ),
+            self._enter,
         )
         self._state.step, self._state.checkpoint, self._state.adapter = (
-            checkpoint.step,
-            checkpoint,
-            reloaded.adapter,
+            served.step,
+            served.checkpoint,
+            served.adapter,
         )
-
-    def _initial_input(self) -> InitialAdapterInput:
-        spec = self._require_spec()
-        return InitialAdapterInput(run_id=spec.run_id, model=spec.model, seed=spec.train.seed)
 
     def _require_spec(self) -> RunSpec:
         assert self._spec is not None

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from workers.serving_process import ServerProcess
+from workers.serving_engine import CpuServingEngine
 
 SERVED_MODEL = "smollm2-135m-instruct"
 
@@ -15,9 +14,10 @@ SERVED_MODEL = "smollm2-135m-instruct"
 @pytest.fixture(scope="session")
 def cpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``dgrpo serve --model smollm2-135m-instruct`` on a free port; yields its ``/v1`` base URL."""
-    server = ServerProcess(SERVED_MODEL, log_dir=Path(tmp_path_factory.mktemp("serve-logs")))
+    log_path = tmp_path_factory.mktemp("serve-logs") / "serve.log"
+    server = CpuServingEngine(SERVED_MODEL, log_path=log_path)
     server.start()
     try:
-        yield server.url
+        yield server.client.openai_base_url
     finally:
         server.stop()

@@ -96,6 +96,21 @@ async def test_reload_serves_each_step_and_keeps_the_newest_and_the_leased(
         await client.unload_adapter(name)
 
 
+async def test_reload_replaces_the_same_name_loaded_from_another_runs_checkpoint(
+    cpu_server: str, object_store: ObjectStore, adapter_dir: Path, tmp_path: Path
+) -> None:
+    """Two runs that share a model name on one server: each reload serves its own run's weights."""
+    model = f"agent-{uuid.uuid4().hex[:6]}"
+    acts = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path)
+    client = ServingClient(cpu_server)
+    first = await reload(acts, model, publish(object_store, adapter_dir, "run-a", 1))
+    assert (await client.adapters())[first.adapter] == str(tmp_path / "run-a" / "000001")
+    second = await reload(acts, model, publish(object_store, adapter_dir, "run-b", 1))
+    assert second.adapter == first.adapter
+    assert (await client.adapters())[first.adapter] == str(tmp_path / "run-b" / "000001")
+    await client.unload_adapter(first.adapter)
+
+
 async def test_reload_refuses_corrupt_checkpoints(
     cpu_server: str, object_store: ObjectStore, adapter_dir: Path, tmp_path: Path
 ) -> None:

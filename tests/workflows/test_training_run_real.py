@@ -11,8 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from safetensors.torch import load
 from temporalio.client import Client
+from transformers import AutoModelForCausalLM
 
+import dgrpo
+from activities.model_bootstrap import ensure_smollm2
 from activities.object_store import ObjectStore
 from dgrpo import run_control
 from schemas.config import RunSpec, TaskQueues
@@ -130,3 +136,36 @@ async def test_a_run_started_with_the_temporal_cli_completes(
     handle = client.get_workflow_handle_for(TrainingRun.run, run_id)
     final = await asyncio.wait_for(handle.result(), 900)
     assert final.step == 1 and [h.step for h in final.history] == [1]
+
+
+async def test_register_serves_a_warm_start_adapter_at_step_0(
+    workers: WorkerProcess, queues: TaskQueues, stack: EmbeddedStack, tmp_path: Path
+) -> None:
+    """A LoRA dir as base_model: register publishes it as checkpoint 0 and serves it (not the base model)."""
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(str(ensure_smollm2()), dtype=torch.float32)
+    lora = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    adapter = tmp_path / "warm"
+    lora.save_pretrained(str(adapter))
+    name = f"warm-{uuid.uuid4().hex[:6]}"
+    model = dgrpo.TrainableModel(name=name, project="it", base_model=str(adapter))
+    backend = dgrpo.TemporalBackend(
+        address=stack.temporal_address,
+        inference_url=workers.server_urls[0],
+        s3=stack.s3_settings,
+        task_queues=queues,
+    )
+    await model.register(backend)
+    assert (await model.get_step(), model.get_inference_name()) == (0, f"{name}@0")
+    store = backend.object_store()
+    served = load(store.get_bytes(checkpoint_prefix(model.run_id, 0) + "adapter_model.safetensors"))
+    warm = load((adapter / "adapter_model.safetensors").read_bytes())
+    assert served.keys() == warm.keys() and all(torch.equal(served[k], warm[k]) for k in warm)
+    reply = await model.openai_client().chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert reply.model == f"{name}@0"
+    # Registering again (another client, same server) finds it served and runs nothing more.
+    again = dgrpo.TrainableModel(name=name, project="it", base_model=str(adapter))
+    await again.register(backend)
+    assert again.get_inference_name() == f"{name}@0"
