@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import traceback
 
 from dgrpo import cli_run, cli_serve, cli_stack
 
@@ -32,5 +34,22 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The console script: run ``main`` and leave without interpreter teardown.
+
+    The Temporal client's Rust threads can outlive the event loop; tearing the interpreter down under them
+    aborts a finished command with "PyGILState_Release ... finalizing" (temporalio/sdk-python#300).
+    """
+    try:
+        code = main()
+    except Exception:
+        traceback.print_exc()
+        code = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
