@@ -54,7 +54,11 @@ def status_view(status: RunStatus) -> Group:
 
 
 class RunProgress:
-    """A live bar: steps served of all, the phase in progress, the newest step's reward."""
+    """A live bar: steps served of all, the phase in progress, the newest step's reward.
+
+    Where the console is no terminal (output to a file or a pipe) a live bar draws nothing until the end,
+    so each newly served step is printed as a line instead.
+    """
 
     def __init__(self, console: Console | None = None) -> None:
         self.progress = Progress(
@@ -67,6 +71,8 @@ class RunProgress:
             console=console,
         )
         self.task: TaskID | None = None
+        self.lines = not self.progress.console.is_terminal
+        self.printed_step = 0
 
     def __enter__(self) -> RunProgress:
         self.progress.__enter__()
@@ -84,3 +90,8 @@ class RunProgress:
         if self.task is None:
             self.task = self.progress.add_task(status.run_id, total=status.steps, phase=phase, reward=reward)
         self.progress.update(self.task, total=status.steps, completed=status.step, phase=phase, reward=reward)
+        if self.lines and status.step > self.printed_step:
+            self.printed_step = status.step
+            self.progress.console.print(
+                f"{status.run_id}: step {status.step}/{status.steps} served, reward {reward}"
+            )

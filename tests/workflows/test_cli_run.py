@@ -58,6 +58,7 @@ async def test_train_runs_to_the_end_and_status_shows_the_rewards(
             await stack.enter_async_context(worker)
         code, out = await dgrpo("train", str(path), "--set", "steps=2")
         assert code == 0, out
+        assert f"{run_id}: step 2/2 served, reward" in out, out  # a pipe gets a line per step, not a bar
         code, status = await dgrpo("status", run_id)
     assert code == 0, status
     assert f"run {run_id} (sync): step 2/2, phase done" in status
