@@ -30,9 +30,11 @@ def sample_choices(
     """``n`` sampled choices per prompt (prompt-major order), each with token ids and logprobs."""
     prompt_ids = [chat_prompt_ids(tokenizer, p) for p in prompts for _ in range(n)]
     width = max(len(p) for p in prompt_ids)
-    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids])
-    attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos  # some tokenizers have none
+    device = next(model.parameters()).device
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids], device=device)
+    attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=device)
     torch.manual_seed(seed)
     was_training = model.training
     model.eval()
