@@ -7,11 +7,15 @@ bench, where a server is not the point. Prompts are left-padded; logprobs come f
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from schemas.trajectory import Choice, ChoiceLogprobs, TokenLogprob
+
+if TYPE_CHECKING:
+    from activities.tokenize import TrainSequence
+    from activities.trainer import Trainer
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
@@ -79,3 +83,16 @@ def sample_choices(
             )
         )
     return choices
+
+
+def max_sampling_logprob_gap(trainer: Trainer, sequences: list[TrainSequence]) -> float:
+    """The largest |trainer's logprob - sampling logprob| over the trainable tokens of ``sequences``.
+
+    Near 0 means the importance ratio against the sampler's logprobs is signal, not numerical noise.
+    """
+    worst = 0.0
+    for seq, lps in zip(sequences, trainer.sequence_logprobs(sequences), strict=True):
+        for t in range(1, len(seq.tokens)):
+            if seq.trainable[t]:
+                worst = max(worst, abs(lps[t - 1] - seq.sampling_logprobs[t]))
+    return worst

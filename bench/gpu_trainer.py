@@ -28,7 +28,7 @@ import torch
 from train_step import MODEL, make_data
 
 from activities.checkpoints import OomState
-from activities.local_sampling import sample_choices
+from activities.local_sampling import max_sampling_logprob_gap, sample_choices
 from activities.tokenize import TrainSequence, build_sequences
 from activities.trainer import Trainer
 from activities.training import is_out_of_memory, next_micro_batch
@@ -58,17 +58,9 @@ def agreement(trainer: Trainer) -> dict[str, float]:
         [Trajectory(messages_and_choices=[c]) for c in choices], [1.0] * len(choices), max_seq_len=512
     )
 
-    def max_diff() -> float:
-        worst = 0.0
-        for seq, lps in zip(step.sequences, trainer.sequence_logprobs(step.sequences), strict=True):
-            for t in range(1, len(seq.tokens)):
-                if seq.trainable[t]:
-                    worst = max(worst, abs(lps[t - 1] - seq.sampling_logprobs[t]))
-        return worst
-
-    out = {"fp32": max_diff()}
+    out = {"fp32": max_sampling_logprob_gap(trainer, step.sequences)}
     trainer.precision = "bf16"
-    out["bf16_autocast"] = max_diff()
+    out["bf16_autocast"] = max_sampling_logprob_gap(trainer, step.sequences)
     trainer.precision = "fp32"
     return out
 

@@ -12,7 +12,7 @@ import torch
 
 from activities import trajectory_store
 from activities.checkpoints import OomState
-from activities.local_sampling import sample_choices
+from activities.local_sampling import max_sampling_logprob_gap, sample_choices
 from activities.tokenize import build_sequences
 from activities.trainer import Trainer
 from activities.training import TrainerActivities, next_micro_batch
@@ -47,18 +47,10 @@ def test_training_forward_logprobs_match_sampling_logprobs(trainer):
     step = build_sequences(trajs, [1.0] * len(trajs), max_seq_len=512)
     assert len({len(c.prompt_token_ids) for c in choices}) > 1  # left padding was exercised
 
-    def max_diff() -> float:
-        worst = 0.0
-        for seq, lps in zip(step.sequences, trainer.sequence_logprobs(step.sequences), strict=True):
-            for t in range(1, len(seq.tokens)):
-                if seq.trainable[t]:
-                    worst = max(worst, abs(lps[t - 1] - seq.sampling_logprobs[t]))
-        return worst
-
-    fp32 = max_diff()
+    fp32 = max_sampling_logprob_gap(trainer, step.sequences)
     trainer.precision = "bf16"
     try:
-        bf16 = max_diff()
+        bf16 = max_sampling_logprob_gap(trainer, step.sequences)
     finally:
         trainer.precision = "fp32"
     log.warning("max |training - sampling| logprob per token: fp32 %.2e, bf16 autocast %.2e", fp32, bf16)
