@@ -51,11 +51,11 @@ from activities.checkpoints import (
     write_json_atomic,
 )
 from activities.object_store import ObjectStore
-from activities.tokenize import build_sequences
-from activities.trainer import Trainer
+from activities.tokenize import TrainSequence, build_sequences
+from activities.trainer import StepStats, Trainer
 from schemas import layout
 from schemas.activities import CheckpointLookup, InitialAdapterInput, PublishInput, TrainInput, TrainResult
-from schemas.config import ModelSpec
+from schemas.config import ModelSpec, TrainConfig
 from schemas.errors import CONFIG_ERROR, NON_RETRYABLE, OUT_OF_MEMORY, DgrpoError
 from schemas.refs import CheckpointRef
 
@@ -90,6 +90,31 @@ class OutOfMemory(Exception):
         super().__init__(f"out of memory at micro_batch_size={micro_batch_size}: {cause}")
         self.micro_batch_size = micro_batch_size
         self.cause = cause
+
+
+def train_step_or_oom(
+    trainer: Trainer,
+    sequences: list[TrainSequence],
+    config: TrainConfig,
+    step: int,
+    micro_batch: int,
+    progress: Callable[[int, int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> StepStats:
+    """``trainer.train_step``; running out of memory raises ``OutOfMemory`` with the failed tensors freed."""
+    try:
+        return trainer.train_step(sequences, config, step, micro_batch, progress, should_stop)
+    except Exception as err:
+        if trainer.optimizer is not None:
+            trainer.optimizer.zero_grad(set_to_none=True)
+        if not is_out_of_memory(err):
+            raise
+        # Drop the failed micro-batch's tensors now (the traceback's frames hold them).
+        traceback.clear_frames(err.__traceback__)
+        message = f"{type(err).__name__}: {str(err)[:300]}"
+        del err
+        gc.collect()
+        raise OutOfMemory(micro_batch, message) from None
 
 
 def config_error(message: str) -> ApplicationError:
@@ -248,21 +273,9 @@ class TrainerActivities:
                 )
             self._restore(trainer, inp)
             self._memory = self._memory_sha = None  # the model is about to change
-            try:
-                stats = trainer.train_step(
-                    tokenized.sequences, inp.train, inp.step, micro_batch, progress, should_stop
-                )
-            except Exception as err:
-                if trainer.optimizer is not None:
-                    trainer.optimizer.zero_grad(set_to_none=True)
-                if not is_out_of_memory(err):
-                    raise
-                # Drop the failed micro-batch's tensors now (the traceback's frames hold them).
-                traceback.clear_frames(err.__traceback__)
-                message = f"{type(err).__name__}: {str(err)[:300]}"
-                del err
-                gc.collect()
-                raise OutOfMemory(micro_batch, message) from None
+            stats = train_step_or_oom(
+                trainer, tokenized.sequences, inp.train, inp.step, micro_batch, progress, should_stop
+            )
             metrics = {k: float(v) for k, v in vars(stats).items()}
             metrics["n_dropped_overlength"] = float(tokenized.n_dropped_overlength)
             metrics["n_template_choices"] = float(tokenized.n_template_choices)

@@ -8,8 +8,8 @@ right on a GPU too, with the same functions the trainer activity uses:
 2. step time: one GRPO step on 32 sequences of ~99 tokens (bench/train_step.py's data), fp32 and bf16
    autocast, micro-batch 8 and 32.
 3. OOM: with the process capped to ``--cap-gib`` of GPU memory, a step on long sequences at micro-batch 32
-   raises CUDA's OOM; ``is_out_of_memory`` must classify it and ``next_micro_batch`` halves until the
-   step fits, as successive activity attempts would.
+   raises CUDA's OOM; ``train_step_or_oom`` (the train activity's call) must turn it into ``OutOfMemory``
+   and ``next_micro_batch`` halves until the step fits, as successive activity attempts would.
 
     python bench/gpu_trainer.py [--cap-gib 6] [--long-tokens 1536]
 """
@@ -17,12 +17,10 @@ right on a GPU too, with the same functions the trainer activity uses:
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import random
 import time
-import traceback
 
 import torch
 from train_step import MODEL, make_data
@@ -31,7 +29,7 @@ from activities.checkpoints import OomState
 from activities.local_sampling import max_sampling_logprob_gap, sample_choices
 from activities.tokenize import TrainSequence, build_sequences
 from activities.trainer import Trainer
-from activities.training import is_out_of_memory, next_micro_batch
+from activities.training import OutOfMemory, next_micro_batch, train_step_or_oom
 from schemas.config import TrainConfig
 from schemas.trajectory import Trajectory
 
@@ -106,20 +104,14 @@ def oom_halving(trainer: Trainer, cap_gib: float, tokens: int) -> dict[str, obje
             micro_batch = next_micro_batch(config.micro_batch_size, oom, None)
             trainer.init_adapter(0)
             try:
-                trainer.train_step(seqs, config, 1, micro_batch)
-            except Exception as err:
-                classified = is_out_of_memory(err)
-                attempts.append({"micro_batch": micro_batch, "error": type(err).__name__, "oom": classified})
-                if not classified or micro_batch == 1:
+                train_step_or_oom(trainer, seqs, config, 1, micro_batch)  # what the train activity calls
+            except OutOfMemory as err:
+                attempts.append({"micro_batch": micro_batch, "oom": err.cause})
+                if micro_batch == 1:
                     raise
-                if trainer.optimizer is not None:
-                    trainer.optimizer.zero_grad(set_to_none=True)
-                traceback.clear_frames(err.__traceback__)
-                del err
-                gc.collect()
                 oom = OomState(micro_batch_size=micro_batch, attempt=len(attempts))
                 continue
-            attempts.append({"micro_batch": micro_batch, "error": None, "oom": False})
+            attempts.append({"micro_batch": micro_batch, "oom": None})
             return {"cap_gib": cap_gib, "tokens_per_sequence": tokens, "attempts": attempts}
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
