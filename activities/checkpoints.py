@@ -14,7 +14,6 @@ A checkpoint directory (local staging dir or ``runs/<run>/checkpoints/<step:06d>
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -27,6 +26,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from activities.object_store import ObjectStore, sha256_file
+from host.files import write_json_atomic
 from schemas import layout
 from schemas.errors import CorruptCheckpointError
 from schemas.refs import CheckpointRef
@@ -67,14 +67,6 @@ def staging_dir(root: str | Path, run_id: str, step: int) -> Path:
 def oom_state_file(root: str | Path, run_id: str, step: int) -> Path:
     # Outside the step's staging dir, so it is never uploaded with the checkpoint.
     return Path(root) / run_id / f".{step:06d}.oom.json"
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
 
 
 def read_oom_state(root: str | Path, run_id: str, step: int) -> OomState | None:

@@ -40,6 +40,7 @@ from schemas.activities import JudgeInput
 from schemas.config import JudgeConfig
 from schemas.errors import CONFIG_ERROR
 from schemas.refs import TrajectoriesRef
+from schemas.settings import ENV_INFERENCE_URL
 from schemas.trajectory import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,6 @@ SYSTEM_PROMPT = (
 MAX_CHARS_PER_MESSAGE = 2000
 GROUP_CONCURRENCY = 4
 HEARTBEAT_EVERY_S = 10.0
-ENV_INFERENCE_URL = "DGRPO_INFERENCE_URL"
-"""The default judge's server when the control worker was not given one."""
 
 
 class JudgeCache(Protocol):

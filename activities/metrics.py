@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from temporalio import activity
 
 from activities.object_store import ObjectStore
+from host.files import write_atomic
 from schemas import layout
 from schemas.activities import MetricsInput
 from schemas.errors import StoreError
@@ -170,10 +171,7 @@ class MetricsActivities:
         self.store.put_bytes(layout.reward_curve_key(input.run_id), png)
         if self.local_dir is not None:
             path = self.local_dir / input.run_id / "reward_curve.png"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_bytes(png)
-            tmp.replace(path)
+            write_atomic(path, png)
 
     @activity.defn(name="metrics")
     async def log_metrics(self, input: MetricsInput) -> None:

@@ -34,7 +34,7 @@ from schemas.activities import ReloadInput, ReloadResult, ServingControlInput
 from schemas.errors import CONFIG_ERROR, CORRUPT_CHECKPOINT, CorruptCheckpointError, StoreError
 from schemas.layout import adapter_name
 from schemas.settings import dgrpo_home
-from workers.serving_client import ServingClient, ServingError
+from serving.client import ServingClient, ServingError
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from activities.grpo_loss import LossParams, grpo_loss, token_logprobs
-from activities.model_bootstrap import resolve_base_model
 from activities.tokenize import TrainSequence
+from base_models.resolve import resolve_base_model
 from schemas.config import ModelSpec, TrainConfig
 
 log = logging.getLogger(__name__)

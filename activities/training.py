@@ -48,11 +48,11 @@ from activities.checkpoints import (
     read_trainer_state,
     stage_checkpoint,
     staging_dir,
-    write_json_atomic,
 )
 from activities.object_store import ObjectStore
 from activities.tokenize import TrainSequence, build_sequences
 from activities.trainer import StepStats, Trainer
+from host.files import write_json_atomic
 from schemas import layout
 from schemas.activities import CheckpointLookup, InitialAdapterInput, PublishInput, TrainInput, TrainResult
 from schemas.config import ModelSpec, TrainConfig

@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from pydantic_core import to_json
 
 from activities.object_store import ObjectStore
+from host.files import write_atomic
 from schemas import layout
 from schemas.errors import CorruptTrajectoriesError
 from schemas.refs import ObjectRef, TrajectoriesRef
@@ -256,10 +257,7 @@ def write_groups(
     """Write ``groups`` to a local Parquet file (atomically: temp file, then rename)."""
     target = Path(path).absolute()
     data = _parquet_bytes(groups_to_table(groups, run_id=run_id, step=step, advantages=advantages))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(target)
+    write_atomic(target, data)
     ref = ObjectRef(uri=target.as_uri(), size=len(data), sha256=hashlib.sha256(data).hexdigest())
     return summarize(groups, ref, run_id, step)
 

@@ -26,10 +26,10 @@ import torch
 from train_step import MODEL, make_data
 
 from activities.checkpoints import OomState
-from activities.local_sampling import max_sampling_logprob_gap, sample_choices
 from activities.tokenize import TrainSequence, build_sequences
 from activities.trainer import Trainer
 from activities.training import OutOfMemory, next_micro_batch, train_step_or_oom
+from bench.local_sampling import max_sampling_logprob_gap, sample_choices
 from schemas.config import TrainConfig
 from schemas.trajectory import Trajectory
 

@@ -28,8 +28,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from activities.model_bootstrap import SMOLLM2_NAME, ensure_smollm2
-from workers.serving_engine import CpuServingEngine
+from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
+from schemas.settings import EngineSettings
+from serving.launchers import CpuServerProcess
 
 TOPICS = ["cats", "the sea", "trains", "music", "rain", "chess", "bread", "stars"]
 
@@ -115,8 +116,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         adapters = make_adapters(Path(tmp))
         for dtype in args.dtype:
-            server = CpuServingEngine(
-                SMOLLM2_NAME, dtype=dtype, max_batch=args.concurrency, threads=args.threads
+            server = CpuServerProcess(
+                SMOLLM2_NAME, EngineSettings(dtype=dtype), max_batch=args.concurrency, threads=args.threads
             )
             server.start()
             try:

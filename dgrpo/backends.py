@@ -23,12 +23,9 @@ from temporalio.client import Client
 from activities.object_store import ObjectStore
 from dgrpo.errors import BackendError
 from schemas.config import TaskQueues
-from schemas.settings import S3Settings, TemporalSettings
+from schemas.settings import ENV_INFERENCE_URL, S3Settings, TemporalSettings
 
 log = logging.getLogger(__name__)
-
-ENV_INFERENCE_URL = "DGRPO_INFERENCE_URL"
-"""The inference server's base URL (``http://host:port/v1``) as the client reaches it."""
 
 
 class Backend(Protocol):

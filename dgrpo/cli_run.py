@@ -18,6 +18,7 @@ from dgrpo.progress import RunProgress, status_summary, status_view
 from schemas.config import TaskQueues, load_run_spec
 from schemas.errors import DgrpoError
 from schemas.run_state import RunStatus
+from schemas.settings import EngineSettings
 from workers.temporal import connect_client
 from workflows.training_run import TrainingRun
 
@@ -47,7 +48,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
         model=args.model,
         server_url=args.server_url,
         serve_port=args.serve_port,
-        engine=args.engine,
+        engine=EngineSettings(
+            engine=args.engine,
+            max_lora_rank=args.max_lora_rank,
+            max_loras=args.max_loras,
+            sleep_mode=args.sleep_mode,
+            dtype=args.dtype,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        ),
         staging_root=Path(args.staging) if args.staging else None,
         worker_id=args.worker_id,
         ready_file=Path(args.ready_file) if args.ready_file else None,
@@ -137,12 +145,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     worker.add_argument(
         "--server-url", help="attach to this OpenAI-compatible server instead of starting one"
     )
+    engine = EngineSettings()
     worker.add_argument(
         "--engine",
         choices=("cpu", "vllm"),
-        default="cpu",
-        help="serving engine an inference worker starts without --server-url (vllm needs a GPU)",
+        default=engine.engine,
+        help="inference engine the worker starts (or, with --server-url, fronts); vllm needs a GPU",
     )
+    worker.add_argument(
+        "--max-lora-rank", type=int, default=engine.max_lora_rank, help="largest LoRA rank a run may train"
+    )
+    worker.add_argument(
+        "--max-loras", type=int, default=engine.max_loras, help="adapters the engine holds at once"
+    )
+    worker.add_argument(
+        "--sleep-mode", action="store_true", help="vLLM: enable sleep mode (runs in mode 'shared' need it)"
+    )
+    worker.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default=engine.dtype)
+    worker.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM's share of the GPU")
     worker.add_argument(
         "--serve-port", type=int, help="port of the CPU server (default $DGRPO_SERVE_PORT or free)"
     )

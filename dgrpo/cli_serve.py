@@ -1,4 +1,4 @@
-"""``dgrpo serve``: the CPU serving engine alone, as ``vllm serve`` would run (see workers/serving_cpu.py)."""
+"""``dgrpo serve``: the CPU serving engine alone, as ``vllm serve`` would run (see serving/server.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add this module's subcommands; each sets ``func`` to a callable taking the parsed args."""
-    from workers.serving_options import add_arguments
+    from serving.options import add_arguments
 
     parser = sub.add_parser(
         "serve",
@@ -20,8 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from workers.serving_cpu import serve
-    from workers.serving_options import options_from_args
+    from serving.options import options_from_args
+    from serving.server import serve
 
     serve(options_from_args(args))
     return 0

@@ -11,10 +11,6 @@ import asyncio
 import atexit
 import logging
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -22,11 +18,13 @@ from pydantic import BaseModel, ConfigDict
 from temporalio.client import Client
 
 from activities.object_store import ObjectStore
-from dgrpo.backends import ENV_INFERENCE_URL, connect, wait_for_server, wait_for_workers
+from dgrpo.backends import connect, wait_for_server, wait_for_workers
 from dgrpo.errors import BackendError
+from host.files import write_atomic
+from host.processes import ChildExited, ProcessInfo, alive, free_port, terminate
 from schemas import settings as env_names
 from schemas.config import TaskQueues
-from workers.processes import ProcessInfo, alive, free_port, spawn_logged, write_atomic
+from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
 
 log = logging.getLogger(__name__)
@@ -73,7 +71,7 @@ class LocalBackend:
         self.start_timeout = start_timeout
         self.stack = EmbeddedStack(self.path)
         self._owner: _Owner | None = None
-        self._workers_proc: subprocess.Popen[bytes] | None = None
+        self._workers: WorkerProcess | None = None
         self._in_process_task: asyncio.Task[None] | None = None
         self._in_process_url: str | None = None
         self._client: Client | None = None
@@ -89,9 +87,13 @@ class LocalBackend:
         return self.path / OWNER_FILE
 
     @property
+    def log_path(self) -> Path:
+        return self.path / "logs" / "workers.log"
+
+    @property
     def ready_path(self) -> Path:
         """Written by ``dgrpo worker all --ready-file`` once every worker polls."""
-        return self.path / "workers.ready"
+        return self.log_path.with_suffix(".ready")
 
     async def start(self) -> None:
         async with self._lock:
@@ -119,8 +121,11 @@ class LocalBackend:
             await self._start_in_process(client)
         else:
             self._adopt_or_spawn(started_stack=not stack_was_running)
-            if self._workers_proc is not None:
-                await self._wait_ready(self._workers_proc)
+            if self._workers is not None:
+                try:
+                    await asyncio.to_thread(self._workers.wait_ready, self.start_timeout)
+                except (ChildExited, TimeoutError) as err:
+                    raise BackendError(str(err)) from None
         await wait_for_workers(client, self.task_queues, self.start_timeout)
         await wait_for_server(self.inference_url(), self.start_timeout)
 
@@ -140,39 +145,16 @@ class LocalBackend:
         port = free_port()
         url = f"http://127.0.0.1:{port}/v1"
         env = {
-            **os.environ,
             **self.stack.env(),
             env_names.ENV_HOME: str(self.path),
-            ENV_INFERENCE_URL: url,
-            "DGRPO_SERVE_PORT": str(port),
+            env_names.ENV_INFERENCE_URL: url,
+            env_names.ENV_SERVE_PORT: str(port),
         }
-        log_path = self.path / "logs" / "workers.log"
-        self.ready_path.unlink(missing_ok=True)
-        args = [sys.executable, "-m", "dgrpo.cli", "worker", "all", "--ready-file", str(self.ready_path)]
-        queues = self.task_queues
-        args += ["--control-queue", queues.control, "--inference-queue", queues.inference]
-        args += ["--trainer-queue", queues.trainer]
-        log.info("starting the workers (log: %s)", log_path)
         # Its own session: a client killed with SIGKILL leaves the workers finishing the step it started.
-        proc = spawn_logged(args, log_path, env=env, new_session=True)
-        self._workers_proc = proc
-        info = ProcessInfo(
-            pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(), log=str(log_path)
-        )
-        return _Owner(owner=_me(), workers=info, inference_url=url, started_stack=started_stack)
-
-    async def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
-        deadline = time.monotonic() + self.start_timeout
-        while not self.ready_path.exists():
-            if proc.poll() is not None:
-                log_path = self.path / "logs" / "workers.log"
-                tail = log_path.read_text(errors="replace")[-3000:]
-                raise BackendError(
-                    f"`dgrpo worker all` exited with code {proc.returncode} ({log_path}):\n{tail}"
-                )
-            if time.monotonic() > deadline:
-                raise BackendError(f"`dgrpo worker all` not ready after {self.start_timeout:.0f}s")
-            await asyncio.sleep(0.3)
+        workers = WorkerProcess("all", self.log_path, task_queues=self.task_queues, env=env, new_session=True)
+        workers.spawn()
+        self._workers = workers
+        return _Owner(owner=_me(), workers=workers.info, inference_url=url, started_stack=started_stack)
 
     async def _start_in_process(self, client: Client) -> None:
         from workers.worker import run_all_workers
@@ -256,14 +238,10 @@ class LocalBackend:
     def _stop_workers(self, owner: _Owner) -> None:
         if alive(owner.workers):
             log.info("stopping the workers (pid %d)", owner.workers.pid)
-            proc = psutil.Process(owner.workers.pid)
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except psutil.TimeoutExpired:
-                proc.kill()
-        if self._workers_proc is not None:
-            self._workers_proc.poll()
+            terminate([owner.workers], timeout=30)
+        if self._workers is not None:
+            self._workers.stop()  # reaps the child this backend spawned
+            self._workers = None
         self.owner_path.unlink(missing_ok=True)
         self.ready_path.unlink(missing_ok=True)
 

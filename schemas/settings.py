@@ -1,13 +1,16 @@
-"""Where the workers find Temporal and the object store: the environment, never workflow inputs.
+"""The worker operator's settings: where Temporal and the object store are, and what the inference engine is.
 
-``dgrpo env`` prints these variables for the embedded stack; production sets them to a real
-Temporal cluster and MinIO, and the same workers run unchanged.
+These come from a worker's environment and flags, never from workflow inputs: a run (``schemas/config.py``)
+states what it needs, and a worker that cannot serve it refuses the run with an error naming the setting.
+``dgrpo env`` prints the variables for the embedded stack; production sets them to a real Temporal
+cluster and MinIO, and the same workers run unchanged.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -20,6 +23,10 @@ ENV_S3_BUCKET = "DGRPO_S3_BUCKET"
 ENV_S3_SECURE = "DGRPO_S3_SECURE"
 ENV_HOME = "DGRPO_HOME"
 ENV_CACHE = "DGRPO_CACHE"
+ENV_INFERENCE_URL = "DGRPO_INFERENCE_URL"
+"""The inference server's ``/v1`` URL: for a client (``TemporalBackend``) and the default judge of a control worker."""
+ENV_SERVE_PORT = "DGRPO_SERVE_PORT"
+"""Port of the server an inference worker starts (default: a free one)."""
 
 
 class S3Settings(BaseModel):
@@ -66,6 +73,31 @@ class TemporalSettings(BaseModel):
             address=e.get(ENV_TEMPORAL_ADDRESS) or "127.0.0.1:7233",
             namespace=e.get(ENV_TEMPORAL_NAMESPACE) or "default",
         )
+
+
+class EngineSettings(BaseModel):
+    """The inference engine an inference worker starts (``dgrpo worker inference --engine ...``), or the one
+    it fronts with ``--server-url``: the operator's choice, checked against each run by ``check_serving``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engine: Literal["cpu", "vllm"] = "cpu"
+    """``cpu``: our transformers + peft server. ``vllm``: ``vllm serve`` with runtime LoRA loading."""
+    max_lora_rank: int = Field(64, ge=1, le=512)
+    """The largest LoRA rank the engine loads (vLLM's ``--max-lora-rank``, rounded up to a rank it accepts)."""
+    max_loras: int = Field(4, ge=1)
+    """Adapters loaded at once (vLLM's ``--max-loras``); a run keeps at most ``max_loras - 1`` of its own."""
+    sleep_mode: bool = False
+    """vLLM ``--enable-sleep-mode``, which a run in ``shared`` mode needs; our CPU server always sleeps."""
+    dtype: Literal["auto", "fp32", "bf16"] = "auto"
+    """Weights and activations; ``auto`` is fp32 on the CPU server (logprobs equal to the trainer's) and
+    the model's own dtype on vLLM."""
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """vLLM's share of the GPU's memory; None keeps vLLM's default."""
+
+    @property
+    def can_sleep(self) -> bool:
+        return self.engine == "cpu" or self.sleep_mode
 
 
 def dgrpo_home(env: Mapping[str, str] | None = None) -> str:

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+from host.processes import ChildProcess, ProcessInfo
 from schemas.config import TaskQueues
-from workers.processes import spawn_logged
 
 READY_TIMEOUT_S = 600.0
 
 
 class WorkerProcess:
-    """One ``dgrpo worker`` subprocess; its log goes to ``log_path``; ``stop()`` sends SIGTERM (graceful)."""
+    """One ``dgrpo worker`` subprocess; its log goes to ``log_path``; ``stop()`` sends SIGTERM (graceful).
+
+    It writes ``log_path`` with the suffix ``.ready`` once every worker polls. ``die_with_parent``: it gets
+    SIGTERM when the spawning thread ends. ``new_session``: it outlives the client that started it.
+    """
 
     def __init__(
         self,
@@ -29,24 +30,29 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
         die_with_parent: bool = False,
+        new_session: bool = False,
         extra_args: list[str] | None = None,
     ) -> None:
         self.role = role
         self.log_path = log_path
         self.ready_file = log_path.with_suffix(".ready")
-        self.args = [sys.executable, "-m", "dgrpo.cli", "worker", role, "--ready-file", str(self.ready_file)]
+        args = [sys.executable, "-m", "dgrpo.cli", "worker", role, "--ready-file", str(self.ready_file)]
         queues = task_queues or TaskQueues()
-        self.args += ["--control-queue", queues.control, "--inference-queue", queues.inference]
-        self.args += ["--trainer-queue", queues.trainer]
+        args += ["--control-queue", queues.control, "--inference-queue", queues.inference]
+        args += ["--trainer-queue", queues.trainer]
         if model:
-            self.args += ["--model", model]
+            args += ["--model", model]
         if server_url:
-            self.args += ["--server-url", server_url]
-        self.args += extra_args or []
-        self.die_with_parent = die_with_parent
-        self.env = {**os.environ, **(env or {})}
-        self.cwd = cwd
-        self.proc: subprocess.Popen[bytes] | None = None
+            args += ["--server-url", server_url]
+        self.child = ChildProcess(
+            [*args, *(extra_args or [])],
+            log_path,
+            name=f"`dgrpo worker {role}`",
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            new_session=new_session,
+            tied_to_parent=die_with_parent,
+        )
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> None:
         self.spawn()
@@ -56,25 +62,14 @@ class WorkerProcess:
         """Start the process; with ``die_with_parent``, call it from a thread that lives as long as the
         parent (the death signal follows the spawning thread)."""
         self.ready_file.unlink(missing_ok=True)
-        self.proc = spawn_logged(
-            self.args, self.log_path, env=self.env, cwd=self.cwd, tied_to_parent=self.die_with_parent
-        )
+        self.child.spawn()
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
-        assert self.proc is not None, "spawn() first"
-        deadline = time.monotonic() + timeout
-        while not self.ready_file.exists():
-            if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-3000:]
-                raise RuntimeError(
-                    f"`dgrpo worker {self.role}` exited with code {self.proc.returncode}:\n{tail}"
-                )
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(
-                    f"`dgrpo worker {self.role}` not ready after {timeout:.0f}s ({self.log_path})"
-                )
-            time.sleep(0.3)
+        self.child.wait_until(self.ready_file.exists, timeout)
+
+    @property
+    def info(self) -> ProcessInfo:
+        return self.child.info
 
     @property
     def server_urls(self) -> list[str]:
@@ -82,25 +77,12 @@ class WorkerProcess:
         return self.ready_file.read_text().split() if self.ready_file.exists() else []
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.child.alive()
 
     def stop(self, timeout: float = 60.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout``; returns the exit code (None if it was not running)."""
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        return proc.returncode
+        return self.child.stop(timeout)
 
     def kill(self) -> None:
         """SIGKILL, as a crash would (tests of durability)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
+        self.child.kill()

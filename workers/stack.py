@@ -25,9 +25,8 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from schemas import settings as env_names
-from schemas.settings import S3Settings
-from workers.processes import (
+from host.files import write_atomic
+from host.processes import (
     HOST,
     ProcessInfo,
     alive,
@@ -37,8 +36,9 @@ from workers.processes import (
     run_in_thread,
     spawn_logged,
     terminate,
-    write_atomic,
 )
+from schemas import settings as env_names
+from schemas.settings import S3Settings
 
 log = logging.getLogger(__name__)
 

@@ -27,11 +27,11 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.object_store import ObjectStore
-from schemas.config import ServingSpec, TaskQueues
+from host.processes import free_port
+from schemas.config import TaskQueues
 from schemas.layout import worker_task_queue
-from schemas.settings import dgrpo_home
-from workers.processes import free_port
-from workers.serving_engine import make_engine
+from schemas.settings import ENV_SERVE_PORT, EngineSettings, dgrpo_home
+from serving.launchers import server_process
 from workers.temporal import connect_client
 from workflows.serve_model import ServeModel
 from workflows.train_step import TrainStep
@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 Role = Literal["control", "inference", "trainer", "all"]
 ROLES: tuple[Role, ...] = ("control", "inference", "trainer", "all")
 DEFAULT_MODEL = "smollm2-135m-instruct"
-ENV_SERVE_PORT = "DGRPO_SERVE_PORT"
 
 
 @dataclass
@@ -59,8 +58,8 @@ class WorkerOptions:
     server_url: str | None = None
     """Attach to this OpenAI-compatible server instead of starting the CPU server (a control worker's
     default judge uses it too)."""
-    engine: Literal["cpu", "vllm"] = "cpu"
-    """The serving engine the inference worker starts when no ``server_url`` is given."""
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    """The inference engine the worker starts (or, with ``server_url``, fronts); runs are checked against it."""
     serve_port: int | None = None
     """Port of the CPU server this worker starts (default ``$DGRPO_SERVE_PORT``, else a free one)."""
     staging_root: Path | None = None
@@ -147,16 +146,16 @@ async def run_workers(
                 server_urls = [opts.server_url]
             else:
                 port = opts.serve_port or int(os.environ.get(ENV_SERVE_PORT, "0")) or free_port()
-                engine = make_engine(
-                    ServingSpec(engine=opts.engine),
+                server = server_process(
                     opts.model,
+                    opts.engine,
                     port=port,
                     log_path=Path(dgrpo_home()) / "logs" / f"serve-{port}.log",
                 )
-                exits.callback(engine.stop)
-                engine.spawn()  # here, in the main thread: the server dies with this process
-                await asyncio.to_thread(engine.wait_healthy)
-                server_urls = [engine.client.openai_base_url]
+                exits.callback(server.stop)
+                server.spawn()  # here, in the main thread: the server dies with this process
+                await asyncio.to_thread(server.wait_healthy)
+                server_urls = [server.client.openai_base_url]
         roles: set[str] = {"control", "inference", "trainer"} if opts.role == "all" else {str(opts.role)}
         if opts.role == "all" and not opts.single_process:
             trainer = _trainer_child(opts)

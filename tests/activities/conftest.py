@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from workers.serving_engine import CpuServingEngine
+from serving.launchers import CpuServerProcess
 
 SERVED_MODEL = "smollm2-135m-instruct"
 
@@ -15,7 +15,7 @@ SERVED_MODEL = "smollm2-135m-instruct"
 def cpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``dgrpo serve --model smollm2-135m-instruct`` on a free port; yields its ``/v1`` base URL."""
     log_path = tmp_path_factory.mktemp("serve-logs") / "serve.log"
-    server = CpuServingEngine(SERVED_MODEL, log_path=log_path)
+    server = CpuServerProcess(SERVED_MODEL, log_path=log_path)
     server.start()
     try:
         yield server.client.openai_base_url

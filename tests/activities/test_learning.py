@@ -15,9 +15,9 @@ import time
 import pytest
 
 from activities.advantages import compute_step_advantages
-from activities.local_sampling import sample_choices
 from activities.tokenize import build_sequences
 from activities.trainer import Trainer
+from bench.local_sampling import sample_choices
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
 from schemas.trajectory import Choice, Trajectory, TrajectoryGroup
 

@@ -18,14 +18,14 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from transformers import AutoModelForCausalLM
 
-from activities.model_bootstrap import SMOLLM2_NAME, ensure_smollm2
 from activities.object_store import ObjectStore
 from activities.serving import ServingActivities
+from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
 from schemas.activities import ReloadInput, ReloadResult, ServingControlInput
 from schemas.config import ServingSpec
 from schemas.errors import CONFIG_ERROR, CORRUPT_CHECKPOINT
 from schemas.refs import CheckpointRef
-from workers.serving_client import ServingClient
+from serving.client import ServingClient
 from workers.stack import EmbeddedStack
 from workers.temporal import connect_client
 from workflows.stages import RELOAD, SERVING_CONTROL, run_stage

@@ -7,8 +7,8 @@ import math
 import pytest
 from transformers import AutoTokenizer
 
-from activities.model_bootstrap import resolve_base_model
 from activities.tokenize import build_sequences
+from base_models.resolve import resolve_base_model
 from schemas.trajectory import Choice, ChoiceLogprobs, TokenLogprob, Trajectory
 
 

@@ -12,10 +12,10 @@ import torch
 
 from activities import trajectory_store
 from activities.checkpoints import OomState
-from activities.local_sampling import max_sampling_logprob_gap, sample_choices
 from activities.tokenize import build_sequences
 from activities.trainer import Trainer
 from activities.training import TrainerActivities, next_micro_batch
+from bench.local_sampling import max_sampling_logprob_gap, sample_choices
 from schemas import layout
 from schemas.activities import InitialAdapterInput, PublishInput, TrainInput
 from schemas.config import LoraConfig, ModelSpec, TrainConfig

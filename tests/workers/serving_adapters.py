@@ -9,7 +9,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from activities.model_bootstrap import SMOLLM2_NAME, ensure_smollm2
+from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
 
 FIXED_ANSWER = "Pineapple pizza forever!"
 SYSTEM = "Answer briefly."
@@ -25,7 +25,7 @@ def _save(model: torch.nn.Module, out_dir: Path) -> Path:
     model.save_pretrained(str(out_dir))  # type: ignore[operator]
     config_path = out_dir / "adapter_config.json"
     config = json.loads(config_path.read_text())
-    config["base_model_name_or_path"] = SMOLLM2_NAME  # resolvable by activities.model_bootstrap
+    config["base_model_name_or_path"] = SMOLLM2_NAME  # resolvable by base_models.resolve
     config_path.write_text(json.dumps(config, indent=2))
     return out_dir
 

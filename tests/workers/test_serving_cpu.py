@@ -17,10 +17,10 @@ from peft import PeftModel
 from serving_adapters import FIXED_ANSWER, TRAIN_QUESTIONS, chat, random_adapter, train_fixed_answer_adapter
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from activities.model_bootstrap import SMOLLM2_NAME, ensure_smollm2
+from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
 from schemas.trajectory import Choice
-from workers.serving_client import ServingClient, ServingError
-from workers.serving_engine import CpuServingEngine
+from serving.client import ServingClient, ServingError
+from serving.launchers import CpuServerProcess
 
 BASE = SMOLLM2_NAME
 
@@ -35,8 +35,8 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CpuServingEngine]:
-    server = CpuServingEngine(BASE, threads=1, log_path=tmp_path_factory.mktemp("serve") / "serve.log")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CpuServerProcess]:
+    server = CpuServerProcess(BASE, threads=1, log_path=tmp_path_factory.mktemp("serve") / "serve.log")
     server.start()
     try:
         yield server
@@ -45,12 +45,12 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CpuServingEngin
 
 
 @pytest.fixture
-def client(engine: CpuServingEngine) -> ServingClient:
+def client(engine: CpuServerProcess) -> ServingClient:
     return engine.client
 
 
 @pytest.fixture
-def sdk(engine: CpuServingEngine) -> openai.AsyncOpenAI:
+def sdk(engine: CpuServerProcess) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=engine.client.openai_base_url, api_key="unused", max_retries=0)
 
 

@@ -10,23 +10,24 @@ import httpx
 import pytest
 from serving_adapters import random_adapter
 
-from activities.model_bootstrap import SMOLLM2_NAME, ensure_smollm2
+from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
 from dgrpo.cli import build_parser
-from schemas.config import ServingSpec
-from workers.serving_cpu import create_server
-from workers.serving_engine import CpuServingEngine, make_engine
-from workers.serving_options import ServerOptions, options_from_args
-from workers.serving_vllm import VllmServingEngine, lora_rank_flag
+from schemas.settings import EngineSettings
+from serving.launchers import CpuServerProcess, VllmServerProcess, lora_rank_flag, server_process
+from serving.options import ServerOptions, options_from_args
+from serving.server import create_server
 
 
-def test_make_engine_follows_the_serving_spec() -> None:
-    cpu = make_engine(ServingSpec(engine="cpu"), SMOLLM2_NAME, port=8123)
-    assert isinstance(cpu, CpuServingEngine)
-    assert cpu.command()[:3] == [sys.executable, "-m", "workers.serving_cpu"]
+def test_server_process_follows_the_engine_settings() -> None:
+    cpu = server_process(SMOLLM2_NAME, EngineSettings(engine="cpu"), port=8123)
+    assert isinstance(cpu, CpuServerProcess)
+    assert cpu.command()[:3] == [sys.executable, "-m", "serving.server"]
     assert cpu.command()[cpu.command().index("--port") + 1] == "8123"
     assert cpu.base_url == "http://127.0.0.1:8123" and cpu.client.openai_base_url.endswith(":8123/v1")
-    vllm = make_engine(ServingSpec(engine="vllm", keep_adapters=3), SMOLLM2_NAME, lora_rank=12, port=9000)
-    assert isinstance(vllm, VllmServingEngine)
+    vllm = server_process(
+        SMOLLM2_NAME, EngineSettings(engine="vllm", max_lora_rank=12, max_loras=4), port=9000
+    )
+    assert isinstance(vllm, VllmServerProcess)
     argv = vllm.command()
     assert "serve" in argv and str(ensure_smollm2()) in argv
     assert argv[argv.index("--served-model-name") + 1] == SMOLLM2_NAME
@@ -43,8 +44,11 @@ def test_vllm_command_for_a_starting_adapter_and_sleep_mode(tmp_path: Path) -> N
     adapter = tmp_path / "warm"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": SMOLLM2_NAME}))
-    engine = VllmServingEngine(
-        str(adapter), start_adapter_name="agent@0", sleep_mode=True, dtype="bf16", port=1
+    engine = VllmServerProcess(
+        str(adapter),
+        EngineSettings(engine="vllm", sleep_mode=True, dtype="bf16"),
+        start_adapter_name="agent@0",
+        port=1,
     )
     argv = engine.command()
     assert argv[argv.index("--served-model-name") + 1] == SMOLLM2_NAME

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from workers.serving_sampling import RowSampler, SamplingParams, sample_step
+from serving.sampling import RowSampler, SamplingParams, sample_step
 
 EOS = 2
 

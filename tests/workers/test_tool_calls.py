@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from workers.tool_calls import parse_tool_calls, prepare_messages
+from serving.tool_calls import parse_tool_calls, prepare_messages
 
 
 def test_one_call_becomes_an_openai_tool_call() -> None:

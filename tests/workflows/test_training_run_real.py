@@ -18,8 +18,8 @@ from temporalio.client import Client
 from transformers import AutoModelForCausalLM
 
 import dgrpo
-from activities.model_bootstrap import ensure_smollm2
 from activities.object_store import ObjectStore
+from base_models.resolve import ensure_smollm2
 from dgrpo import run_control
 from schemas.config import RunSpec, TaskQueues
 from schemas.layout import MANIFEST_NAME, checkpoint_prefix, spec_key, trajectories_key

@@ -9,12 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class ServerOptions(BaseModel):
-    """How ``dgrpo serve`` / ``python -m workers.serving_cpu`` runs the CPU engine."""
+    """How ``dgrpo serve`` / ``python -m serving.server`` runs the CPU engine."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str
-    """A ``base_model`` string (see activities/model_bootstrap.py)."""
+    """A ``base_model`` string (see base_models/resolve.py)."""
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     served_name: str | None = None
@@ -38,7 +38,7 @@ class ServerOptions(BaseModel):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The server's command-line options (shared by ``dgrpo serve`` and ``python -m workers.serving_cpu``)."""
+    """The server's command-line options (shared by ``dgrpo serve`` and ``python -m serving.server``)."""
     parser.add_argument(
         "--model", required=True, help="base_model: built-in name, HF dir, adapter dir or hub id"
     )

@@ -8,10 +8,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from workers.serving_api import ChatCompletionRequest, ServingHTTPError
-from workers.serving_batcher import Completion
-from workers.serving_sampling import SamplingParams
-from workers.tool_calls import prepare_messages
+from serving.api import ChatCompletionRequest, ServingHTTPError
+from serving.batcher import Completion
+from serving.sampling import SamplingParams
+from serving.tool_calls import prepare_messages
 
 ToolCallParser = Callable[[str], tuple[str | None, list[dict[str, Any]]]]
 

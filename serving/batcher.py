@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from workers.serving_sampling import RowSampler, SamplingParams, sample_step
+from serving.sampling import RowSampler, SamplingParams, sample_step
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The CPU serving engine's HTTP server: vLLM's OpenAI-compatible API on transformers + peft.
 
-``python -m workers.serving_cpu --model smollm2-135m-instruct --port 8000`` (or ``dgrpo serve``) serves
+``python -m serving.server --model smollm2-135m-instruct --port 8000`` (or ``dgrpo serve``) serves
 ``/v1/chat/completions``, ``/v1/models``, ``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, ``/health``,
 ``/sleep``, ``/wake_up`` and ``/is_sleeping``. The request's ``model`` is the served base name or a loaded
 adapter's name. A request holds a lease on its adapter until it is answered; unloading waits for the
@@ -28,18 +28,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
-from activities.model_bootstrap import resolve_base_model
-from workers.serving_api import (
+from base_models.resolve import resolve_base_model
+from serving.api import (
     ChatCompletionRequest,
     LoadLoraAdapterRequest,
     ServingHTTPError,
     UnloadLoraAdapterRequest,
     error_body,
 )
-from workers.serving_batcher import GenerationEngine, GenerationRequest
-from workers.serving_chat import ChatRenderer
-from workers.serving_options import ServerOptions, add_arguments, options_from_args
-from workers.tool_calls import parse_tool_calls
+from serving.batcher import GenerationEngine, GenerationRequest
+from serving.chat import ChatRenderer
+from serving.options import ServerOptions, add_arguments, options_from_args
+from serving.tool_calls import parse_tool_calls
 
 log = logging.getLogger(__name__)
 
@@ -275,9 +275,7 @@ def serve(options: ServerOptions) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m workers.serving_cpu", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m serving.server", description=__doc__.splitlines()[0])
     add_arguments(parser)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(options_from_args(parser.parse_args(argv)))

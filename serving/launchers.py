@@ -1,0 +1,205 @@
+"""Inference servers as processes: our CPU server or ``vllm serve``, started, health-checked and stopped alike.
+
+``server_process(model, settings)`` picks the implementation from ``EngineSettings.engine`` (the inference
+worker's operator sets it; a run only states what it needs). Both answer the same HTTP API, so everything
+after ``start()`` goes through one ``ServingClient``. Notes on vLLM:
+
+- Runtime ``/v1/load_lora_adapter`` needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (set below).
+- ``/sleep`` and ``/wake_up`` exist only with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1``
+  (``EngineSettings.sleep_mode``, for the shared one-GPU mode).
+- vLLM returns ``token_ids`` / ``prompt_token_ids`` only when a request sends ``return_token_ids: true``;
+  ``--return-tokens-as-token-ids`` makes every logprob's ``token`` read ``token_id:<n>``, so token ids are
+  recoverable from the logprobs on every version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from abc import ABC, abstractmethod
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from base_models.resolve import resolve_base_model
+from host.processes import HOST, ChildProcess, free_port
+from schemas.settings import EngineSettings
+from serving.client import ServingClient
+
+START_TIMEOUT_S = 300.0
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``--max-lora-rank`` values vLLM accepts."""
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "auto": "auto"}
+
+
+def lora_rank_flag(rank: int) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts that fits ``rank``."""
+    for allowed in VLLM_LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest --max-lora-rank ({VLLM_LORA_RANKS[-1]})")
+
+
+class ServerProcess(ABC):
+    """One inference server process on ``host:port``; subclasses say which command and environment start it."""
+
+    def __init__(
+        self,
+        model: str,
+        settings: EngineSettings | None = None,
+        *,
+        host: str = HOST,
+        port: int | None = None,
+        served_name: str | None = None,
+        start_adapter_name: str | None = None,
+        log_path: str | Path | None = None,
+    ) -> None:
+        self.model = model
+        self.settings = settings or EngineSettings()
+        self.host = host
+        self.port = port or free_port()
+        self.served_name = served_name
+        self.start_adapter_name = start_adapter_name
+        self.log_path = Path(log_path or Path(tempfile.gettempdir()) / f"dgrpo-serve-{self.port}.log")
+        self.process: ChildProcess | None = None
+
+    @abstractmethod
+    def command(self) -> list[str]:
+        """The argv that starts the server."""
+
+    def environment(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` (the OpenAI SDK wants ``client.openai_base_url``, ending in ``/v1``)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def client(self) -> ServingClient:
+        return ServingClient(self.base_url)
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Start the process and return once ``/health`` answers 200; raise with the log's tail if it dies."""
+        self.spawn()
+        self.wait_healthy(timeout_s)
+
+    def spawn(self) -> None:
+        """Start the process; it gets SIGTERM when the spawning thread ends, so call this from a thread that
+        lives as long as the parent (a worker's main thread), never from a pool thread."""
+        self.process = ChildProcess(
+            self.command(), self.log_path, name="the inference server", env=self.environment(),
+            tied_to_parent=True,
+        )  # fmt: skip
+        self.process.spawn()
+
+    def wait_healthy(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Return once ``/health`` answers 200; raise with the log's tail if the process dies first."""
+        assert self.process is not None, "spawn() first"
+        self.process.wait_until(self._healthy, timeout_s)
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(self.base_url + "/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        process, self.process = self.process, None
+        if process is not None:
+            process.stop(timeout_s)
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class CpuServerProcess(ServerProcess):
+    """Our transformers + peft server (``python -m serving.server``)."""
+
+    def __init__(
+        self, model: str, settings: EngineSettings | None = None, *, max_batch: int = 32,
+        threads: int | None = None, **kwargs: object,
+    ) -> None:  # fmt: skip
+        super().__init__(model, settings, **kwargs)  # type: ignore[arg-type]
+        self.max_batch = max_batch
+        self.threads = threads
+
+    def command(self) -> list[str]:
+        dtype = "fp32" if self.settings.dtype == "auto" else self.settings.dtype
+        argv = [sys.executable, "-m", "serving.server", "--model", self.model]
+        argv += ["--host", self.host, "--port", str(self.port), "--dtype", dtype]
+        argv += ["--max-batch", str(self.max_batch)]
+        if self.served_name:
+            argv += ["--served-name", self.served_name]
+        if self.start_adapter_name:
+            argv += ["--start-adapter-name", self.start_adapter_name]
+        if self.threads:
+            argv += ["--threads", str(self.threads)]
+        return argv
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parent.parent)  # `-m serving.server` from any cwd
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        return env
+
+
+class VllmServerProcess(ServerProcess):
+    """``vllm serve BASE --enable-lora`` on ``host:port``, shaped by the worker's ``EngineSettings``."""
+
+    def __init__(
+        self, model: str, settings: EngineSettings | None = None, *, tokens_as_ids: bool = True,
+        extra_args: list[str] | None = None, **kwargs: object,
+    ) -> None:  # fmt: skip
+        super().__init__(model, settings, **kwargs)  # type: ignore[arg-type]
+        self.tokens_as_ids = tokens_as_ids
+        self.extra_args = list(extra_args or [])
+
+    def command(self) -> list[str]:
+        s = self.settings
+        resolved = resolve_base_model(self.model)
+        served = self.served_name or self.model
+        exe = shutil.which("vllm")
+        argv = [exe, "serve"] if exe else [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+        argv += [resolved.base_path, "--host", self.host, "--port", str(self.port)]
+        if resolved.adapter_path is not None:
+            config = json.loads((Path(resolved.adapter_path) / "adapter_config.json").read_text())
+            served = self.served_name or str(config["base_model_name_or_path"])
+        argv += ["--served-model-name", served, "--dtype", VLLM_DTYPES[s.dtype]]
+        argv += ["--enable-lora", "--max-lora-rank", str(lora_rank_flag(s.max_lora_rank))]
+        argv += ["--max-loras", str(s.max_loras)]
+        if resolved.adapter_path is not None:
+            start_name = self.start_adapter_name or f"{Path(resolved.adapter_path).name}@0"
+            argv += ["--lora-modules", f"{start_name}={resolved.adapter_path}"]
+        if self.tokens_as_ids:
+            argv.append("--return-tokens-as-token-ids")
+        if s.sleep_mode:
+            argv.append("--enable-sleep-mode")
+        if s.gpu_memory_utilization is not None:
+            argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+        return argv + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        if self.settings.sleep_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        return env
+
+
+def server_process(model: str, settings: EngineSettings, **kwargs: object) -> ServerProcess:
+    """The server ``settings.engine`` names, serving ``model`` (a ``base_model`` string); not started yet."""
+    if settings.engine == "vllm":
+        return VllmServerProcess(model, settings, **kwargs)  # type: ignore[arg-type]
+    return CpuServerProcess(model, settings, **kwargs)  # type: ignore[arg-type]
