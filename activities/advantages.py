@@ -24,7 +24,7 @@ from temporalio import activity
 from activities import trajectory_store
 from activities.object_store import ObjectStore
 from schemas import layout
-from schemas.activities import AdvantagesInput, AdvantagesResult
+from schemas.activities import ActivityName, AdvantagesInput, AdvantagesResult
 from schemas.config import TrainConfig
 from schemas.refs import ObjectRef
 from schemas.trajectory import TrajectoryGroup
@@ -100,7 +100,7 @@ class AdvantagesActivities:
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
 
-    @activity.defn(name="compute_advantages")
+    @activity.defn(name=ActivityName.ADVANTAGES)
     async def compute_advantages(self, inp: AdvantagesInput) -> AdvantagesResult:
         """Read the step's scored trajectories, write ``advantages.parquet`` (idempotent: same key)."""
         return await asyncio.to_thread(self.compute_advantages_sync, inp)

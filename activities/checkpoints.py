@@ -22,7 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from pydantic import BaseModel, ConfigDict
 
 from activities.object_store import ObjectStore, sha256_file
@@ -34,8 +33,9 @@ from schemas.refs import CheckpointRef
 log = logging.getLogger(__name__)
 
 TRAINER_STATE_FILE = "trainer_state.json"
-RNG_STATE_FILE = "rng_state.pt"
 METRICS_FILE = "metrics.json"
+VERIFIED_MARKER = ".manifest_sha256"
+"""In a downloaded checkpoint: the sha256 of the manifest its files were verified against."""
 
 
 class TrainerState(BaseModel):
@@ -61,12 +61,12 @@ class OomState(BaseModel):
 
 
 def staging_dir(root: str | Path, run_id: str, step: int) -> Path:
-    return Path(root) / run_id / f"{step:06d}"
+    return layout.local_step_dir(root, run_id, step)
 
 
 def oom_state_file(root: str | Path, run_id: str, step: int) -> Path:
     # Outside the step's staging dir, so it is never uploaded with the checkpoint.
-    return Path(root) / run_id / f".{step:06d}.oom.json"
+    return Path(root) / run_id / f".{layout.step_name(step)}.oom.json"
 
 
 def read_oom_state(root: str | Path, run_id: str, step: int) -> OomState | None:
@@ -90,7 +90,6 @@ def stage_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         save_adapter(tmp)
-        torch.save(torch.get_rng_state(), tmp / RNG_STATE_FILE)
         write_json_atomic(tmp / TRAINER_STATE_FILE, state.model_dump(mode="json"))
         write_json_atomic(tmp / METRICS_FILE, metrics)
         if target.exists():
@@ -131,23 +130,17 @@ def publish_staged(
 
 
 def download_checkpoint(store: ObjectStore, ref: CheckpointRef, local: Path) -> Path:
-    """Download a manifested checkpoint (sha256-verified) into ``local``; reuse a verified copy."""
-    prefix = store.key(ref.uri)
-    _, sha = store.read_manifest(prefix)
-    if sha != ref.manifest_sha256:
-        raise CorruptCheckpointError(
-            f"{ref.uri}: manifest sha256 {sha[:12]}… is not the {ref.manifest_sha256[:12]}… the workflow "
-            "recorded; the checkpoint was overwritten after it was published"
-        )
-    marker = local / ".manifest_sha256"
-    if marker.is_file() and marker.read_text() == sha:
+    """Download the published checkpoint ``ref`` (``ObjectStore.get_checkpoint``: its manifest is the one
+    published, every file sha256-verified) into ``local``; a copy verified against that manifest is reused."""
+    marker = local / VERIFIED_MARKER
+    if marker.is_file() and marker.read_text() == ref.manifest_sha256:
         return local
     if local.exists():
         shutil.rmtree(local)
     tmp = local.with_name(f".{local.name}.download")
     if tmp.exists():
         shutil.rmtree(tmp)
-    store.get_dir(prefix, tmp)
-    (tmp / ".manifest_sha256").write_text(sha)
+    store.get_checkpoint(ref, tmp)
+    (tmp / VERIFIED_MARKER).write_text(ref.manifest_sha256)
     os.replace(tmp, local)
     return local

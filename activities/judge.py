@@ -33,15 +33,16 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.object_store import ObjectStore
-from activities.rollout_model import discover_base_model, openai_base_url
+from activities.rollout_model import discover_base_model
 from activities.trajectory_store import load_groups, upload_groups
 from schemas import layout
-from schemas.activities import JudgeInput
+from schemas.activities import ActivityName, JudgeInput
 from schemas.config import JudgeConfig
 from schemas.errors import CONFIG_ERROR
 from schemas.refs import TrajectoriesRef
 from schemas.settings import ENV_INFERENCE_URL
 from schemas.trajectory import Trajectory, TrajectoryGroup
+from serving.client import openai_base_url
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +335,7 @@ class JudgeActivities:
                 )
         return AsyncOpenAI(base_url=openai_base_url(base_url), api_key=api_key), base_url
 
-    @activity.defn(name="judge")
+    @activity.defn(name=ActivityName.JUDGE)
     async def judge(self, input: JudgeInput) -> TrajectoriesRef:
         config = input.judge
         if config.kind == "rollout":

@@ -1,6 +1,7 @@
 """The metrics activity (control queue): one row per step in the run's metrics Parquet, W&B, a reward curve.
 
-- ``runs/<run>/metrics.parquet``: one row per step (a retried step replaces its row), a column per metric.
+- ``runs/<run>/metrics.parquet``: one row per step, a column per metric; a retried step's values replace
+  the earlier ones (``record_step``, which the ART-style client's ``model.log`` writes through too).
 - W&B with ``train/step`` as the x-axis (so a retried step may log again): offline unless
   ``WANDB_API_KEY`` is set in the worker's environment. W&B failing never fails the step.
 - ``runs/<run>/reward_curve.png``: reward mean (with a ±std band) per step, redrawn every step; also
@@ -28,7 +29,7 @@ from temporalio import activity
 from activities.object_store import ObjectStore
 from host.files import write_atomic
 from schemas import layout
-from schemas.activities import MetricsInput
+from schemas.activities import ActivityName, MetricsInput
 from schemas.errors import StoreError
 from schemas.settings import ENV_HOME
 
@@ -65,6 +66,23 @@ def read_metrics(store: ObjectStore, run_id: str) -> list[dict[str, Any]]:
     if not store.exists(key):
         return []
     return list(pq.read_table(pa.BufferReader(store.get_bytes(key))).to_pylist())
+
+
+def record_step(
+    store: ObjectStore, run_id: str, model_name: str, step: int, metrics: dict[str, float]
+) -> list[dict[str, Any]]:
+    """Merge ``metrics`` into the step's row of the run's metrics Parquet (the row's other columns are
+    kept) and write it back; returns every row."""
+    rows = read_metrics(store, run_id)
+    old = next((r for r in rows if r.get(STEP_COLUMN) == step), {})
+    row: dict[str, Any] = {k: v for k, v in old.items() if v is not None}
+    row.update({STEP_COLUMN: step, "run_id": run_id, "model_name": model_name, "logged_at": time.time()})
+    row.update({k: float(v) for k, v in metrics.items()})
+    rows = merge_row(rows, row)
+    sink = pa.BufferOutputStream()
+    pq.write_table(rows_to_table(rows), sink, compression="zstd")
+    store.put_bytes(layout.metrics_key(run_id), sink.getvalue().to_pybytes())
+    return rows
 
 
 def reward_curve_png(rows: list[dict[str, Any]], title: str) -> bytes:
@@ -153,18 +171,7 @@ class MetricsActivities:
         return [self.log_metrics]
 
     def _write(self, input: MetricsInput) -> list[dict[str, Any]]:
-        row: dict[str, Any] = {
-            STEP_COLUMN: input.step,
-            "run_id": input.run_id,
-            "model_name": input.model_name,
-            "logged_at": time.time(),
-            **{k: float(v) for k, v in input.metrics.items()},
-        }
-        rows = merge_row(read_metrics(self.store, input.run_id), row)
-        sink = pa.BufferOutputStream()
-        pq.write_table(rows_to_table(rows), sink, compression="zstd")
-        self.store.put_bytes(layout.metrics_key(input.run_id), sink.getvalue().to_pybytes())
-        return rows
+        return record_step(self.store, input.run_id, input.model_name, input.step, input.metrics)
 
     def _curve(self, input: MetricsInput, rows: list[dict[str, Any]]) -> None:
         png = reward_curve_png(rows, f"{input.project}/{input.model_name} ({input.run_id})")
@@ -173,7 +180,7 @@ class MetricsActivities:
             path = self.local_dir / input.run_id / "reward_curve.png"
             write_atomic(path, png)
 
-    @activity.defn(name="metrics")
+    @activity.defn(name=ActivityName.METRICS)
     async def log_metrics(self, input: MetricsInput) -> None:
         rows = await asyncio.to_thread(self._write, input)
         try:

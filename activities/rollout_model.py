@@ -23,6 +23,8 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
+from serving.client import ServingClient
+
 try:  # openai >= 3 sends through httpx2 (httpx's successor); older versions through httpx
     import httpx2 as httpx
 except ImportError:  # pragma: no cover
@@ -179,20 +181,6 @@ class RolloutModel:
             self._client = None
 
 
-def openai_base_url(server_url: str) -> str:
-    """``http://host:port`` or ``http://host:port/v1`` -> the ``/v1`` base URL the openai SDK wants."""
-    url = server_url.rstrip("/")
-    return url if url.endswith("/v1") else url + "/v1"
-
-
 async def discover_base_model(base_url: str, request_timeout_s: float = 10.0) -> str:
     """The served name of the base model on an OpenAI-compatible server (``/v1/models``, no ``parent``)."""
-    async with httpx.AsyncClient(timeout=request_timeout_s) as http:
-        response = await http.get(openai_base_url(base_url) + "/models")
-        response.raise_for_status()
-        models = response.json().get("data", [])
-    bases = [m["id"] for m in models if isinstance(m, dict) and not m.get("parent") and "@" not in m["id"]]
-    if not bases:
-        ids = [m.get("id") for m in models if isinstance(m, dict)]
-        raise RuntimeError(f"{base_url}/models lists no base model (got {ids})")
-    return str(bases[0])
+    return await ServingClient(base_url, timeout_s=request_timeout_s).base_model()

@@ -27,13 +27,14 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.object_store import ObjectStore
-from activities.rollout_model import RolloutModel, discover_base_model, openai_base_url
+from activities.rollout_model import RolloutModel, discover_base_model
 from activities.trajectory_store import upload_groups
-from schemas.activities import RolloutsInput
+from schemas.activities import ActivityName, RolloutsInput
 from schemas.config import TaskSpec
 from schemas.errors import CONFIG_ERROR, ROLLOUT_FAILED, TASK_IMPORT
 from schemas.refs import TrajectoriesRef
 from schemas.trajectory import Choice, ExceptionRecord, Trajectory, TrajectoryGroup
+from serving.client import openai_base_url
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +289,7 @@ class RolloutActivities:
             self.base_served_name = await discover_base_model(self.inference_urls[0])
         return self.base_served_name
 
-    @activity.defn(name="rollouts")
+    @activity.defn(name=ActivityName.ROLLOUTS)
     async def rollouts(self, input: RolloutsInput) -> TrajectoriesRef:
         fn = load_rollout_function(input.task.rollout)
         scenarios = await asyncio.to_thread(load_scenarios, input.task.scenarios)

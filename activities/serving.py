@@ -1,13 +1,15 @@
 """Serving activities of the inference worker: load a published adapter on its servers; sleep and wake them.
 
-``ServingActivities(servers, store=None, adapter_root=None, leases=None)``:
+``ServingActivities(servers, store=None, adapter_root=None, leases=None, engine=None)``:
 
 - ``servers``: the server URLs this worker fronts (``http://host:port``, with or without ``/v1``), or
   ``ServingClient`` objects; our CPU server and vLLM alike.
 - ``store``: the ``ObjectStore`` checkpoints are read from; default ``ObjectStore.from_env()`` on first use.
 - ``adapter_root``: where checkpoints are downloaded (the servers read adapters from this machine's disk);
-  default ``$DGRPO_HOME/adapters``. A checkpoint lands in ``<root>/<run_id>/<step:06d>/``.
+  default ``$DGRPO_HOME/adapters``. A checkpoint lands in ``layout.local_step_dir(root, run_id, step)``.
 - ``leases``: an ``AdapterLeases`` shared with the rollout activities; reload never evicts a held adapter.
+- ``engine``: the ``EngineSettings`` the servers run with (the operator's); ``reload`` refuses a run they
+  cannot serve before loading anything.
 
 Register ``ServingActivities(...).all()``: ``reload`` (``ReloadInput`` -> ``ReloadResult``) and
 ``serving_control`` (``ServingControlInput`` -> None).
@@ -29,11 +31,13 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.checkpoints import download_checkpoint
+from activities.errors import application_error
 from activities.object_store import ObjectStore
-from schemas.activities import ReloadInput, ReloadResult, ServingControlInput
-from schemas.errors import CONFIG_ERROR, CORRUPT_CHECKPOINT, CorruptCheckpointError, StoreError
+from schemas import layout
+from schemas.activities import ActivityName, ReloadInput, ReloadResult, ServingControlInput
+from schemas.errors import CONFIG_ERROR, CORRUPT_LOCAL_COPY, DgrpoError
 from schemas.layout import adapter_name
-from schemas.settings import dgrpo_home
+from schemas.settings import EngineSettings, dgrpo_home
 from serving.client import ServingClient, ServingError
 
 log = logging.getLogger(__name__)
@@ -82,6 +86,7 @@ class ServingActivities:
         store: ObjectStore | None = None,
         adapter_root: str | Path | None = None,
         leases: AdapterLeases | None = None,
+        engine: EngineSettings | None = None,
     ) -> None:
         if not servers:
             raise ValueError("ServingActivities needs at least one server URL")
@@ -89,6 +94,7 @@ class ServingActivities:
         self._store = store
         self.adapter_root = Path(adapter_root or Path(dgrpo_home()) / "adapters")
         self.leases = leases or AdapterLeases()
+        self.engine = engine or EngineSettings()
 
     @property
     def store(self) -> ObjectStore:
@@ -100,12 +106,48 @@ class ServingActivities:
         return [self.reload, self.serving_control]
 
     def local_dir(self, run_id: str, step: int) -> Path:
-        return self.adapter_root / run_id / f"{step:06d}"
+        return layout.local_step_dir(self.adapter_root, run_id, step)
 
-    @activity.defn(name="reload")
+    def refusal(self, input: ReloadInput) -> str | None:
+        """Why these servers cannot serve the run (each setting to change named), or None when they can."""
+        engine, problems = self.engine, []
+        if input.serving.engine is not None and input.serving.engine != engine.engine:
+            problems.append(
+                f"the run needs engine {input.serving.engine!r} (serving.engine), but this inference worker "
+                f"runs {engine.engine!r}: start one with `dgrpo worker inference --engine {input.serving.engine}`"
+                " or leave serving.engine out"
+            )
+        if input.lora_rank is not None and input.lora_rank > engine.max_lora_rank:
+            problems.append(
+                f"model.lora.rank {input.lora_rank} is above this worker's --max-lora-rank "
+                f"{engine.max_lora_rank}: lower the rank or restart the worker with a larger --max-lora-rank"
+            )
+        if input.serving.keep_adapters > engine.max_loras - 1:
+            problems.append(
+                f"serving.keep_adapters {input.serving.keep_adapters} needs --max-loras of at least "
+                f"{input.serving.keep_adapters + 1} (one more for the adapter being loaded), but this worker "
+                f"has {engine.max_loras}: lower keep_adapters or raise --max-loras"
+            )
+        if input.shared and not engine.can_sleep:
+            problems.append(
+                "mode 'shared' puts the engine to sleep while the trainer runs, but this vLLM worker was "
+                "started without --sleep-mode: restart it with --sleep-mode, or use mode 'sync'/'pipelined'"
+            )
+        if input.bucket is not None and input.bucket != self.store.bucket:
+            problems.append(
+                f"storage.bucket is {input.bucket!r}, but this worker's bucket is {self.store.bucket!r} "
+                "(DGRPO_S3_BUCKET); storage.bucket is deprecated: leave it out of the run spec"
+            )
+        return "; ".join(problems) or None
+
+    @activity.defn(name=ActivityName.RELOAD)
     async def reload(self, input: ReloadInput) -> ReloadResult:
         """Download checkpoint ``input.checkpoint`` (sha256-verified), load it as ``<model>@<step>`` on every
         server (replacing one of that name loaded from another run's checkpoint), then evict this model's adapters beyond the newest ``keep_adapters`` that no lease holds."""
+        refusal = self.refusal(input)
+        if refusal is not None:
+            raise ApplicationError(f"this inference worker cannot serve the run: {refusal}", type=CONFIG_ERROR,
+                                   non_retryable=True)  # fmt: skip
         ref = input.checkpoint
         name = adapter_name(input.model_name, ref.step)
         local = self.local_dir(ref.run_id, ref.step)
@@ -113,12 +155,8 @@ class ServingActivities:
         try:
             await asyncio.to_thread(download_checkpoint, self.store, ref, local)
             manifest, _ = await asyncio.to_thread(self.store.read_manifest, self.store.key(ref.uri))
-        except CorruptCheckpointError as err:
-            raise ApplicationError(str(err), type=CORRUPT_CHECKPOINT, non_retryable=True) from err
-        except StoreError as err:
-            raise ApplicationError(
-                str(err), type=err.failure_type, non_retryable=err.failure_type != "StoreUnavailable"
-            ) from err
+        except DgrpoError as err:  # a corrupt or overwritten checkpoint, an unreachable or refusing store
+            raise application_error(err) from err
         sha256 = {e.path: e.sha256 for e in manifest.files if e.path.startswith(ADAPTER_FILE_PREFIX)}
         for client in self.clients:
             _heartbeat("load", name, client.base_url)
@@ -138,7 +176,7 @@ class ServingActivities:
                     shutil.rmtree(
                         local, ignore_errors=True
                     )  # a damaged local copy: the retry downloads again
-                    raise ApplicationError(f"{name}: {err}", type=CORRUPT_CHECKPOINT) from err
+                    raise ApplicationError(f"{name}: {err}", type=CORRUPT_LOCAL_COPY) from err
                 raise ApplicationError(
                     f"{client.base_url} refused adapter {name} from {ref.uri}: {err.message}",
                     type=CONFIG_ERROR,
@@ -172,7 +210,7 @@ class ServingActivities:
                     unloaded.add(evict)
         return sorted(unloaded)
 
-    @activity.defn(name="serving_control")
+    @activity.defn(name=ActivityName.SERVING_CONTROL)
     async def serving_control(self, input: ServingControlInput) -> None:
         """Put every server to sleep (shared mode, before training) or wake them up."""
         for client in self.clients:

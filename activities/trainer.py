@@ -30,13 +30,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from activities.grpo_loss import LossParams, grpo_loss, token_logprobs
 from activities.tokenize import TrainSequence
-from base_models.resolve import resolve_base_model
+from base_models.resolve import pad_token_id, resolve_base_model
 from schemas.config import ModelSpec, TrainConfig
 
 log = logging.getLogger(__name__)
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
+RNG_STATE_FILE = "rng_state.pt"
 ENV_BACKEND = "DGRPO_TRAINER_BACKEND"
 
 Progress = Callable[[int, int, int], None]
@@ -156,11 +157,12 @@ class Trainer:
             self.optimizer.load_state_dict(torch.load(directory / OPTIMIZER_FILE, weights_only=True))
 
     def save_state(self, directory: str | Path) -> None:
-        """Adapter in PEFT format (adapter_config.json + safetensors) and the optimizer state."""
+        """Adapter in PEFT format (adapter_config.json + safetensors), the optimizer state and torch's RNG."""
         directory = Path(directory)
         self.model.save_pretrained(str(directory))
         if self.optimizer is not None:
             torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
+        torch.save(torch.get_rng_state(), directory / RNG_STATE_FILE)
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
@@ -175,7 +177,7 @@ class Trainer:
 
     def _batch(self, seqs: list[TrainSequence], weights: list[list[float]]) -> dict[str, torch.Tensor]:
         width = max(len(s.tokens) for s in seqs)
-        pad = int(self.tokenizer.pad_token_id or 0)
+        pad = pad_token_id(self.tokenizer)
         ids = torch.full((len(seqs), width), pad, dtype=torch.long)
         attn = torch.zeros((len(seqs), width), dtype=torch.long)
         old = torch.full((len(seqs), width), math.nan, dtype=torch.float32)

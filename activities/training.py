@@ -54,7 +54,14 @@ from activities.tokenize import TrainSequence, build_sequences
 from activities.trainer import StepStats, Trainer
 from host.files import write_json_atomic
 from schemas import layout
-from schemas.activities import CheckpointLookup, InitialAdapterInput, PublishInput, TrainInput, TrainResult
+from schemas.activities import (
+    ActivityName,
+    CheckpointLookup,
+    InitialAdapterInput,
+    PublishInput,
+    TrainInput,
+    TrainResult,
+)
 from schemas.config import ModelSpec, TrainConfig
 from schemas.errors import CONFIG_ERROR, NON_RETRYABLE, OUT_OF_MEMORY, DgrpoError
 from schemas.refs import CheckpointRef
@@ -149,7 +156,7 @@ class TrainerActivities:
         return [self.train, self.publish, self.publish_initial, self.latest_checkpoint]
 
     # ---- activities -------------------------------------------------------------------------------
-    @activity.defn(name="train")
+    @activity.defn(name=ActivityName.TRAIN)
     async def train(self, inp: TrainInput) -> TrainResult:
         """Train one GRPO step from ``start_from`` and stage it on this worker (publish it next)."""
         info = activity.info()
@@ -189,17 +196,17 @@ class TrainerActivities:
                 type=OUT_OF_MEMORY,
             ) from err
 
-    @activity.defn(name="publish")
+    @activity.defn(name=ActivityName.PUBLISH)
     async def publish(self, inp: PublishInput) -> CheckpointRef:
         """Upload a staged step to ``checkpoints/<step>/`` (manifest last); a retry reuses a complete one."""
         return await self._in_thread(lambda _stop: self.publish_sync(inp), {"publishing": inp.step})
 
-    @activity.defn(name="publish_initial")
+    @activity.defn(name=ActivityName.PUBLISH_INITIAL)
     async def publish_initial(self, inp: InitialAdapterInput) -> CheckpointRef:
         """Stage and publish checkpoint 0: a fresh LoRA from ``inp.seed`` or the warm-start adapter."""
         return await self._in_thread(lambda _stop: self.publish_initial_sync(inp), {"publishing": 0})
 
-    @activity.defn(name="latest_checkpoint")
+    @activity.defn(name=ActivityName.LATEST_CHECKPOINT)
     async def latest_checkpoint(self, inp: CheckpointLookup) -> CheckpointRef | None:
         """The newest manifested checkpoint of the run, or None."""
         return await asyncio.to_thread(self.store.latest_checkpoint, inp.run_id)
@@ -240,7 +247,7 @@ class TrainerActivities:
             return
         if self._memory == (ref.run_id, ref.step) and self._memory_sha == ref.manifest_sha256:
             return  # the warm trainer holds exactly this checkpoint (it trained and published it)
-        local = self.staging_root / inp.run_id / ".inputs" / f"{ref.step:06d}"
+        local = layout.local_step_dir(self.staging_root / inp.run_id, ".inputs", ref.step)
         download_checkpoint(self.store, ref, local)
         trainer.load_state(local)
 

@@ -22,6 +22,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from schemas.errors import DgrpoError
 from schemas.settings import dgrpo_cache
@@ -116,3 +117,19 @@ def ensure_smollm2(cache_dir: str | None = None) -> Path:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+class Tokenizer(Protocol):
+    pad_token_id: int | None
+    eos_token_id: int | None
+
+
+def pad_token_id(tokenizer: Tokenizer) -> int:
+    """The id that fills a batch's padding: the tokenizer's pad token, else its EOS (some have no pad token).
+
+    Padding is always masked out, so any id would do; one rule keeps sampling, serving and training alike.
+    """
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError("the tokenizer has neither a pad token nor an EOS token to pad with")
+    return int(pad)

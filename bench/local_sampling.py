@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from base_models.resolve import pad_token_id
 from schemas.trajectory import Choice, ChoiceLogprobs, TokenLogprob
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def sample_choices(
     prompt_ids = [chat_prompt_ids(tokenizer, p) for p in prompts for _ in range(n)]
     width = max(len(p) for p in prompt_ids)
     eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos  # some tokenizers have none
+    pad = pad_token_id(tokenizer)
     device = next(model.parameters()).device
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids], device=device)
     attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=device)

@@ -25,6 +25,7 @@ import torch
 
 from activities.tokenize import TrainSequence
 from activities.trainer import Trainer
+from base_models.resolve import pad_token_id
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
 
 MODEL = ModelSpec(name="bench", base_model="smollm2-135m-instruct", lora=LoraConfig(rank=16, alpha=32))
@@ -89,7 +90,7 @@ def time_trl(trl: Any, trainer: Trainer, seqs: list[TrainSequence], mb: int) -> 
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
     trl.current_gradient_accumulation_steps = N_SEQ // mb
-    pad = trainer.tokenizer.pad_token_id
+    pad = pad_token_id(trainer.tokenizer)
     started = time.perf_counter()
     for i in range(0, len(seqs), mb):
         chunk = seqs[i : i + mb]

@@ -14,7 +14,6 @@ import os
 import time
 from typing import Protocol
 
-import httpx
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -24,6 +23,8 @@ from activities.object_store import ObjectStore
 from dgrpo.errors import BackendError
 from schemas.config import TaskQueues
 from schemas.settings import ENV_INFERENCE_URL, S3Settings, TemporalSettings
+from serving.client import ServingClient
+from workers.temporal import connect_client
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +50,9 @@ class Backend(Protocol):
 
 
 async def connect(address: str, namespace: str, tls: bool, api_key: str | None) -> Client:
-    from temporalio.contrib.pydantic import pydantic_data_converter
-
+    """``connect_client``, with a failure the client's user can act on."""
     try:
-        return await Client.connect(
-            address,
-            namespace=namespace,
-            tls=tls,
-            api_key=api_key,
-            data_converter=pydantic_data_converter,
-        )
+        return await connect_client(address=address, namespace=namespace, tls=tls, api_key=api_key)
     except RuntimeError as err:
         raise BackendError(
             f"cannot connect to Temporal at {address} (namespace {namespace!r}): {err}"
@@ -94,18 +88,11 @@ async def wait_for_workers(client: Client, queues: TaskQueues, within_s: float) 
 
 
 async def wait_for_server(url: str, within_s: float) -> None:
-    """Wait until ``<url>/models`` answers."""
-    deadline = time.monotonic() + within_s
-    async with httpx.AsyncClient(timeout=5.0) as http:
-        while True:
-            try:
-                if (await http.get(url.rstrip("/") + "/models")).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise BackendError(f"the inference server at {url} did not answer in {within_s:.0f}s")
-            await asyncio.sleep(1.0)
+    """Wait until the inference server at ``url`` answers ``/health``."""
+    try:
+        await ServingClient(url).wait_healthy(within_s)
+    except TimeoutError:
+        raise BackendError(f"the inference server at {url} did not answer in {within_s:.0f}s") from None
 
 
 class TemporalBackend:

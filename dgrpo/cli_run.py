@@ -7,7 +7,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from temporalio.client import WorkflowFailureError
@@ -21,6 +21,9 @@ from schemas.run_state import RunStatus
 from schemas.settings import EngineSettings
 from workers.temporal import connect_client
 from workflows.training_run import TrainingRun
+
+if TYPE_CHECKING:
+    from workers.worker import WorkerOptions
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -38,9 +41,16 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from workers.worker import WorkerOptions, main
+    from workers.worker import main
 
-    opts = WorkerOptions(
+    return main(worker_options(args))
+
+
+def worker_options(args: argparse.Namespace) -> WorkerOptions:
+    """What ``dgrpo worker ...`` runs, from its flags."""
+    from workers.worker import WorkerOptions
+
+    return WorkerOptions(
         role=args.role,
         task_queues=TaskQueues(
             control=args.control_queue, inference=args.inference_queue, trainer=args.trainer_queue
@@ -61,7 +71,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
         ready_file=Path(args.ready_file) if args.ready_file else None,
         single_process=args.single_process,
     )
-    return main(opts)
 
 
 async def _train(args: argparse.Namespace) -> int:

@@ -7,14 +7,9 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-import time
 from collections import defaultdict
-from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from activities.metrics import STEP_COLUMN, merge_row, read_metrics, reward_curve_png, rows_to_table
+from activities.metrics import STEP_COLUMN, read_metrics, record_step, reward_curve_png
 from activities.object_store import ObjectStore
 from schemas import layout
 from schemas.errors import CorruptCheckpointError
@@ -53,15 +48,7 @@ def record_metrics(
     curve_title: str | None = None,
 ) -> None:
     """Merge ``metrics`` into the step's row (other columns of that row are kept); redraw the curve if asked."""
-    rows = read_metrics(store, run_id)
-    old = next((r for r in rows if r.get(STEP_COLUMN) == step), {})
-    row: dict[str, Any] = {k: v for k, v in old.items() if v is not None}
-    row.update({STEP_COLUMN: step, "run_id": run_id, "model_name": model_name, "logged_at": time.time()})
-    row.update({k: float(v) for k, v in metrics.items()})
-    rows = merge_row(rows, row)
-    sink = pa.BufferOutputStream()
-    pq.write_table(rows_to_table(rows), sink, compression="zstd")
-    store.put_bytes(layout.metrics_key(run_id), sink.getvalue().to_pybytes())
+    rows = record_step(store, run_id, model_name, step, metrics)
     if curve_title is not None:
         store.put_bytes(layout.reward_curve_key(run_id), reward_curve_png(rows, curve_title))
     log.info("step %d: %s", step, ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))

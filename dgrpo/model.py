@@ -27,7 +27,6 @@ from activities.object_store import ObjectStore
 from activities.rollout_model import (
     DEFAULT_API_KEY,
     discover_base_model,
-    openai_base_url,
     routed_openai_client,
 )
 from activities.trajectory_store import upload_groups
@@ -46,6 +45,7 @@ from schemas.errors import DgrpoError
 from schemas.refs import TrajectoriesRef
 from schemas.run_state import ServeModelInput, ServeModelResult, TrainStepInput, TrainStepResult
 from schemas.trajectory import TrajectoryGroup
+from serving.client import openai_base_url
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class TrainableModel(Model):
     # ---- training ---------------------------------------------------------------------------------
     def train_workflow_id(self, step: int) -> str:
         """The ``TrainStep`` workflow id of ``step``: one workflow per (model, step), ever."""
-        return f"train-{self.project}-{self.name}-{step:06d}"
+        return f"train-{self.project}-{self.name}-{layout.step_name(step)}"
 
     async def train(
         self, trajectory_groups: Iterable[TrajectoryGroup], config: TrainConfig | None = None

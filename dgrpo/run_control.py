@@ -12,9 +12,10 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.object_store import ObjectStore
 from schemas.config import RunSpec, parse_run_spec
-from schemas.errors import DgrpoError
+from schemas.errors import DgrpoError, RunSpecError
 from schemas.layout import spec_key
 from schemas.run_state import RunStatus
+from schemas.settings import ENV_S3_BUCKET
 from workflows.training_run import TrainingRun
 
 
@@ -23,10 +24,13 @@ class RunNotFoundError(DgrpoError, LookupError):
 
 
 def store_for(spec: RunSpec) -> ObjectStore:
-    """The object store the run writes to (its bucket when the spec names one)."""
+    """The object store the run's workers use (``DGRPO_S3_*``); a spec naming another bucket is refused."""
     store = ObjectStore.from_env()
     if spec.storage.bucket and spec.storage.bucket != store.bucket:
-        store = ObjectStore(store.settings.model_copy(update={"bucket": spec.storage.bucket}))
+        raise RunSpecError(
+            f"storage.bucket is {spec.storage.bucket!r}, but the workers' bucket is {store.bucket!r} "
+            f"({ENV_S3_BUCKET}); storage.bucket is deprecated: leave it out of the run spec"
+        )
     return store
 
 

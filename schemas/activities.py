@@ -6,6 +6,7 @@ field with a default never breaks a caller or a recorded workflow history.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,6 +17,21 @@ from schemas.refs import CheckpointRef, ObjectRef, TrajectoriesRef
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class ActivityName(StrEnum):
+    """The name each activity registers under and the workflows call it by, defined once."""
+
+    ROLLOUTS = "rollouts"
+    RELOAD = "reload"
+    SERVING_CONTROL = "serving_control"
+    JUDGE = "judge"
+    ADVANTAGES = "compute_advantages"
+    METRICS = "metrics"
+    TRAIN = "train"
+    PUBLISH = "publish"
+    PUBLISH_INITIAL = "publish_initial"
+    LATEST_CHECKPOINT = "latest_checkpoint"
 
 
 # --- inference queue -------------------------------------------------------------------------
@@ -42,11 +58,18 @@ class RolloutsInput(_Strict):
 
 
 class ReloadInput(_Strict):
-    """Load a published checkpoint into every server this inference worker fronts."""
+    """Load a published checkpoint into every server this inference worker fronts, once the worker has
+    checked it can serve the run (engine, LoRA rank, adapters kept, sleep mode, bucket)."""
 
     model_name: str
     checkpoint: CheckpointRef
     serving: ServingSpec = Field(default_factory=ServingSpec)
+    lora_rank: int | None = Field(None, ge=1)
+    """The run's LoRA rank; refused above the engine's ``--max-lora-rank``."""
+    shared: bool = False
+    """The run puts the engine to sleep while it trains (mode ``shared``): refused by an engine that cannot."""
+    bucket: str | None = None
+    """The bucket the run's spec names (deprecated); refused when it is not the worker's."""
 
 
 class ReloadResult(_Strict):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -134,19 +135,22 @@ class JudgeConfig(_Strict):
 
 
 class StorageSpec(_Strict):
-    """Where trajectories and checkpoints go. Endpoint and credentials come from the worker's env."""
+    """Deprecated: the object store, bucket included, is the workers' operator's (``DGRPO_S3_*``)."""
 
     bucket: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-    """S3 bucket; None uses ``DGRPO_S3_BUCKET`` from the worker's environment."""
+    """Deprecated. A run naming a bucket other than its workers' ``DGRPO_S3_BUCKET`` is refused."""
 
 
 class ServingSpec(_Strict):
-    """How the inference worker serves the policy."""
+    """What the run needs from the inference worker; the engine itself is its operator's
+    (``dgrpo worker inference --engine ... --max-lora-rank ... --max-loras ... --sleep-mode``)."""
 
-    engine: Literal["cpu", "vllm"] = "cpu"
-    """``cpu``: our transformers + peft server. ``vllm``: ``vllm serve`` with runtime LoRA loading."""
+    engine: Literal["cpu", "vllm"] | None = None
+    """The engine the run must be served by; None takes whatever the inference worker runs. A worker
+    running another engine refuses the run."""
     keep_adapters: int = Field(3, ge=1)
-    """Newest adapters kept loaded (leased ones are kept as well)."""
+    """This run's newest adapters kept loaded (leased ones are kept as well); the worker refuses more
+    than its ``--max-loras`` minus one."""
 
 
 class TaskQueues(_Strict):
@@ -189,7 +193,7 @@ class RunSpec(_Strict):
     max_staleness: int = Field(1, ge=0)
     """Pipelined mode: groups sampled more than this many policy steps ago are dropped."""
     shared_device: bool = False
-    """True when inference and training share one device; pipelined mode is then refused."""
+    """Deprecated: say ``mode = "shared"`` instead. True with mode ``pipelined`` is refused."""
     storage: StorageSpec = Field(default_factory=StorageSpec)
     """Object store bucket."""
     serving: ServingSpec = Field(default_factory=ServingSpec)
@@ -202,6 +206,18 @@ class RunSpec(_Strict):
     """Steps per workflow run before continue-as-new keeps history bounded."""
     seed: int = Field(0, ge=0)
     """Seed for scenario order and sampling."""
+
+    def deprecations(self) -> list[str]:
+        """One line per deprecated setting this spec uses, saying what to do instead."""
+        out = []
+        if self.shared_device:
+            out.append("shared_device is deprecated: say mode = 'shared' for one device, or leave it out")
+        if self.storage.bucket is not None:
+            out.append(
+                "storage.bucket is deprecated: the bucket is the workers' (DGRPO_S3_BUCKET); "
+                "leave it out of the run spec"
+            )
+        return out
 
     @model_validator(mode="after")
     def _check_mode(self) -> RunSpec:
@@ -244,9 +260,12 @@ def parse_run_spec(data: Any, source: str = "run spec") -> RunSpec:
     if not isinstance(data, dict):
         raise RunSpecError(f"{source}: a run spec is a table/object of fields, got {type(data).__name__}")
     try:
-        return RunSpec.model_validate(data)
+        spec = RunSpec.model_validate(data)
     except ValidationError as err:
         raise RunSpecError(format_validation_error(err, source)) from None
+    for line in spec.deprecations():
+        warnings.warn(f"{source}: {line}", FutureWarning, stacklevel=2)
+    return spec
 
 
 def load_run_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> RunSpec:

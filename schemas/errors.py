@@ -1,7 +1,9 @@
-"""Typed errors shared by every layer, and the Temporal failure types they map to.
+"""Typed errors shared by every layer, and the Temporal failure types they map to: the one error contract.
 
-Activities raise ``temporalio.exceptions.ApplicationError(message, type=<one of the names below>)``;
-workflows and clients match on the same names, so the contract lives here once.
+An activity raises a ``DgrpoError`` (or an ``ApplicationError`` with one of the types below); every worker's
+``ErrorContract`` interceptor (workers/error_contract.py) turns a ``DgrpoError`` into
+``ApplicationError(message, type=err.failure_type, non_retryable=...)``, and the workflows' retry policies
+list ``NON_RETRYABLE``: both read ``RETRYABLE``, so a type's retry behaviour is defined once, here.
 """
 
 from __future__ import annotations
@@ -21,14 +23,31 @@ ROLLOUT_FAILED = "RolloutFailed"
 """More rollouts failed than the task tolerates."""
 TASK_IMPORT = "TaskImportError"
 """A rollout or scenarios import path does not import."""
+CORRUPT_LOCAL_COPY = "CorruptLocalCopy"
+"""A worker's downloaded copy of a checkpoint failed verification; the retry downloads it again."""
 
-NON_RETRYABLE: tuple[str, ...] = (CONFIG_ERROR, STORE_AUTH, TASK_IMPORT, CORRUPT_CHECKPOINT)
+RETRYABLE: dict[str, bool] = {
+    CONFIG_ERROR: False,
+    OUT_OF_MEMORY: True,
+    CORRUPT_CHECKPOINT: False,
+    CORRUPT_LOCAL_COPY: True,
+    STORE_UNAVAILABLE: True,
+    STORE_AUTH: False,
+    ROLLOUT_FAILED: True,
+    TASK_IMPORT: False,
+}
+"""Every failure type, and whether another attempt can help."""
+NON_RETRYABLE: tuple[str, ...] = tuple(name for name, retry in RETRYABLE.items() if not retry)
 
 
 class DgrpoError(Exception):
     """Base class of the errors durable-grpo raises on purpose."""
 
     failure_type: str = CONFIG_ERROR
+
+    @property
+    def retryable(self) -> bool:
+        return RETRYABLE[self.failure_type]
 
 
 class RunSpecError(DgrpoError, ValueError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 MANIFEST_NAME = "manifest.json"
 """Written last into a checkpoint prefix; a prefix without it is not a checkpoint."""
 TRAJECTORIES_FILE = "trajectories.parquet"
@@ -10,12 +12,18 @@ SCORED_FILE = "scored.parquet"
 """The step's trajectories with the judge's rewards (written next to ``trajectories.parquet``)."""
 
 
-def run_prefix(run_id: str) -> str:
-    return f"runs/{run_id}/"
+def step_name(step: int) -> str:
+    """A step's folder name, here and on local disks: zero-padded, so names sort as numbers."""
+    return f"{step:06d}"
+
+
+def local_step_dir(root: str | Path, run_id: str, step: int) -> Path:
+    """``<root>/<run_id>/<step>``: where a worker keeps a step's files (staged or downloaded checkpoints)."""
+    return Path(root) / run_id / step_name(step)
 
 
 def step_prefix(run_id: str, step: int) -> str:
-    return f"runs/{run_id}/steps/{step:06d}/"
+    return f"runs/{run_id}/steps/{step_name(step)}/"
 
 
 def trajectories_key(run_id: str, step: int) -> str:
@@ -40,7 +48,7 @@ def checkpoints_prefix(run_id: str) -> str:
 
 
 def checkpoint_prefix(run_id: str, step: int) -> str:
-    return f"runs/{run_id}/checkpoints/{step:06d}/"
+    return f"runs/{run_id}/checkpoints/{step_name(step)}/"
 
 
 def metrics_key(run_id: str) -> str:
@@ -55,10 +63,6 @@ def reward_curve_key(run_id: str) -> str:
 def spec_key(run_id: str) -> str:
     """The RunSpec a run was started with (``dgrpo resume`` restarts from it)."""
     return f"runs/{run_id}/spec.json"
-
-
-def run_state_key(run_id: str) -> str:
-    return f"runs/{run_id}/state.json"
 
 
 def model_key(run_id: str) -> str:

@@ -134,6 +134,10 @@ class ServeModelInput(_Strict):
     task_queues: TaskQueues = Field(default_factory=TaskQueues)
     seed: int = Field(0, ge=0)
     """Seed of a fresh step-0 adapter (ignored when ``model.base_model`` is a warm-start adapter)."""
+    shared: bool = False
+    """The run trains in mode ``shared`` (the engine sleeps while the trainer runs)."""
+    bucket: str | None = None
+    """The bucket the run's spec names (deprecated; checked against the workers')."""
 
 
 class ServeModelResult(_Strict):

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from base_models.resolve import pad_token_id
 from serving.sampling import RowSampler, SamplingParams, sample_step
 
 log = logging.getLogger(__name__)
@@ -117,8 +118,7 @@ class GenerationEngine:
         self.max_batch = max_batch
         self.batch_window_s = batch_window_s
         self.max_model_len = max_model_len or int(getattr(self.base.config, "max_position_embeddings", 4096))
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
+        self.pad_id = pad_token_id(self.tokenizer)
         eos = self.base.generation_config.eos_token_id
         eos_ids = {*(eos if isinstance(eos, list) else [eos] if eos is not None else [])}
         if self.tokenizer.eos_token_id is not None:

@@ -33,6 +33,11 @@ def server_root(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
+def openai_base_url(url: str) -> str:
+    """``http://host:port`` or ``http://host:port/v1`` -> the ``/v1`` base URL the openai SDK wants."""
+    return server_root(url) + "/v1"
+
+
 def _message(response: httpx.Response) -> str:
     try:
         body = response.json()
@@ -55,7 +60,7 @@ class ServingClient:
     @property
     def openai_base_url(self) -> str:
         """What ``openai.AsyncOpenAI(base_url=...)`` wants."""
-        return self.base_url + "/v1"
+        return openai_base_url(self.base_url)
 
     def __repr__(self) -> str:
         return f"ServingClient({self.base_url!r})"
@@ -87,10 +92,12 @@ class ServingClient:
         return list((await self._request("GET", "/v1/models")).json()["data"])
 
     async def base_model(self) -> str:
-        """The served name of the base model."""
-        names = [m["id"] for m in await self.models() if not m.get("parent")]
+        """The served name of the base model (the entry with no ``parent`` that is no ``<model>@<step>``)."""
+        models = await self.models()
+        names = [m["id"] for m in models if not m.get("parent") and "@" not in str(m["id"])]
         if not names:
-            raise ServingError(self.base_url, 200, "/v1/models lists no base model")
+            ids = [m.get("id") for m in models]
+            raise ServingError(self.base_url, 200, f"/v1/models lists no base model (got {ids})")
         return str(names[0])
 
     async def adapters(self) -> dict[str, str]:

@@ -17,28 +17,27 @@ import os
 import secrets
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from host.files import write_atomic
 from host.processes import (
     HOST,
+    ChildProcess,
     ProcessInfo,
     alive,
     free_port,
     port_answers,
     port_is_free,
     run_in_thread,
-    spawn_logged,
     terminate,
 )
 from schemas import settings as env_names
 from schemas.settings import S3Settings
+from workers.temporal import connect_client
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +105,7 @@ def find_binary(name: str) -> str:
 
 def temporal_healthy(address: str) -> bool:
     async def check() -> bool:
-        from temporalio.client import Client
-
-        client = await asyncio.wait_for(Client.connect(address), timeout=5)
+        client = await asyncio.wait_for(connect_client(address=address), timeout=5)
         return bool(await client.service_client.check_health())
 
     try:
@@ -147,7 +144,7 @@ class EmbeddedStack:
         self.start_timeout = start_timeout
         self.tied_to_parent = tied_to_parent
         self.state: StackState | None = None
-        self._children: list[subprocess.Popen[bytes]] = []
+        self._children: list[ChildProcess] = []
 
     # ---- paths and credentials -------------------------------------------------------------
     @property
@@ -298,14 +295,14 @@ class EmbeddedStack:
         return [*args, "-master.telemetry=false"]
 
     def _spawn(self, name: str, args: list[str]) -> ProcessInfo:
-        log_path = self.home / "logs" / f"{name}.log"
-        log.debug("starting %s: %s", name, " ".join(args))
         # A new session: the servers outlive `dgrpo up` and ignore the terminal's Ctrl+C.
-        proc = spawn_logged(args, log_path, new_session=True, tied_to_parent=self.tied_to_parent)
-        self._children.append(proc)  # kept so the child is reaped, not left a zombie
-        return ProcessInfo(
-            pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(), log=str(log_path)
-        )
+        child = ChildProcess(
+            args, self.home / "logs" / f"{name}.log", name=name, new_session=True,
+            tied_to_parent=self.tied_to_parent,
+        )  # fmt: skip
+        child.spawn()
+        self._children.append(child)  # kept so the child is reaped, not left a zombie
+        return child.info
 
     def _wait_healthy(self, state: StackState) -> None:
         from minio import Minio
@@ -349,7 +346,7 @@ class EmbeddedStack:
         terminate([state.temporal, state.seaweed], timeout)
         self.state_path.unlink(missing_ok=True)
         for child in self._children:
-            child.poll()
+            child.alive()  # reaps it
         self._children = []
         return was_running
 

@@ -32,6 +32,7 @@ from schemas.config import TaskQueues
 from schemas.layout import worker_task_queue
 from schemas.settings import ENV_SERVE_PORT, EngineSettings, dgrpo_home
 from serving.launchers import server_process
+from workers.error_contract import ErrorContract
 from workers.temporal import connect_client
 from workflows.serve_model import ServeModel
 from workflows.train_step import TrainStep
@@ -91,12 +92,14 @@ def control_activities(store: ObjectStore, judge_url: str | None) -> list[Callab
     ]
 
 
-def inference_activities(store: ObjectStore, server_urls: Sequence[str]) -> list[Callable[..., Any]]:
+def inference_activities(
+    store: ObjectStore, server_urls: Sequence[str], engine: EngineSettings
+) -> list[Callable[..., Any]]:
     from activities.rollouts import RolloutActivities
     from activities.serving import ServingActivities
 
     urls = list(server_urls)
-    return [RolloutActivities(urls, store).rollouts, *ServingActivities(urls, store).all()]
+    return [RolloutActivities(urls, store).rollouts, *ServingActivities(urls, store, engine=engine).all()]
 
 
 async def build_workers(
@@ -112,11 +115,17 @@ async def build_workers(
                 task_queue=queues.control,
                 workflows=[TrainingRun, TrainStep, ServeModel],
                 activities=control_activities(store, server_urls[0] if server_urls else opts.server_url),
+                interceptors=[ErrorContract()],
             )
         )
     if "inference" in roles:
         workers.append(
-            Worker(client, task_queue=queues.inference, activities=inference_activities(store, server_urls))
+            Worker(
+                client,
+                task_queue=queues.inference,
+                activities=inference_activities(store, server_urls, opts.engine),
+                interceptors=[ErrorContract()],
+            )
         )
     if "trainer" in roles:
         from activities.training import TrainerActivities
@@ -126,7 +135,9 @@ async def build_workers(
         own_queue = worker_task_queue(queues.trainer, trainer.worker_id)
         log.info("trainer %s polls %s and %s", trainer.worker_id, queues.trainer, own_queue)
         for queue in (queues.trainer, own_queue):
-            workers.append(Worker(client, task_queue=queue, activities=trainer.all()))
+            workers.append(
+                Worker(client, task_queue=queue, activities=trainer.all(), interceptors=[ErrorContract()])
+            )
     return workers
 
 

@@ -39,7 +39,14 @@ async def serve_newest(inp: ServeModelInput, on_phase: Callable[[str], None]) ->
     on_phase("reload")
     reloaded = await run_stage(
         RELOAD,
-        ReloadInput(model_name=inp.model.name, checkpoint=checkpoint, serving=inp.serving),
+        ReloadInput(
+            model_name=inp.model.name,
+            checkpoint=checkpoint,
+            serving=inp.serving,
+            lora_rank=inp.model.lora.rank,
+            shared=inp.shared,
+            bucket=inp.bucket,
+        ),
         task_queue=queues.inference,
         step=checkpoint.step,
         result_type=ReloadResult,

@@ -16,6 +16,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
+    from schemas.activities import ActivityName
     from schemas.errors import NON_RETRYABLE
 
 T = TypeVar("T")
@@ -25,8 +26,7 @@ T = TypeVar("T")
 class Stage:
     """One activity as the workflows call it."""
 
-    name: str
-    """The registered activity name."""
+    name: ActivityName
     start_to_close: timedelta
     heartbeat: timedelta | None = None
     max_attempts: int = 5
@@ -44,24 +44,24 @@ class Stage:
 
 
 # Rollouts talk to a server over HTTP and heartbeat per finished rollout.
-ROLLOUTS = Stage("rollouts", timedelta(hours=2), heartbeat=timedelta(minutes=3), max_attempts=3)
-JUDGE = Stage("judge", timedelta(hours=1), heartbeat=timedelta(minutes=3), max_attempts=5)
-ADVANTAGES = Stage("compute_advantages", timedelta(minutes=10), max_attempts=5)
+ROLLOUTS = Stage(ActivityName.ROLLOUTS, timedelta(hours=2), heartbeat=timedelta(minutes=3), max_attempts=3)
+JUDGE = Stage(ActivityName.JUDGE, timedelta(hours=1), heartbeat=timedelta(minutes=3), max_attempts=5)
+ADVANTAGES = Stage(ActivityName.ADVANTAGES, timedelta(minutes=10), max_attempts=5)
 # OOM retries halve the micro-batch; a dead trainer is noticed within the heartbeat timeout.
-TRAIN = Stage("train", timedelta(hours=4), heartbeat=timedelta(minutes=5), max_attempts=6)
+TRAIN = Stage(ActivityName.TRAIN, timedelta(hours=4), heartbeat=timedelta(minutes=5), max_attempts=6)
 # Runs on the worker holding the staged adapter; if it died, the task never starts and we train again.
 PUBLISH = Stage(
-    "publish",
+    ActivityName.PUBLISH,
     timedelta(minutes=30),
     heartbeat=timedelta(minutes=3),
     max_attempts=5,
     schedule_to_start=timedelta(minutes=2),
 )
-PUBLISH_INITIAL = Stage("publish_initial", timedelta(minutes=30), heartbeat=timedelta(minutes=3))
-LATEST_CHECKPOINT = Stage("latest_checkpoint", timedelta(minutes=2), max_attempts=10)
-RELOAD = Stage("reload", timedelta(minutes=15), heartbeat=timedelta(minutes=3), max_attempts=10)
-SERVING_CONTROL = Stage("serving_control", timedelta(minutes=10), max_attempts=5)
-METRICS = Stage("metrics", timedelta(minutes=2), max_attempts=3)
+PUBLISH_INITIAL = Stage(ActivityName.PUBLISH_INITIAL, timedelta(minutes=30), heartbeat=timedelta(minutes=3))
+LATEST_CHECKPOINT = Stage(ActivityName.LATEST_CHECKPOINT, timedelta(minutes=2), max_attempts=10)
+RELOAD = Stage(ActivityName.RELOAD, timedelta(minutes=15), heartbeat=timedelta(minutes=3), max_attempts=10)
+SERVING_CONTROL = Stage(ActivityName.SERVING_CONTROL, timedelta(minutes=10), max_attempts=5)
+METRICS = Stage(ActivityName.METRICS, timedelta(minutes=2), max_attempts=3)
 
 RETRAINS_AFTER_LOST_WORKER = 3
 """Times a step is trained again because the worker holding its adapter vanished before publishing."""

@@ -77,7 +77,13 @@ async def serve_checkpoint(inp: TrainStepInput, checkpoint: CheckpointRef, clock
     clock.enter("reload")
     reloaded = await run_stage(
         RELOAD,
-        ReloadInput(model_name=inp.model.name, checkpoint=checkpoint, serving=inp.serving),
+        ReloadInput(
+            model_name=inp.model.name,
+            checkpoint=checkpoint,
+            serving=inp.serving,
+            lora_rank=inp.model.lora.rank,
+            shared=inp.shared_device,
+        ),
         task_queue=inp.task_queues.inference,
         step=checkpoint.step,
         result_type=ReloadResult,
@@ -154,12 +160,18 @@ async def train_and_serve(inp: TrainStepInput, on_phase: PhaseCallback | None = 
         await run_stage(
             SERVING_CONTROL, ServingControlInput(action="sleep"), task_queue=queues.inference, step=inp.step
         )
-    trained, checkpoint = await train_and_publish(inp, advantages, clock)
+    try:
+        trained, checkpoint = await train_and_publish(inp, advantages, clock)
+    except BaseException:
+        if inp.shared_device:  # the server wakes in every outcome; the training failure is what is raised
+            try:
+                await wake_up(inp, clock)
+            except StageFailed as err:
+                workflow.logger.warning("step %d: waking the server after the failure failed: %s", inp.step,
+                                        err.message)  # fmt: skip
+        raise
     if inp.shared_device:
-        clock.enter("wake_up")
-        await run_stage(
-            SERVING_CONTROL, ServingControlInput(action="wake_up"), task_queue=queues.inference, step=inp.step
-        )
+        await wake_up(inp, clock)
     adapter = await serve_checkpoint(inp, checkpoint, clock)
     clock.stop()
     return TrainStepResult(
@@ -171,6 +183,14 @@ async def train_and_serve(inp: TrainStepInput, on_phase: PhaseCallback | None = 
         n_groups_zero_variance=advantages.n_groups_zero_variance,
         seconds=clock.seconds,
     )
+
+
+async def wake_up(inp: TrainStepInput, clock: PhaseClock) -> None:
+    clock.enter("wake_up")
+    await run_stage(
+        SERVING_CONTROL, ServingControlInput(action="wake_up"), task_queue=inp.task_queues.inference,
+        step=inp.step,
+    )  # fmt: skip
 
 
 async def latest_checkpoint(run_id: str, trainer_queue: str, step: int) -> CheckpointRef | None:

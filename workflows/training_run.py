@@ -109,6 +109,8 @@ class TrainingRun:
             # hints when every parameter has a payload, so validate here (a bad spec fails the run).
             spec = RunSpec.model_validate(spec)
         self._spec = spec
+        for line in spec.deprecations():
+            workflow.logger.warning("run %s: %s", spec.run_id, line)
         if spec.mode == "pipelined" and spec.shared_device:
             raise ApplicationError(
                 "mode 'pipelined' needs dedicated inference and trainer devices, but shared_device is true; "
@@ -141,6 +143,8 @@ class TrainingRun:
                 serving=spec.serving,
                 task_queues=spec.task_queues,
                 seed=spec.train.seed,
+                shared=spec.mode == "shared",
+                bucket=spec.storage.bucket,
             ),
             self._enter,
         )

@@ -25,6 +25,7 @@ from schemas.activities import ReloadInput, ReloadResult, ServingControlInput
 from schemas.config import ServingSpec
 from schemas.errors import CONFIG_ERROR, CORRUPT_CHECKPOINT
 from schemas.refs import CheckpointRef
+from schemas.settings import EngineSettings
 from serving.client import ServingClient
 from workers.stack import EmbeddedStack
 from workers.temporal import connect_client
@@ -213,3 +214,55 @@ async def test_reload_on_a_real_temporal_worker(
     served = ServingClient(cpu_server)
     assert f"{model}@1" in await served.adapters() and not await served.is_sleeping()
     await served.unload_adapter(f"{model}@1")
+
+
+@pytest.mark.parametrize(
+    ("engine", "overrides", "named"),
+    [
+        (EngineSettings(max_lora_rank=8), {"lora_rank": 16}, "--max-lora-rank"),
+        (EngineSettings(), {"serving": ServingSpec(engine="vllm")}, "serving.engine"),
+        (EngineSettings(max_loras=2), {"serving": ServingSpec(keep_adapters=3)}, "--max-loras"),
+        (EngineSettings(engine="vllm"), {"shared": True}, "--sleep-mode"),
+        (EngineSettings(), {"bucket": "another-bucket"}, "storage.bucket"),
+    ],
+)
+async def test_reload_refuses_a_run_its_engine_cannot_serve(
+    cpu_server: str,
+    object_store: ObjectStore,
+    adapter_dir: Path,
+    tmp_path: Path,
+    engine: EngineSettings,
+    overrides: dict[str, Any],
+    named: str,
+) -> None:
+    model = f"refused-{uuid.uuid4().hex[:6]}"
+    acts = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path, engine=engine)
+    ref = publish(object_store, adapter_dir, "run-refused", 1)
+    with pytest.raises(ApplicationError) as caught:
+        await ActivityEnvironment().run(
+            acts.reload, ReloadInput(model_name=model, checkpoint=ref, **overrides)
+        )
+    assert caught.value.type == CONFIG_ERROR and caught.value.non_retryable
+    assert "cannot serve the run" in caught.value.message and named in caught.value.message
+    assert not [n for n in await ServingClient(cpu_server).adapters() if n.startswith(model)]
+    assert not (tmp_path / "run-refused").exists()  # refused before downloading anything
+
+
+async def test_reload_serves_a_run_within_the_engine_settings(
+    cpu_server: str, object_store: ObjectStore, adapter_dir: Path, tmp_path: Path
+) -> None:
+    model = f"fits-{uuid.uuid4().hex[:6]}"
+    engine = EngineSettings(max_lora_rank=16, max_loras=3)
+    acts = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path, engine=engine)
+    ref = publish(object_store, adapter_dir, "run-fits", 1)
+    inp = ReloadInput(
+        model_name=model,
+        checkpoint=ref,
+        serving=ServingSpec(engine="cpu", keep_adapters=2),
+        lora_rank=16,
+        shared=True,
+        bucket=object_store.bucket,
+    )
+    result = await ActivityEnvironment().run(acts.reload, inp)
+    assert result.adapter == f"{model}@1"
+    await ServingClient(cpu_server).unload_adapter(result.adapter)

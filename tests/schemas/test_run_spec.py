@@ -6,6 +6,7 @@ import copy
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +163,19 @@ def test_dgrpo_schema_exports_the_run_spec_schema(tmp_path: Path) -> None:
     assert {"run_id", "model", "task", "steps", "group_size"} <= set(schema["required"])
     printed = subprocess.run([dgrpo, "schema"], check=True, capture_output=True, text=True, timeout=60).stdout
     assert json.loads(printed) == schema
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [({"shared_device": True}, "shared_device"), ({"storage": {"bucket": "other-bucket"}}, "storage.bucket")],
+)
+def test_deprecated_settings_are_accepted_and_warned_about(fields: dict[str, Any], named: str) -> None:
+    with pytest.warns(FutureWarning, match=named):
+        spec = parse_run_spec({**VALID, **fields})
+    assert [line for line in spec.deprecations() if named in line]
+
+
+def test_a_spec_without_deprecated_settings_warns_nothing() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert parse_run_spec(VALID).deprecations() == []

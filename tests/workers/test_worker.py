@@ -7,8 +7,10 @@ from pathlib import Path
 
 from temporalio.client import Client
 
+from dgrpo.cli import build_parser
+from dgrpo.cli_run import worker_options
 from schemas.config import TaskQueues
-from schemas.settings import ENV_HOME
+from schemas.settings import ENV_HOME, EngineSettings
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
 from workers.temporal import connect_client
@@ -40,3 +42,18 @@ async def test_a_control_worker_polls_and_shuts_down_gracefully(stack: EmbeddedS
     await handle.terminate("test over")
     assert worker.stop(timeout=30) == 0
     assert "shutting down control worker" in worker.log_path.read_text()
+
+
+def test_the_engine_flags_become_the_inference_workers_engine_settings() -> None:
+    flags = "--engine vllm --max-lora-rank 32 --max-loras 6 --sleep-mode --dtype bf16 --gpu-memory-utilization 0.5"
+    args = build_parser().parse_args(["worker", "inference", *flags.split()])
+    assert worker_options(args).engine == EngineSettings(
+        engine="vllm",
+        max_lora_rank=32,
+        max_loras=6,
+        sleep_mode=True,
+        dtype="bf16",
+        gpu_memory_utilization=0.5,
+    )
+    defaults = worker_options(build_parser().parse_args(["worker", "inference"])).engine
+    assert defaults == EngineSettings() and defaults.can_sleep and not EngineSettings(engine="vllm").can_sleep

@@ -15,7 +15,7 @@ from temporalio.worker import Worker
 from workflow_stubs import Failure, ScriptedActivities
 
 from schemas.config import RunSpec
-from schemas.errors import ROLLOUT_FAILED, TASK_IMPORT
+from schemas.errors import CONFIG_ERROR, ROLLOUT_FAILED, TASK_IMPORT
 from schemas.run_state import RunStatus
 from workflows.training_run import TrainingRun
 
@@ -257,3 +257,17 @@ async def test_a_run_that_never_finds_learning_signal_fails_clearly(client: Clie
             await (await start(client, spec)).result()
     assert "no learning signal" in str(err.value.cause) and "group_size" in str(err.value.cause)
     assert len(stubs.names("rollouts")) == 4 and stubs.names("train") == []
+
+
+async def test_shared_mode_wakes_the_server_when_training_fails(client: Client, task_queue: str) -> None:
+    stubs = ScriptedActivities()
+    stubs.train_failure = Failure("the adapter does not fit this trainer", CONFIG_ERROR, non_retryable=True)
+    spec = make_spec(task_queue, f"shared-fail-{task_queue}", steps=1, mode="shared")
+    async with running(stubs, client, task_queue):
+        with pytest.raises(WorkflowFailureError) as err:
+            await (await start(client, spec)).result()
+    names = [name for name, _ in stubs.calls]
+    assert names[names.index("sleep") :] == ["sleep", "train", "wake_up"]
+    cause = err.value.cause
+    assert isinstance(cause, ApplicationError) and "train failed" in cause.message
+    assert "does not fit this trainer" in cause.message

@@ -16,6 +16,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from schemas.activities import (
+    ActivityName,
     AdvantagesInput,
     AdvantagesResult,
     CheckpointLookup,
@@ -59,6 +60,7 @@ class ScriptedActivities:
     published: list[tuple[str, int]] = field(default_factory=list)
     metrics: list[MetricsInput] = field(default_factory=list)
     rollout_failure: Failure | None = None
+    train_failure: Failure | None = None
     train_gates: dict[int, asyncio.Event] = field(default_factory=dict)
     """Training step n waits for ``train_gates[n]`` when present."""
     train_started: dict[int, asyncio.Event] = field(default_factory=lambda: defaultdict(asyncio.Event))
@@ -85,18 +87,18 @@ class ScriptedActivities:
         self.published.append((run_id, step))
         return ref
 
-    @activity.defn(name="latest_checkpoint")
+    @activity.defn(name=ActivityName.LATEST_CHECKPOINT)
     async def latest_checkpoint(self, inp: CheckpointLookup) -> CheckpointRef | None:
         self.calls.append(("latest_checkpoint", -1))
         found = self.checkpoints.get(inp.run_id)
         return found[max(found)] if found else None
 
-    @activity.defn(name="publish_initial")
+    @activity.defn(name=ActivityName.PUBLISH_INITIAL)
     async def publish_initial(self, inp: InitialAdapterInput) -> CheckpointRef:
         self.calls.append(("publish_initial", 0))
         return self._checkpoint(inp.run_id, 0)
 
-    @activity.defn(name="rollouts")
+    @activity.defn(name=ActivityName.ROLLOUTS)
     async def rollouts(self, inp: RolloutsInput) -> TrajectoriesRef:
         self.calls.append(("rollouts", inp.step))
         self.rollout_policies[inp.step].append(inp.policy_step)
@@ -120,12 +122,12 @@ class ScriptedActivities:
             reward_std=0.05,
         )
 
-    @activity.defn(name="judge")
+    @activity.defn(name=ActivityName.JUDGE)
     async def judge(self, inp: JudgeInput) -> TrajectoriesRef:
         self.calls.append(("judge", inp.step))
         return inp.trajectories
 
-    @activity.defn(name="compute_advantages")
+    @activity.defn(name=ActivityName.ADVANTAGES)
     async def compute_advantages(self, inp: AdvantagesInput) -> AdvantagesResult:
         self.calls.append(("compute_advantages", inp.step))
         flat = self.no_signal.get(inp.step, 0) > 0
@@ -140,7 +142,7 @@ class ScriptedActivities:
             n_groups_zero_variance=inp.trajectories.n_groups if flat else 0,
         )
 
-    @activity.defn(name="train")
+    @activity.defn(name=ActivityName.TRAIN)
     async def train(self, inp: TrainInput) -> TrainResult:
         self.calls.append(("train", inp.step))
         if inp.start_from is None:
@@ -148,6 +150,9 @@ class ScriptedActivities:
         else:
             assert inp.start_from.step == inp.step - 1, inp.start_from
         self.train_started[inp.step].set()
+        if self.train_failure is not None:
+            f = self.train_failure
+            raise ApplicationError(f.message, type=f.type, non_retryable=f.non_retryable)
         gate = self.train_gates.get(inp.step)
         if gate is not None:
             await gate.wait()
@@ -171,21 +176,21 @@ class ScriptedActivities:
             return "vanished-trainer"
         return WORKER_ID
 
-    @activity.defn(name="publish")
+    @activity.defn(name=ActivityName.PUBLISH)
     async def publish(self, inp: PublishInput) -> CheckpointRef:
         self.calls.append(("publish", inp.step))
         return self._checkpoint(inp.run_id, inp.step)
 
-    @activity.defn(name="reload")
+    @activity.defn(name=ActivityName.RELOAD)
     async def reload(self, inp: ReloadInput) -> ReloadResult:
         self.calls.append(("reload", inp.checkpoint.step))
         return ReloadResult(adapter=adapter_name(inp.model_name, inp.checkpoint.step), servers=["stub"])
 
-    @activity.defn(name="serving_control")
+    @activity.defn(name=ActivityName.SERVING_CONTROL)
     async def serving_control(self, inp: ServingControlInput) -> None:
         self.calls.append((inp.action, -1))
 
-    @activity.defn(name="metrics")
+    @activity.defn(name=ActivityName.METRICS)
     async def metrics_activity(self, inp: MetricsInput) -> None:
         self.calls.append(("metrics", inp.step))
         self.metrics.append(inp)
