@@ -39,7 +39,10 @@ class ProcessInfo(BaseModel):
 
 
 def port_is_free(port: int) -> bool:
+    """True when a server could listen on ``port``: connections of a dead one lingering in TIME_WAIT do not
+    count (servers, ours and the Go ones, bind with SO_REUSEADDR)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((HOST, port))
         except OSError:

@@ -174,17 +174,20 @@ class EmbeddedStack:
     # ---- the running stack ---------------------------------------------------------------------
     def load_state(self) -> StackState | None:
         """The recorded state if both processes are alive and their ports answer, else None."""
-        if not self.state_path.exists():
-            return None
-        try:
-            state = StackState.model_validate_json(self.state_path.read_text())
-        except ValueError:
-            log.warning("ignoring unreadable %s", self.state_path)
+        state = self._recorded_state()
+        if state is None:
             return None
         if alive(state.temporal) and alive(state.seaweed):
             if port_answers(state.temporal_port) and port_answers(state.s3_port):
                 return state
         return None
+
+    def _recorded_state(self) -> StackState | None:
+        """What ``stack.json`` says, whether or not those processes still run."""
+        try:
+            return StackState.model_validate_json(self.state_path.read_text())
+        except (OSError, ValueError):
+            return None
 
     def running(self) -> StackState:
         state = self.state or self.load_state()
@@ -221,14 +224,18 @@ class EmbeddedStack:
         return [f"export {name}={shlex.quote(value)}" for name, value in self.env().items()]
 
     # ---- start and stop --------------------------------------------------------------------------
-    def _pick(self, name: str, default: int, taken: set[int]) -> int:
-        requested = self.requested[name]
+    def _pick(self, name: str, recorded: int | None, default: int | None, taken: set[int]) -> int:
+        """The port asked for; else the one this home used last (so clients and workers that kept the old
+        address find the restarted stack); else the standard one; else a free one."""
+        requested = self.requested.get(name)
         if requested is not None:
             if not port_is_free(requested):
                 raise StackError(f"port {requested} for {name} is in use; choose another")
             return requested
-        if not self.free_ports and default not in taken and port_is_free(default):
-            return default
+        preferred = [recorded] + ([] if self.free_ports else [default])
+        for port in preferred:
+            if port is not None and port not in taken and port_is_free(port):
+                return port
         return free_port(taken)
 
     def start(self) -> StackState:
@@ -238,20 +245,29 @@ class EmbeddedStack:
             log.info("reusing the stack already running from %s", self.home)
             self.state = existing
             return existing
+        last = self._recorded_state()  # left behind by a crashed stack
+        recorded: dict[str, int | None] = {}
+        if last is not None:
+            recorded = {
+                "temporal": last.temporal_port,
+                "ui": last.ui_port,
+                "s3": last.s3_port,
+                **last.weed_ports,
+            }
         self.stop()  # a half-dead stack (one process gone) is restarted whole
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         taken: set[int] = set()
-        temporal_port = self._pick("temporal", DEFAULT_TEMPORAL_PORT, taken)
+        temporal_port = self._pick("temporal", recorded.get("temporal"), DEFAULT_TEMPORAL_PORT, taken)
         taken.add(temporal_port)
         ui_port: int | None = None
         if self.ui:
-            ui_port = self._pick("ui", DEFAULT_UI_PORT, taken)
+            ui_port = self._pick("ui", recorded.get("ui"), DEFAULT_UI_PORT, taken)
             taken.add(ui_port)
-        s3_port = self._pick("s3", DEFAULT_S3_PORT, taken)
+        s3_port = self._pick("s3", recorded.get("s3"), DEFAULT_S3_PORT, taken)
         taken.add(s3_port)
         weed_ports: dict[str, int] = {}
         for flag in WEED_PORT_FLAGS:
-            weed_ports[flag] = free_port(taken)
+            weed_ports[flag] = self._pick(flag, recorded.get(flag), None, taken)
             taken.add(weed_ports[flag])
         self.credentials()
 
@@ -333,12 +349,7 @@ class EmbeddedStack:
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Stop both servers (SIGTERM, then SIGKILL after ``timeout``); True if anything was running."""
-        state = self.state
-        if state is None and self.state_path.exists():
-            try:
-                state = StackState.model_validate_json(self.state_path.read_text())
-            except ValueError:
-                state = None
+        state = self.state or self._recorded_state()
         self.state = None
         if state is None:
             return False

@@ -33,6 +33,7 @@ from schemas.layout import worker_task_queue
 from schemas.settings import ENV_SERVE_PORT, EngineSettings, dgrpo_home
 from serving.launchers import server_process
 from workers.error_contract import ErrorContract
+from workers.heartbeat_ticker import HeartbeatTicker
 from workers.temporal import connect_client
 from workflows.serve_model import ServeModel
 from workflows.train_step import TrainStep
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
     from workers.launcher import WorkerProcess
 
 log = logging.getLogger(__name__)
+
+INTERCEPTORS = [ErrorContract(), HeartbeatTicker()]
+"""On every worker: the one error contract, and heartbeats that do not wait for the work."""
 
 Role = Literal["control", "inference", "trainer", "all"]
 ROLES: tuple[Role, ...] = ("control", "inference", "trainer", "all")
@@ -115,7 +119,7 @@ async def build_workers(
                 task_queue=queues.control,
                 workflows=[TrainingRun, TrainStep, ServeModel],
                 activities=control_activities(store, server_urls[0] if server_urls else opts.server_url),
-                interceptors=[ErrorContract()],
+                interceptors=INTERCEPTORS,
             )
         )
     if "inference" in roles:
@@ -124,7 +128,7 @@ async def build_workers(
                 client,
                 task_queue=queues.inference,
                 activities=inference_activities(store, server_urls, opts.engine),
-                interceptors=[ErrorContract()],
+                interceptors=INTERCEPTORS,
             )
         )
     if "trainer" in roles:
@@ -136,7 +140,7 @@ async def build_workers(
         log.info("trainer %s polls %s and %s", trainer.worker_id, queues.trainer, own_queue)
         for queue in (queues.trainer, own_queue):
             workers.append(
-                Worker(client, task_queue=queue, activities=trainer.all(), interceptors=[ErrorContract()])
+                Worker(client, task_queue=queue, activities=trainer.all(), interceptors=INTERCEPTORS)
             )
     return workers
 

@@ -21,6 +21,9 @@ with workflow.unsafe.imports_passed_through():
 
 T = TypeVar("T")
 
+HEARTBEAT = timedelta(seconds=30)
+"""Every stage's heartbeat timeout: how long a dead or hung worker can hold an activity."""
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -28,7 +31,7 @@ class Stage:
 
     name: ActivityName
     start_to_close: timedelta
-    heartbeat: timedelta | None = None
+    heartbeat: timedelta | None = HEARTBEAT
     max_attempts: int = 5
     schedule_to_start: timedelta | None = None
     """Set where the activity is pinned to one worker that may have died (publish)."""
@@ -43,23 +46,20 @@ class Stage:
         )
 
 
-# Rollouts talk to a server over HTTP and heartbeat per finished rollout.
-ROLLOUTS = Stage(ActivityName.ROLLOUTS, timedelta(hours=2), heartbeat=timedelta(minutes=3), max_attempts=3)
-JUDGE = Stage(ActivityName.JUDGE, timedelta(hours=1), heartbeat=timedelta(minutes=3), max_attempts=5)
+# Every worker heartbeats each activity from a ticker (workers/heartbeat_ticker.py), whatever the work is
+# doing, so a dead or hung worker is noticed within HEARTBEAT and the activity is retried on another one.
+ROLLOUTS = Stage(ActivityName.ROLLOUTS, timedelta(hours=2), max_attempts=3)
+JUDGE = Stage(ActivityName.JUDGE, timedelta(hours=1), max_attempts=5)
 ADVANTAGES = Stage(ActivityName.ADVANTAGES, timedelta(minutes=10), max_attempts=5)
-# OOM retries halve the micro-batch; a dead trainer is noticed within the heartbeat timeout.
-TRAIN = Stage(ActivityName.TRAIN, timedelta(hours=4), heartbeat=timedelta(minutes=5), max_attempts=6)
+# OOM retries halve the micro-batch.
+TRAIN = Stage(ActivityName.TRAIN, timedelta(hours=4), max_attempts=6)
 # Runs on the worker holding the staged adapter; if it died, the task never starts and we train again.
 PUBLISH = Stage(
-    ActivityName.PUBLISH,
-    timedelta(minutes=30),
-    heartbeat=timedelta(minutes=3),
-    max_attempts=5,
-    schedule_to_start=timedelta(minutes=2),
+    ActivityName.PUBLISH, timedelta(minutes=30), max_attempts=5, schedule_to_start=timedelta(minutes=1)
 )
-PUBLISH_INITIAL = Stage(ActivityName.PUBLISH_INITIAL, timedelta(minutes=30), heartbeat=timedelta(minutes=3))
+PUBLISH_INITIAL = Stage(ActivityName.PUBLISH_INITIAL, timedelta(minutes=30))
 LATEST_CHECKPOINT = Stage(ActivityName.LATEST_CHECKPOINT, timedelta(minutes=2), max_attempts=10)
-RELOAD = Stage(ActivityName.RELOAD, timedelta(minutes=15), heartbeat=timedelta(minutes=3), max_attempts=10)
+RELOAD = Stage(ActivityName.RELOAD, timedelta(minutes=15), max_attempts=10)
 SERVING_CONTROL = Stage(ActivityName.SERVING_CONTROL, timedelta(minutes=10), max_attempts=5)
 METRICS = Stage(ActivityName.METRICS, timedelta(minutes=2), max_attempts=3)
 

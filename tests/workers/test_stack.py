@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 
@@ -133,3 +134,30 @@ def test_cli_up_env_down_and_state_survives_restart(tmp_path: Path) -> None:
             dgrpo(env, "down")
     assert json.loads((tmp_path / "home" / "s3-identities.json").read_text())["identities"]
     assert not (tmp_path / "home" / "stack.json").exists()
+
+
+async def test_a_crashed_stack_restarts_on_the_ports_it_had(tmp_path: Path) -> None:
+    home = tmp_path / "crash-home"
+    embedded = EmbeddedStack(home, free_ports=True, ui=False, tied_to_parent=True)
+    before = embedded.start()
+    try:
+        status = await start_and_describe(before.temporal_address, "wf-crash", True)
+        assert status == WorkflowExecutionStatus.RUNNING
+        ObjectStore(embedded.s3_settings).put_bytes("kept/y", b"before the crash")
+        for info in (before.temporal, before.seaweed):  # a crash: no clean shutdown, stack.json stays
+            psutil.Process(info.pid).kill()
+            psutil.Process(info.pid).wait(10)
+        restarted = EmbeddedStack(home, free_ports=True, ui=False, tied_to_parent=True)
+        assert restarted.load_state() is None
+        after = restarted.start()
+        embedded = restarted
+        assert (after.temporal_port, after.s3_port, after.weed_ports) == (
+            before.temporal_port,
+            before.s3_port,
+            before.weed_ports,
+        )
+        status = await start_and_describe(after.temporal_address, "wf-crash", False)
+        assert status == WorkflowExecutionStatus.RUNNING
+        assert ObjectStore(restarted.s3_settings).get_bytes("kept/y") == b"before the crash"
+    finally:
+        embedded.stop()

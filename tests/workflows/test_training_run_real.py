@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -107,14 +109,33 @@ async def test_a_real_sync_run_terminated_after_step_1_restarts_from_its_checkpo
     assert store.exists(spec_key(spec.run_id))
 
 
-async def test_a_real_pipelined_run_completes(
+async def test_a_real_pipelined_run_completes_and_leaks_no_secret(
     client: Client, workers: WorkerProcess, queues: TaskQueues, s3_settings: S3Settings
 ) -> None:
     spec = small_spec(f"real-pipe-{uuid.uuid4().hex[:6]}", queues, mode="pipelined")
     final, _ = await run_and_watch(client, spec)
     assert final.step == 3 and final.dropped_stale_groups == 0
     assert [h.policy_step for h in final.history] == [0, 0, 1]  # step n+1 rolled out while step n trained
-    assert_steps_in_store(ObjectStore(s3_settings), spec.run_id, 3)
+    store = ObjectStore(s3_settings)
+    assert_steps_in_store(store, spec.run_id, 3)
+
+    # The workers hold the S3 keys; none may reach the history, their logs or anything the run wrote.
+    secrets = [s3_settings.secret_key.get_secret_value(), s3_settings.access_key]
+    history = (await client.get_workflow_handle(spec.run_id).fetch_history()).to_json()
+    logs = sorted(workers.log_path.parent.rglob("*.log"))  # the worker's, its trainer child's, the server's
+    assert len(logs) >= 3, logs
+    places = {"the workflow history": history.encode(), **{str(p): p.read_bytes() for p in logs}}
+    keys = store.list(f"runs/{spec.run_id}/")
+    assert any(k.endswith(".parquet") for k in keys) and any(k.endswith(".safetensors") for k in keys)
+    for key in keys:
+        data = store.get_bytes(key)
+        if key.endswith(".parquet"):  # compressed: look at the values, not the bytes
+            data = str(pq.read_table(pa.BufferReader(data)).to_pylist()).encode()
+        places[key] = data
+    leaks = [
+        (where, secret[:4]) for where, data in places.items() for secret in secrets if secret.encode() in data
+    ]
+    assert not leaks, f"secrets found in: {leaks}"
 
 
 async def test_a_run_started_with_the_temporal_cli_completes(

@@ -33,6 +33,7 @@ from schemas.activities import (
 )
 from schemas.layout import adapter_name, worker_task_queue
 from schemas.refs import CheckpointRef, ObjectRef, TrajectoriesRef
+from workers.worker import INTERCEPTORS
 from workflows.train_step import TrainStep
 from workflows.training_run import TrainingRun
 
@@ -214,7 +215,13 @@ class ScriptedActivities:
                 task_queue=task_queue,
                 workflows=[TrainingRun, TrainStep],
                 activities=everything,
+                interceptors=INTERCEPTORS,
                 **worker_options,
             ),
-            Worker(client, task_queue=worker_task_queue(task_queue, WORKER_ID), activities=[self.publish]),
+            Worker(
+                client,
+                task_queue=worker_task_queue(task_queue, WORKER_ID),
+                activities=[self.publish],
+                interceptors=INTERCEPTORS,
+            ),
         ]

@@ -1,0 +1,63 @@
+"""Heartbeats from a ticker independent of the work, for every activity that has a heartbeat timeout.
+
+An activity heartbeats when it has news (a rollout done, a micro-batch trained); between two pieces of news
+(a model loading, a long forward pass, an upload) this ticker repeats the newest details every third of the
+heartbeat timeout. So timeouts can be short (``workflows/stages.py``: 30 s at most) and a dead or hung worker
+is noticed in seconds, while a slow step on a live one is never mistaken for a dead worker. The ticker runs
+on the worker's event loop: it stops with the process, and activities run their heavy compute off the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from temporalio import activity
+from temporalio.worker import (
+    ActivityInboundInterceptor,
+    ActivityOutboundInterceptor,
+    ExecuteActivityInput,
+    Interceptor,
+)
+
+BEATS_PER_TIMEOUT = 3
+
+
+class HeartbeatTicker(Interceptor):
+    """Register on every ``Worker`` (``interceptors=[HeartbeatTicker()]``)."""
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _Ticking(next)
+
+
+class _NewestDetails(ActivityOutboundInterceptor):
+    """Passes the activity's own heartbeats on, remembering the newest details."""
+
+    def __init__(self, next: ActivityOutboundInterceptor) -> None:
+        super().__init__(next)
+        self.details: tuple[Any, ...] = ()
+
+    def heartbeat(self, *details: Any) -> None:
+        self.details = details
+        self.next.heartbeat(*details)
+
+
+class _Ticking(ActivityInboundInterceptor):
+    def init(self, outbound: ActivityOutboundInterceptor) -> None:
+        self.outbound = _NewestDetails(outbound)
+        super().init(self.outbound)
+
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        timeout = activity.info().heartbeat_timeout
+        if not timeout:
+            return await self.next.execute_activity(input)
+        ticker = asyncio.create_task(self._tick(timeout.total_seconds() / BEATS_PER_TIMEOUT))
+        try:
+            return await self.next.execute_activity(input)
+        finally:
+            ticker.cancel()
+
+    async def _tick(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            self.outbound.next.heartbeat(*self.outbound.details)
