@@ -65,6 +65,7 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
             sleep_mode=args.sleep_mode,
             dtype=args.dtype,
             gpu_memory_utilization=args.gpu_memory_utilization,
+            prefix_cache_mb=args.prefix_cache_mb,
         ),
         staging_root=Path(args.staging) if args.staging else None,
         worker_id=args.worker_id,
@@ -172,6 +173,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     worker.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default=engine.dtype)
     worker.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM's share of the GPU")
+    worker.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=engine.prefix_cache_mb,
+        help="CPU server's prefix cache; 0: off",
+    )
     worker.add_argument(
         "--serve-port", type=int, help="port of the CPU server (default $DGRPO_SERVE_PORT or free)"
     )

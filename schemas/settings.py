@@ -91,9 +91,12 @@ class EngineSettings(BaseModel):
     """vLLM ``--enable-sleep-mode``, which a run in ``shared`` mode needs; our CPU server always sleeps."""
     dtype: Literal["auto", "fp32", "bf16"] = "auto"
     """Weights and activations; ``auto`` is fp32 on the CPU server (logprobs equal to the trainer's) and
-    the model's own dtype on vLLM."""
+    bf16 on vLLM (its FlashAttention kernels take no fp32)."""
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     """vLLM's share of the GPU's memory; None keeps vLLM's default."""
+    prefix_cache_mb: int = Field(1024, ge=0)
+    """CPU server: keys and values of finished sequences kept for prompts that extend them (multi-turn
+    agents, a group's shared prompt); 0 turns prefix caching off (on vLLM too)."""
 
     @property
     def can_sleep(self) -> bool:

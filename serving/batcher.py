@@ -5,6 +5,10 @@ running batch between decode steps (prefilled left-padded, their KV cache left-p
 decodes every row one token per step in one forward pass — rows of different adapters together, through
 peft's ``adapter_names`` — and drops rows as they finish. Adapters are loaded and deleted on the same
 thread between steps, so no forward ever sees the model change under it.
+
+With a prefix cache (``prefix_cache_bytes``), a finished row's keys and values are kept, and a new request
+whose prompt starts with a kept sequence (the previous turn of its conversation) forwards only the rest;
+requests that share a prompt (a group's rollouts) have it prefilled once.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from base_models.resolve import pad_token_id
+from serving.prefix_cache import CachedSequence, PrefixCache
 from serving.sampling import RowSampler, SamplingParams, sample_step
 
 log = logging.getLogger(__name__)
@@ -110,6 +115,7 @@ class GenerationEngine:
         max_batch: int = 32,
         batch_window_s: float = 0.02,
         max_model_len: int | None = None,
+        prefix_cache_bytes: int = 0,
     ) -> None:
         torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -127,6 +133,7 @@ class GenerationEngine:
         self.adapter_paths: dict[str, str] = {}
         """Loaded adapters (name -> directory); changed on the engine thread only."""
         self.sleeping = False
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self._generator = torch.Generator()
         self._generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self._inbox: queue.Queue[_Row | _Command | None] = queue.Queue()
@@ -217,6 +224,8 @@ class GenerationEngine:
                 while self._batch is not None:  # finish in-flight rows first, admit no new ones
                     self._decode()
                 self.sleeping = True
+                if self.prefix_cache is not None:
+                    self.prefix_cache.clear()
                 gc.collect()
             else:
                 self.sleeping = False
@@ -238,12 +247,16 @@ class GenerationEngine:
                 self.peft.delete_adapter(name)  # type: ignore[operator]  # no half-injected adapter
             raise
         self.adapter_paths[name] = path
+        if self.prefix_cache is not None:
+            self.prefix_cache.drop_adapter(name)  # a name loaded again may hold other weights
         log.info("loaded adapter %s from %s", name, path)
 
     def _delete_adapter(self, name: str) -> None:
         if self.peft is not None and name in self.adapter_paths:
             self.peft.delete_adapter(name)  # type: ignore[operator]
         self.adapter_paths.pop(name, None)
+        if self.prefix_cache is not None:
+            self.prefix_cache.drop_adapter(name)
         log.info("unloaded adapter %s", name)
 
     def _forward(
@@ -283,6 +296,8 @@ class GenerationEngine:
         if free <= 0:
             return
         admitted, self._waiting = self._waiting[:free], self._waiting[free:]
+        if self.prefix_cache is not None:
+            self._prefill_shared_prompts(admitted, self.prefix_cache)
         admitted.sort(key=lambda r: len(r.request.prompt_ids))
         chunks: list[list[_Row]] = [[]]
         for row in admitted:
@@ -299,27 +314,85 @@ class GenerationEngine:
                         row.future.set_exception(err)
 
     def _prefill(self, rows: list[_Row]) -> None:
-        width = max(len(r.request.prompt_ids) for r in rows)
+        """Forward the rows' prompts (past what the prefix cache holds of them), sample their first tokens
+        and merge them into the running batch."""
+        hits = [self._cached_prefix(r) for r in rows]
+        reused = [hit[1] if hit else 0 for hit in hits]
+        suffixes = [r.request.prompt_ids[n:] for r, n in zip(rows, reused, strict=True)]
+        past, width = max(reused), max(len(t) for t in suffixes)
         log.debug(
-            "prefill %d requests (%d tokens wide) into a batch of %d",
+            "prefill %d requests (%d tokens wide, %d cached) into a batch of %d",
             len(rows),
             width,
+            past,
             len(self._batch.rows) if self._batch else 0,
         )
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            n = len(row.request.prompt_ids)
-            ids[i, width - n :] = torch.tensor(row.request.prompt_ids, dtype=torch.long)
-            mask[i, width - n :] = 1
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        mask = torch.zeros((len(rows), past + width), dtype=torch.long)
+        for i, (tokens, n) in enumerate(zip(suffixes, reused, strict=True)):
+            ids[i, width - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
+            mask[i, past - n : past] = 1
+            mask[i, past + width - len(tokens) :] = 1
+        positions = (mask.cumsum(-1) - 1)[:, past:].masked_fill(mask[:, past:] == 0, 1)
         cache = DynamicCache(config=self.base.config)
+        if past > 0:
+            _fill_past(cache, hits, past)
         logits = self._forward(ids, mask, positions, cache, rows)
         sampler = RowSampler.build([r.request.params for r in rows], self.eos_ids, self._generator)
         batch = _Batch(rows, cache, mask, mask.sum(-1), ids[:, -1].clone(), sampler)
         self._step(batch, logits)
         if batch.rows:
             self._merge(batch)
+
+    def _cached_prefix(self, row: _Row) -> tuple[CachedSequence, int] | None:
+        if self.prefix_cache is None:
+            return None
+        return self.prefix_cache.lookup(row.request.adapter, row.request.prompt_ids)
+
+    def _prefill_shared_prompts(self, rows: list[_Row], cache: PrefixCache) -> None:
+        """Prompts that several admitted rows share (a group's rollouts), and the cache does not hold yet,
+        are forwarded once and kept, so each row forwards only its last prompt token."""
+        counts: dict[tuple[str | None, tuple[int, ...]], list[_Row]] = {}
+        for row in rows:
+            counts.setdefault((row.request.adapter, tuple(row.request.prompt_ids)), []).append(row)
+        for (adapter, prompt), same in counts.items():
+            if len(same) < 2 or len(prompt) <= 1:
+                continue
+            hit = cache.lookup(adapter, list(prompt))
+            if hit is not None and hit[1] >= len(prompt) - 1:
+                continue
+            ids = torch.tensor([prompt[:-1]], dtype=torch.long)
+            mask = torch.ones_like(ids)
+            kv = DynamicCache(config=self.base.config)
+            self._forward(ids, mask, (mask.cumsum(-1) - 1), kv, same[:1])
+            layers = _layers(kv)
+            cache.insert(
+                CachedSequence(
+                    adapter, list(prompt[:-1]), [x.keys[0].clone() for x in layers],
+                    [x.values[0].clone() for x in layers],
+                )
+            )  # fmt: skip
+
+    def _keep(self, batch: _Batch, i: int) -> None:
+        """Keep finished row ``i``'s keys and values in the prefix cache (its prompt and all it sampled but
+        the last token, which was never forwarded)."""
+        if self.prefix_cache is None:
+            return
+        row = batch.rows[i]
+        tokens = row.request.prompt_ids + row.tokens[:-1]
+        columns = batch.mask[i].nonzero().squeeze(-1)
+        if len(columns) != len(tokens):  # never expected; a wrong cache would be worse than none
+            log.warning("not caching a row: %d cached positions for %d tokens", len(columns), len(tokens))
+            return
+        layers = _layers(batch.cache)
+        self.prefix_cache.insert(
+            CachedSequence(
+                row.request.adapter,
+                tokens,
+                [x.keys[i].index_select(1, columns) for x in layers],
+                [x.values[i].index_select(1, columns) for x in layers],
+            )
+        )
 
     def _merge(self, new: _Batch) -> None:
         old = self._batch
@@ -359,6 +432,8 @@ class GenerationEngine:
             row.top.append(step.top[i])
             if not self._finish(row, int(batch.lengths[i]) + 1):
                 keep.append(i)
+            else:
+                self._keep(batch, i)
         if len(keep) < len(batch.rows):
             _select(batch, keep)
 
@@ -387,6 +462,21 @@ class GenerationEngine:
             text = str(self.tokenizer.decode(row.tokens, skip_special_tokens=True))
         row.future.set_result(Completion(row.tokens, row.logprobs, row.top, text, reason))
         return True
+
+
+def _fill_past(cache: DynamicCache, hits: list[tuple[CachedSequence, int] | None], past: int) -> None:
+    """Put each hit's first n keys and values, left-padded to ``past`` columns, into the empty ``cache``."""
+    template = next(hit[0] for hit in hits if hit is not None)
+    for layer, (keys, values) in enumerate(zip(template.keys, template.values, strict=True)):
+        heads, _, dim = keys.shape
+        k = keys.new_zeros((len(hits), heads, past, dim))
+        v = values.new_zeros((len(hits), heads, past, dim))
+        for i, hit in enumerate(hits):
+            if hit is not None:
+                sequence, n = hit
+                k[i, :, past - n :] = sequence.keys[layer][:, :n]
+                v[i, :, past - n :] = sequence.values[layer][:, :n]
+        cache.update(k, v, layer)
 
 
 def _select(batch: _Batch, keep: list[int]) -> None:

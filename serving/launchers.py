@@ -34,7 +34,8 @@ START_TIMEOUT_S = 300.0
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ``--max-lora-rank`` values vLLM accepts."""
-VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "auto": "auto"}
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "auto": "bfloat16"}
+"""``auto`` is bf16 on vLLM: its FlashAttention kernels take no fp32 (the converted SmolLM2 dir says fp32)."""
 
 
 def lora_rank_flag(rank: int) -> int:
@@ -146,7 +147,7 @@ class CpuServerProcess(ServerProcess):
             argv += ["--start-adapter-name", self.start_adapter_name]
         if self.threads:
             argv += ["--threads", str(self.threads)]
-        return argv
+        return [*argv, "--prefix-cache-mb", str(self.settings.prefix_cache_mb)]
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -188,6 +189,8 @@ class VllmServerProcess(ServerProcess):
             argv.append("--enable-sleep-mode")
         if s.gpu_memory_utilization is not None:
             argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+        if s.prefix_cache_mb == 0:
+            argv.append("--no-enable-prefix-caching")
         return argv + self.extra_args
 
     def environment(self) -> dict[str, str]:

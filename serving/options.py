@@ -35,6 +35,9 @@ class ServerOptions(BaseModel):
     """Prompt + completion limit; None uses the model's ``max_position_embeddings``."""
     default_max_tokens: int = Field(1024, ge=1)
     """Completion length when a request gives no ``max_tokens`` (capped by the context left)."""
+    prefix_cache_mb: int = Field(1024, ge=0)
+    """Keys and values of finished sequences kept for prompts that extend them (multi-turn agents, a
+    group's shared prompt), least recently used dropped first; 0 turns prefix caching off."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--default-max-tokens", type=int, default=1024)
+    parser.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=1024,
+        help="KV kept for prompts that extend earlier ones; 0: off",
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
@@ -79,4 +88,5 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         threads=args.threads,
         max_model_len=args.max_model_len,
         default_max_tokens=args.default_max_tokens,
+        prefix_cache_mb=args.prefix_cache_mb,
     )

@@ -253,6 +253,7 @@ def create_server(options: ServerOptions) -> tuple[FastAPI, GenerationEngine]:
         max_batch=options.max_batch,
         batch_window_s=options.batch_window_s,
         max_model_len=options.max_model_len,
+        prefix_cache_bytes=options.prefix_cache_mb << 20,
     )
     table = AdapterTable()
     for name, path in to_load.items():

@@ -1,0 +1,86 @@
+"""Prefix caching on the tool agent's rollouts: one step's rollouts through the real CPU server, cache on vs off.
+
+``PYTHONPATH=. python bench/prefix_cache.py`` starts ``serving.server`` twice (``--prefix-cache-mb 0`` and the
+default) and times one step of ``examples/tool_agent.py`` conversations, 4 groups x 8 rollouts, at two stages
+of a run: *early* (one turn: the base model answers without calling the tool) and *late* (three turns: every
+reply is followed by a tool result, as once the agent has learned to call it, so the conversation grows). The
+prompts, tools, sampling and token limits are the example's own; only the number of turns is scripted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import openai
+
+from base_models.resolve import SMOLLM2_NAME
+from examples.tool_agent import CATALOG, EXAMPLE_EPISODE, EXAMPLE_ITEM, MAX_TOKENS, TOOLS
+from schemas.settings import EngineSettings
+from serving.launchers import CpuServerProcess
+
+GROUPS, GROUP_SIZE = 4, 8
+
+
+async def conversation(client: openai.AsyncOpenAI, item: str, turns: int) -> int:
+    """One rollout of ``turns`` assistant turns; returns the prompt tokens of its last turn."""
+    messages: list[dict[str, Any]] = [
+        *EXAMPLE_EPISODE,
+        {"role": "user", "content": f"How much does a {item} cost?"},
+    ]
+    prompt_tokens = 0
+    for turn in range(turns):
+        completion = await client.chat.completions.create(
+            model=SMOLLM2_NAME,
+            messages=messages,
+            tools=TOOLS,
+            max_tokens=MAX_TOKENS,
+            temperature=1.0,  # type: ignore[arg-type]
+        )
+        prompt_tokens = completion.usage.prompt_tokens if completion.usage else 0
+        messages.append({"role": "assistant", "content": completion.choices[0].message.content or ""})
+        if turn + 1 < turns:
+            messages.append({"role": "user", "content": json.dumps({"item": item, "price": CATALOG[item]})})
+    return prompt_tokens
+
+
+async def one_step(base_url: str, turns: int) -> tuple[float, int]:
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=3600)
+    items = [item for item in CATALOG if item != EXAMPLE_ITEM][:GROUPS]
+    started = time.perf_counter()
+    lengths = await asyncio.gather(
+        *(conversation(client, item, turns) for item in items for _ in range(GROUP_SIZE))
+    )
+    return time.perf_counter() - started, max(lengths)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of the server")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    results: dict[tuple[str, int], tuple[float, int]] = {}
+    for label, megabytes in (("off", 0), ("on", 1024)):
+        server = CpuServerProcess(
+            SMOLLM2_NAME, EngineSettings(prefix_cache_mb=megabytes), threads=args.threads
+        )
+        server.start()
+        try:
+            for turns in (1, 3):
+                results[(label, turns)] = asyncio.run(one_step(server.client.openai_base_url, turns))
+        finally:
+            server.stop()
+    print("| stage | turns | last prompt tokens | cache off (s) | cache on (s) | speed-up |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for stage, turns in (("early", 1), ("late", 3)):
+        off, tokens = results[("off", turns)]
+        on, _ = results[("on", turns)]
+        print(f"| {stage} | {turns} | {tokens} | {off:.1f} | {on:.1f} | {off / on:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Prefix caching in the CPU engine: the same tokens as without it, less to forward, bounded memory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from base_models.resolve import ensure_smollm2
+from serving.batcher import GenerationEngine, GenerationRequest
+from serving.prefix_cache import BLOCK, CachedSequence, PrefixCache
+from serving.sampling import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
+
+
+def sequence(tokens: list[int], adapter: str | None = None, width: int = 4) -> CachedSequence:
+    """A kept sequence whose key at position p holds p (so a test can see which columns it got)."""
+    keys = [torch.arange(len(tokens), dtype=torch.float32).reshape(1, -1, 1).expand(2, -1, width).clone()]
+    return CachedSequence(adapter, tokens, keys, [k.clone() for k in keys])
+
+
+def test_the_longest_kept_prefix_is_found_and_never_the_whole_prompt() -> None:
+    cache = PrefixCache(max_bytes=1 << 20)
+    turn1 = list(range(100, 140))
+    cache.insert(sequence(turn1))
+    turn2 = [*turn1, 7, 8, 9]
+    hit = cache.lookup(None, turn2)
+    assert hit is not None and hit[1] == len(turn1) and hit[0].tokens == turn1
+    assert cache.lookup(None, turn1)[1] == len(turn1) - 1  # type: ignore[index]  # the last token is forwarded
+    diverged = [*turn1[:20], 999, *turn1[21:]]
+    assert cache.lookup(None, diverged)[1] == 20  # type: ignore[index]  # found at a block, cut at the change
+    assert cache.lookup(None, [999, *turn1]) is None
+    assert cache.lookup("an-adapter", turn2) is None  # another adapter's KV is not this one's
+
+
+def test_a_longer_turn_replaces_the_one_it_extends_and_unloading_an_adapter_forgets_it() -> None:
+    cache = PrefixCache(max_bytes=1 << 20)
+    first = list(range(2 * BLOCK))
+    cache.insert(sequence(first, "a@1"))
+    cache.insert(sequence([*first, *range(500, 520)], "a@1"))
+    cache.insert(sequence(first, "b@1"))
+    assert len(cache) == 2
+    cache.drop_adapter("a@1")
+    assert len(cache) == 1 and cache.lookup("a@1", [*first, 1]) is None and cache.lookup("b@1", [*first, 1])
+
+
+def test_memory_stays_under_the_byte_limit_least_recently_used_first() -> None:
+    one = sequence(list(range(BLOCK * 4))).nbytes
+    cache = PrefixCache(max_bytes=3 * one)
+    prompts = [[p, *range(BLOCK * 4 - 1)] for p in range(5)]
+    for prompt in prompts[:3]:
+        cache.insert(sequence(prompt))
+    assert cache.lookup(None, [*prompts[0], 1]) is not None  # used: now the most recent
+    for prompt in prompts[3:]:
+        cache.insert(sequence(prompt))
+    assert cache.nbytes <= 3 * one and len(cache) == 3
+    kept = [cache.lookup(None, [*p, 1]) is not None for p in prompts]
+    assert kept == [True, False, False, True, True]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> object:
+    return AutoTokenizer.from_pretrained(str(ensure_smollm2()))
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[tuple[GenerationEngine, GenerationEngine]]:
+    plain = GenerationEngine(str(ensure_smollm2()))
+    cached = GenerationEngine(str(ensure_smollm2()), prefix_cache_bytes=256 << 20)
+    try:
+        yield plain, cached
+    finally:
+        plain.close()
+        cached.close()
+
+
+def chat_ids(tokenizer: object, messages: list[dict[str, str]]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)  # type: ignore[attr-defined]
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
+
+
+async def conversation(engine: GenerationEngine, tokenizer: object, turns: int) -> list[list[int]]:
+    """A multi-turn chat: each turn sends the whole conversation so far, as an agent does."""
+    messages = [{"role": "user", "content": "Count the letters in 'banana', then tell me a fun fact."}]
+    outputs = []
+    for turn in range(turns):
+        [done] = await engine.generate([GenerationRequest(chat_ids(tokenizer, messages), None, GREEDY)])
+        outputs.append(done.token_ids)
+        messages += [{"role": "assistant", "content": done.text}, {"role": "user", "content": f"And {turn}?"}]
+    return outputs
+
+
+async def test_a_multi_turn_conversation_samples_the_same_tokens_with_and_without_the_cache(
+    engines: tuple[GenerationEngine, GenerationEngine], tokenizer: object
+) -> None:
+    plain, cached = engines
+    assert cached.prefix_cache is not None
+    before = cached.prefix_cache.reused_tokens
+    assert await conversation(cached, tokenizer, 3) == await conversation(plain, tokenizer, 3)
+    assert cached.prefix_cache.reused_tokens - before > 60  # turns 2 and 3 reused the turns before them
+
+
+async def test_a_groups_shared_prompt_is_prefilled_once_with_the_same_distribution(
+    engines: tuple[GenerationEngine, GenerationEngine], tokenizer: object
+) -> None:
+    plain, cached = engines
+    assert cached.prefix_cache is not None
+    prompt = chat_ids(
+        tokenizer, [{"role": "user", "content": "Name a color and a fruit, in one short line."}]
+    )
+    hits = cached.prefix_cache.hits
+    greedy = [GenerationRequest(prompt, None, GREEDY) for _ in range(4)]
+    assert [c.token_ids for c in await cached.generate(greedy)] == [
+        c.token_ids for c in await plain.generate(greedy)
+    ]
+    assert cached.prefix_cache.hits - hits >= 4  # every row found the shared prompt
+    # Sampled rows: until two rows first differ (a draw from the tail can flip on a 1e-5 difference in the
+    # logits, as it can between two batch shapes without any cache), every logprob agrees.
+    sampled = [GenerationRequest(prompt, None, SamplingParams(max_tokens=10, seed=s)) for s in range(4)]
+    for a, b in zip(await cached.generate(sampled), await plain.generate(sampled), strict=True):
+        same = next(
+            (i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=False)) if x != y),
+            len(a.token_ids),
+        )
+        assert same >= 1
+        assert max(abs(x - y) for x, y in zip(a.logprobs[:same], b.logprobs[:same], strict=False)) < 1e-4
