@@ -2,32 +2,42 @@
 # On the GPU machine, after install-offline.sh: the GPU tests and the trainer bench, results under $OUT.
 #
 #   eval "$(deploy/gpu/install-offline.sh --chunks CHUNKS --target /tmp/dgrpo-site)"
-#   OUT=/path/to/results deploy/gpu/check-on-device.sh [imports|serving|runs|bench|all]...
+#   OUT=/path/to/results deploy/gpu/check-on-device.sh [imports|serving|runs|bench|vllm-bench|all]...
 #
 # Parts (default: all, in this order), so each fits a 10-minute command on a lent machine:
 #   imports  the image's freeze, GPU, libc and versions, and an import of every module the GPU path loads
 #   serving  pytest -m gpu tests/gpu/test_vllm_serving.py   (vLLM's serving contract)
 #   runs     pytest -m gpu tests/gpu/test_training_run_vllm.py  (sync, shared, pipelined TrainingRuns)
 #   bench    bench/gpu_trainer.py  (trainer logprob agreement, step time, OOM halving on CUDA)
-# Writes at most 8 files into $OUT: env.txt, image.freeze, <part>.log, gpu-results.json (what each test
-# measured), gpu_trainer.json, logs.tar.gz (vLLM and worker log tails). Exit status: non-zero if any part failed.
+#   vllm-bench  bench/gpu_vllm.py  (vLLM tok/s, adapter swap latency, sleep/wake seconds)
+# Writes into $OUT (a lent machine returns at most 8 files): check.log (every part's output), env.txt and
+# image.freeze (imports), gpu-results.json (what each test and bench measured), logs.tar.gz (the parts'
+# full logs and the tails of the vLLM and worker logs). Exit status: non-zero if any part failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:?set OUT to the directory for the results}"
 python="${PYTHON:-python3}"
 mkdir -p "$out"
 work="${DGRPO_GPU_WORK:-/tmp/dgrpo-gpu}"  # kept between calls while the machine is: converted model, logs
-mkdir -p "$work/results" "$work/pytest"
+mkdir -p "$work/results" "$work/pytest" "$work/logs"
 export DGRPO_CACHE="$work/cache" DGRPO_GPU_RESULTS="$work/results" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 parts=("$@")
-if [ ${#parts[@]} -eq 0 ] || [ "${parts[*]}" = all ]; then parts=(imports serving runs bench); fi
+if [ ${#parts[@]} -eq 0 ] || [ "${parts[*]}" = all ]; then parts=(imports serving runs bench vllm-bench); fi
 failed=()
+for part in "${parts[@]}"; do
+    case "$part" in
+        imports|serving|runs|bench|vllm-bench) ;;
+        *) echo "check-on-device.sh: unknown part $part (imports, serving, runs, bench, vllm-bench)" >&2; exit 2 ;;
+    esac
+done
 
-run_part() {  # name, command...: the command's output goes to $OUT/<name>.log (its tail to stdout)
-    local name="$1"; shift
+run_part() {  # name, command...: output to $work/logs/<name>.log, appended to $OUT/check.log; tail to stdout
+    local name="$1" log="$work/logs/$1.log" status=ok; shift
     echo "== $name: $*" >&2
-    if "$@" >"$out/$name.log" 2>&1; then echo "== $name: ok" >&2; else failed+=("$name"); echo "== $name: FAILED" >&2; fi
-    tail -n 25 "$out/$name.log"
+    "$@" >"$log" 2>&1 || { status=FAILED; failed+=("$name"); }
+    { echo "===== $name: $status"; cat "$log"; } >>"$out/check.log"
+    tail -n 25 "$log"
+    echo "== $name: $status" >&2
 }
 
 imports() {
@@ -72,8 +82,8 @@ for part in "${parts[@]}"; do
         imports) run_part imports imports ;;
         serving) run_part serving gpu_tests tests/gpu/test_vllm_serving.py ;;
         runs) run_part runs gpu_tests tests/gpu/test_training_run_vllm.py ;;
-        bench) run_part bench "$python" bench/gpu_trainer.py --out "$out/gpu_trainer.json" ;;
-        *) echo "check-on-device.sh: unknown part $part (imports, serving, runs, bench)" >&2; exit 2 ;;
+        bench) run_part bench "$python" bench/gpu_trainer.py --out "$work/results/gpu_trainer.json" ;;
+        vllm-bench) run_part vllm-bench "$python" bench/gpu_vllm.py --out "$work/results/gpu_vllm.json" ;;
     esac
 done
 
@@ -87,10 +97,10 @@ mkdir -p "$work/log-tails"
 find "$work/pytest" -name '*.log' -size +0 | while read -r log; do
     tail -n 2000 "$log" >"$work/log-tails/$(echo "${log#"$work/pytest/"}" | tr '/' '_')"
 done
-tar -czf "$out/logs.tar.gz" -C "$work" log-tails
+tar -czf "$out/logs.tar.gz" -C "$work" log-tails logs
 
 if [ ${#failed[@]} -gt 0 ]; then
-    echo "failed: ${failed[*]} (see $out/<part>.log)" >&2
+    echo "failed: ${failed[*]} (see $out/check.log)" >&2
     exit 1
 fi
 echo "all parts passed: ${parts[*]}" >&2
