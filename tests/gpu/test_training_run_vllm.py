@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 from temporalio.client import Client
 
+from activities.checkpoints import METRICS_FILE
 from activities.object_store import ObjectStore
 from activities.trainer import ENV_BACKEND
 from dgrpo import run_control
@@ -82,9 +83,22 @@ async def run_to_the_end(client: Client, spec: RunSpec) -> RunStatus:
     return await asyncio.wait_for(run_control.watch(handle, lambda _: None, interval=0.5), 1800)
 
 
-def summarize(final: RunStatus) -> dict[str, Any]:
+def trainer_metrics(store: ObjectStore, spec: RunSpec) -> list[dict[str, Any]]:
+    """What the trainer measured at each step, from its checkpoint's ``metrics.json``: ``mean_ratio`` is the mean
+    importance ratio exp(trainer logprob - vLLM's sampled logprob) over the step's tokens, taken before the
+    step's only optimizer update, so it says how far vLLM bf16 sampling is from the fp32 trainer."""
+    keys = ("mean_ratio", "clip_fraction", "kl", "loss", "grad_norm", "n_trainable_tokens")
+    out = []
+    for step in range(1, STEPS + 1):
+        metrics = json.loads(store.get_bytes(checkpoint_prefix(spec.run_id, step) + METRICS_FILE))
+        out.append({k: metrics.get(k) for k in keys})
+    return out
+
+
+def summarize(final: RunStatus, metrics: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "mode": final.mode,
+        "trainer": metrics,
         "reward_mean": [h.reward_mean for h in final.history],
         "seconds_per_step": [h.seconds for h in final.history],
         "policy_step": [h.policy_step for h in final.history],
@@ -100,6 +114,14 @@ def assert_complete(final: RunStatus, store: ObjectStore, spec: RunSpec) -> None
         assert store.exists(checkpoint_prefix(spec.run_id, step) + MANIFEST_NAME), f"no checkpoint {step}"
 
 
+def assert_ratio_near_one(metrics: list[dict[str, Any]]) -> None:
+    """On-policy steps: vLLM sampled with the policy the trainer starts from, so the ratio is ~1."""
+    ratios = [m["mean_ratio"] for m in metrics]
+    assert all(r is not None and abs(r - 1) < 0.05 for r in ratios), (
+        f"mean importance ratio per step: {ratios}"
+    )
+
+
 async def newest_adapter_answers(workers: WorkerProcess, spec: RunSpec) -> None:
     sdk = openai.AsyncOpenAI(base_url=workers.server_urls[0], api_key="unused", max_retries=0)
     reply = await sdk.chat.completions.create(
@@ -113,9 +135,12 @@ async def test_a_sync_run_on_vllm_and_cuda(
 ) -> None:
     spec = gpu_spec(f"gpu-sync-{uuid.uuid4().hex[:6]}", queues, "sync")
     final = await run_to_the_end(client, spec)
-    assert_complete(final, ObjectStore(s3_settings), spec)
+    store = ObjectStore(s3_settings)
+    assert_complete(final, store, spec)
     await newest_adapter_answers(workers, spec)
-    record("run_sync", summarize(final))
+    metrics = trainer_metrics(store, spec)
+    record("run_sync", summarize(final, metrics))
+    assert_ratio_near_one(metrics)
 
 
 async def test_a_shared_run_sleeps_vllm_while_the_trainer_runs(
@@ -123,10 +148,13 @@ async def test_a_shared_run_sleeps_vllm_while_the_trainer_runs(
 ) -> None:
     spec = gpu_spec(f"gpu-shared-{uuid.uuid4().hex[:6]}", queues, "shared")
     final = await run_to_the_end(client, spec)
-    assert_complete(final, ObjectStore(s3_settings), spec)
+    store = ObjectStore(s3_settings)
+    assert_complete(final, store, spec)
     assert all({"sleep", "wake_up"} <= h.seconds.keys() for h in final.history)
     await newest_adapter_answers(workers, spec)  # awake again after the last step
-    record("run_shared", summarize(final))
+    metrics = trainer_metrics(store, spec)
+    record("run_shared", summarize(final, metrics))
+    assert_ratio_near_one(metrics)  # the adapter survived sleep and reload: samples match the trainer
 
 
 async def test_a_pipelined_run_rolls_out_the_next_step_while_this_one_trains(
@@ -134,7 +162,8 @@ async def test_a_pipelined_run_rolls_out_the_next_step_while_this_one_trains(
 ) -> None:
     spec = gpu_spec(f"gpu-pipe-{uuid.uuid4().hex[:6]}", queues, "pipelined")
     final = await run_to_the_end(client, spec)
-    assert_complete(final, ObjectStore(s3_settings), spec)
+    store = ObjectStore(s3_settings)
+    assert_complete(final, store, spec)
+    record("run_pipelined", summarize(final, trainer_metrics(store, spec)))
     assert final.dropped_stale_groups == 0
     assert [h.policy_step for h in final.history] == [0, 0, 1, 2, 3]
-    record("run_pipelined", summarize(final))
