@@ -9,14 +9,15 @@
 # --wheels DIR: a directory of wheels (an unsplit wheelhouse).
 # --target DIR: pip install --no-index --no-deps --target DIR; prints the PYTHONPATH and PATH to export.
 # --venv DIR:   into that virtual environment instead (created with --system-site-packages if absent, so
-#               the image's torch stays visible).
+#               the packages of PYTHON's base installation, the image's torch, stay visible; if the image's
+#               torch is itself in a venv, use --target, which adds to whatever PYTHON sees).
 # PYTHON (default python3) is the interpreter the packages are for.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 python="${PYTHON:-python3}"
 chunks="" wheels="" target="" venv=""
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --chunks) chunks="$2"; shift 2 ;;

@@ -7,7 +7,9 @@
 #
 # IMAGE.freeze is the image's `python -m pip list --format=freeze` (bare names are allowed for packages known
 # to be there at an unknown version). Its versions are constraints: a carried package that needs another
-# torch or transformers than the image's fails resolution here, not on the GPU.
+# torch or transformers than the image's fails resolution here, not on the GPU. --platform is the image's
+# glibc as a manylinux tag (`python -c 'import platform; print(platform.libc_ver())'` there; 2.35 is Ubuntu
+# 22.04); wheels for older manylinux tags are accepted too. vLLM 0.26.0: see deploy/gpu/README.md.
 #
 # What it does (needs PyPI; the GPU machine needs nothing):
 #  1. downloads vllm==VERSION and nodeps.txt's packages alone (--no-deps);
@@ -24,7 +26,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 python="${PYTHON:-python3}"
 freeze="" pyver="3.12" platform="manylinux_2_35_x86_64" vllm="0.26.0" out="$here/wheelhouse" chunk_mib=""
 
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --image-freeze) freeze="$2"; shift 2 ;;

@@ -223,3 +223,28 @@ def test_a_manylinux_target_also_accepts_older_tags() -> None:
     assert tags[0] == "manylinux_2_35_x86_64" and "manylinux_2_17_x86_64" in tags
     assert "manylinux2014_x86_64" in tags and "manylinux_2_36_x86_64" not in tags
     assert wheelhouse.platform_tags("win_amd64") == ["win_amd64"]
+
+
+def test_install_offline_into_a_venv_that_still_sees_the_images_packages(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    build_wheel(wheels, "tinygamma", "3.0", 7)
+    venv = tmp_path / "venv"
+    script = f"bash {GPU / 'install-offline.sh'} --wheels {wheels} --venv {venv}"
+    done = subprocess.run(
+        ["bash", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f'export PATH="{venv.resolve()}/bin:$PATH"'
+    probe = "import sys, tinygamma; print(tinygamma.ANSWER); print(*sys.path, sep=chr(10))"
+    result = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True
+    )
+    answer, *path = result.stdout.splitlines()
+    base = "import sys, sysconfig; print(sysconfig.get_paths(vars={'base': sys.base_prefix})['purelib'])"
+    base_site = subprocess.run([sys.executable, "-c", base], capture_output=True, text=True, check=True)
+    assert answer == "7" and base_site.stdout.strip() in path  # the interpreter's own packages (torch) too
