@@ -1,7 +1,7 @@
 """Fixtures for the GPU tests (``pytest -m gpu tests/gpu``; the default run deselects them).
 
 They need a CUDA device, vLLM and the project's deps (``deploy/gpu/install-offline.sh``), and reuse the
-session's real stack (``tests/conftest.py``) and the CPU tests' adapters (``tests/workers/serving_adapters``).
+session's real stack (``tests/conftest.py``) and the CPU tests' adapters (``tests/serving/serving_adapters``).
 ``DGRPO_GPU_RESULTS``: a directory where each test also writes what it measured, as JSON
 (``deploy/gpu/check-on-device.sh`` points it at ``$OUT``).
 """
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 # The serving tests' adapters live beside the CPU serving tests; one definition serves both.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
 
 ENV_RESULTS = "DGRPO_GPU_RESULTS"
 Record = Callable[[str, dict[str, Any]], None]

@@ -1,5 +1,5 @@
 """The serving contract against ``vllm serve`` (``engine=vllm``) on a GPU: the unmodified ``openai`` SDK and our
-``ServingClient`` on the real SmolLM2-135M with real LoRA adapters, as tests/workers/test_serving_cpu.py
+``ServingClient`` on the real SmolLM2-135M with real LoRA adapters, as tests/serving/test_server.py
 checks our CPU server. Started through ``VllmServerProcess``, the launcher the inference worker uses."""
 
 from __future__ import annotations
