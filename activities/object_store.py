@@ -59,10 +59,28 @@ def sha256_file(path: str | Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def _http_client() -> urllib3.PoolManager:
-    # Short connect timeout and few retries: a stopped server fails in seconds, not minutes.
+RETRY_BACKOFF_MAX_S = 8.0
+WORKER_OUTAGE_S = 90.0
+"""How long a worker's store requests keep retrying: a store restart or a 60 s outage costs a wait, not a run."""
+
+
+def _http_client(outage_s: float) -> urllib3.PoolManager:
+    """Retries of unreachable or failing (5xx) requests that last about ``outage_s``: a client gives up in
+    seconds (a stopped store is a clear error at once), a worker rides out a restart of the store."""
+    waited, attempts = 0.0, 1
+    while waited < outage_s:
+        waited += min(0.5 * 2 ** (attempts - 1), RETRY_BACKOFF_MAX_S)
+        attempts += 1
     retries = urllib3.Retry(
-        total=2, connect=1, backoff_factor=0.2, status_forcelist=(500, 502, 503, 504), allowed_methods=None
+        total=attempts,
+        connect=attempts,
+        read=attempts,
+        status=attempts,
+        backoff_factor=0.5,
+        backoff_max=RETRY_BACKOFF_MAX_S,
+        status_forcelist=(500, 502, 503, 504),
+        allowed_methods=None,  # S3 writes are whole-object puts to fixed keys: safe to repeat
+        raise_on_status=False,
     )
     return urllib3.PoolManager(timeout=urllib3.Timeout(connect=3.0, read=120.0), retries=retries, maxsize=16)
 
@@ -70,7 +88,8 @@ def _http_client() -> urllib3.PoolManager:
 class ObjectStore:
     """One bucket of an S3-compatible store."""
 
-    def __init__(self, settings: S3Settings) -> None:
+    def __init__(self, settings: S3Settings, outage_s: float = 1.0) -> None:
+        """``outage_s``: how long a request keeps retrying an unreachable store (workers: ``WORKER_OUTAGE_S``)."""
         self.settings = settings
         self.bucket = settings.bucket
         endpoint = settings.endpoint.removeprefix("http://").removeprefix("https://").rstrip("/")
@@ -82,13 +101,13 @@ class ObjectStore:
             secret_key=settings.secret_key.get_secret_value(),
             secure=secure,
             region="us-east-1",  # skips the bucket-location round trip; SeaweedFS and MinIO accept it
-            http_client=_http_client(),
+            http_client=_http_client(outage_s),
         )
 
     @classmethod
-    def from_env(cls) -> ObjectStore:
+    def from_env(cls, outage_s: float = 1.0) -> ObjectStore:
         """Built from ``DGRPO_S3_*`` (see schemas/settings.py)."""
-        return cls(S3Settings.from_env())
+        return cls(S3Settings.from_env(), outage_s)
 
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"

@@ -32,7 +32,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.checkpoints import download_checkpoint
 from activities.errors import application_error
-from activities.object_store import ObjectStore
+from activities.object_store import WORKER_OUTAGE_S, ObjectStore
 from schemas import layout
 from schemas.activities import ActivityName, ReloadInput, ReloadResult, ServingControlInput
 from schemas.errors import CONFIG_ERROR, CORRUPT_LOCAL_COPY, DgrpoError
@@ -99,7 +99,7 @@ class ServingActivities:
     @property
     def store(self) -> ObjectStore:
         if self._store is None:
-            self._store = ObjectStore.from_env()
+            self._store = ObjectStore.from_env(WORKER_OUTAGE_S)
         return self._store
 
     def all(self) -> list[Callable[..., Any]]:

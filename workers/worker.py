@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.object_store import ObjectStore
+from activities.object_store import WORKER_OUTAGE_S, ObjectStore
 from host.processes import free_port
 from schemas.config import TaskQueues
 from schemas.layout import worker_task_queue
@@ -151,7 +151,7 @@ async def run_workers(
     """Run the workers of ``opts.role`` until ``stop`` is set (or the task is cancelled), then shut down."""
     _add_cwd_to_path()
     client = client or await connect_client()
-    store = ObjectStore.from_env()
+    store = ObjectStore.from_env(WORKER_OUTAGE_S)
     await asyncio.to_thread(store.ensure_bucket)
     stop = stop or asyncio.Event()
     async with contextlib.AsyncExitStack() as exits:

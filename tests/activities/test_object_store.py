@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from pydantic import SecretStr
 
-from activities.object_store import ObjectStore, parse_uri
+from activities.object_store import WORKER_OUTAGE_S, ObjectStore, parse_uri
 from schemas import layout
 from schemas.errors import CorruptCheckpointError, StoreAuthError, StoreError
 from schemas.settings import S3Settings
-from workers.stack import free_port
+from workers.stack import EmbeddedStack, free_port
 
 
 def make_checkpoint(root: Path, seed: str) -> Path:
@@ -132,3 +134,31 @@ def test_get_checkpoint_checks_the_published_manifest(object_store: ObjectStore,
     object_store.publish_checkpoint(make_checkpoint(tmp_path / "b", "b"), "run-m", 1)  # a rogue re-publish
     with pytest.raises(CorruptCheckpointError, match="manifest changed since step 1 was published"):
         object_store.get_checkpoint(ref, tmp_path / "out2")
+
+
+def test_a_workers_store_rides_out_a_restart_of_the_store(tmp_path: Path) -> None:
+    """S3 killed, then back on its ports 20 s later: a worker's request waits it out; a client's fails fast."""
+    home = tmp_path / "outage-home"
+    embedded = EmbeddedStack(home, free_ports=True, ui=False, tied_to_parent=True)
+    state = embedded.start()
+    try:
+        settings = embedded.s3_settings
+        ObjectStore(settings).put_bytes("kept/z", b"before the outage")
+        psutil.Process(state.seaweed.pid).kill()
+        psutil.Process(state.seaweed.pid).wait(10)
+        with pytest.raises(StoreError, match="cannot reach"):
+            ObjectStore(settings).get_bytes("kept/z")
+        restarting = threading.Event()
+
+        def restart() -> None:
+            restarting.set()
+            # Not tied to this timer thread: a child tied to its parent gets SIGTERM when that thread ends.
+            EmbeddedStack(home, free_ports=True, ui=False).start()
+
+        timer = threading.Timer(20.0, restart)
+        timer.start()
+        assert ObjectStore(settings, outage_s=WORKER_OUTAGE_S).get_bytes("kept/z") == b"before the outage"
+        assert restarting.is_set()  # answered by the restarted store, not before the outage
+        timer.join()
+    finally:
+        EmbeddedStack(home).stop()
