@@ -17,7 +17,7 @@ import inspect
 import json
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +26,15 @@ from pydantic import BaseModel, ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.advantages import check_rewards
 from activities.object_store import ObjectStore
-from activities.rollout_model import RolloutModel, discover_base_model, openai_base_url
+from activities.rollout_model import RolloutModel, discover_base_model, openai_base_url, own_server_api_key
 from activities.trajectory_store import upload_groups
 from schemas.activities import RolloutsInput
 from schemas.config import TaskSpec
-from schemas.errors import CONFIG_ERROR, ROLLOUT_FAILED, TASK_IMPORT
+from schemas.errors import ROLLOUT_FAILED, DgrpoError, RunSpecError, TaskImportError
 from schemas.refs import TrajectoriesRef
+from schemas.settings import ENV_TASK_MODULES, env_list
 from schemas.trajectory import Choice, ExceptionRecord, Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -43,74 +45,102 @@ HEARTBEAT_EVERY_S = 10.0
 RolloutFn = Callable[[Any, dict[str, Any]], Awaitable[Any]]
 
 
-def import_object(path: str, what: str) -> Any:
-    """``package.module:attr`` -> the object; a path that does not import is a non-retryable TASK_IMPORT."""
+DEFAULT_TASK_MODULES: tuple[str, ...] = ("examples.",)
+"""Where an inference worker imports task code from unless its operator says otherwise."""
+
+
+def task_modules_from_env(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """``$DGRPO_TASK_MODULES`` (comma-separated module prefixes), else ``DEFAULT_TASK_MODULES``."""
+    return env_list(ENV_TASK_MODULES, env) or DEFAULT_TASK_MODULES
+
+
+def module_allowed(module: str, prefixes: Sequence[str]) -> bool:
+    """True when ``module`` is one of the packages ``prefixes`` names (``examples.``: ``examples`` and
+    everything under it) -- a package boundary, so ``examples_evil`` is not ``examples``."""
+    for prefix in prefixes:
+        package = prefix.rstrip(".")
+        if package and (module == package or module.startswith(package + ".")):
+            return True
+    return False
+
+
+def _not_allowed(what: str, path: str, module: str, prefixes: Sequence[str]) -> TaskImportError:
+    return TaskImportError(
+        f"{what} {path!r}: module {module!r} is not one this worker imports task code from "
+        f"(allowed: {', '.join(prefixes) or 'none'}); put the task in one of those packages, or ask the "
+        f"worker's operator to allow it with `dgrpo worker --task-module PREFIX` or {ENV_TASK_MODULES}"
+    )
+
+
+def import_object(path: str, what: str, prefixes: Sequence[str]) -> Any:
+    """``package.module:attr`` -> the object, imported only from a module under ``prefixes``.
+
+    The module is checked before it is imported (importing runs its code); ``TaskImportError`` says why.
+    """
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
-        raise ApplicationError(
-            f"{what} {path!r} is not an import path; write it as 'package.module:function'",
-            type=TASK_IMPORT,
-            non_retryable=True,
-        )
+        raise TaskImportError(f"{what} {path!r} is not an import path; write it as 'package.module:function'")
+    if not module_allowed(module_name, prefixes):
+        raise _not_allowed(what, path, module_name, prefixes)
     try:
         module = importlib.import_module(module_name)
     except Exception as err:
-        raise ApplicationError(
+        raise TaskImportError(
             f"{what} {path!r} does not import: module {module_name!r} failed with {type(err).__name__}: {err}; "
             "put the module on the worker's PYTHONPATH (start the worker from the project root, or "
-            "`export PYTHONPATH=...`) and fix any error it raises on import",
-            type=TASK_IMPORT,
-            non_retryable=True,
+            "`export PYTHONPATH=...`) and fix any error it raises on import"
         ) from err
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise ApplicationError(
+        raise TaskImportError(
             f"{what} {path!r} does not import: module {module_name!r} ({getattr(module, '__file__', '?')}) "
-            f"has no attribute {attr!r}; check the function's name",
-            type=TASK_IMPORT,
-            non_retryable=True,
+            f"has no attribute {attr!r}; check the function's name"
         ) from None
 
 
-def load_rollout_function(path: str) -> RolloutFn:
-    """Import the rollout function and check it is ``async def rollout(model, scenario)``."""
-    fn = import_object(path, "task.rollout")
-    if not callable(fn) or not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(fn.__call__)):
-        raise ApplicationError(
+def _defined_in_allowed(fn: Any, prefixes: Sequence[str]) -> bool:
+    """A plain function whose code lives in an allowed module (not one it merely imported, like ``os.abort``)."""
+    return inspect.isfunction(fn) and module_allowed(fn.__module__, prefixes)
+
+
+def load_rollout_function(path: str, prefixes: Sequence[str] = DEFAULT_TASK_MODULES) -> RolloutFn:
+    """Import the rollout function and check it is ``async def rollout(model, scenario)`` of an allowed module."""
+    fn = import_object(path, "task.rollout", prefixes)
+    if not inspect.iscoroutinefunction(fn):
+        raise TaskImportError(
             f"task.rollout {path!r} is a {type(fn).__name__}, not an async function; define it as "
-            "`async def rollout(model, scenario) -> Trajectory`",
-            type=TASK_IMPORT,
-            non_retryable=True,
+            "`async def rollout(model, scenario) -> Trajectory`"
         )
+    if not _defined_in_allowed(fn, prefixes):
+        raise _not_allowed("task.rollout", path, str(getattr(fn, "__module__", "?")), prefixes)
     return fn  # type: ignore[no-any-return]
-
-
-def _config_error(message: str) -> ApplicationError:
-    return ApplicationError(message, type=CONFIG_ERROR, non_retryable=True)
 
 
 def _check_scenarios(items: Any, source: str) -> list[dict[str, Any]]:
     if not isinstance(items, list) or not items:
-        raise _config_error(
+        raise RunSpecError(
             f"scenarios from {source} must be a non-empty list of dicts, got {type(items).__name__}"
         )
     bad = [i for i, s in enumerate(items) if not isinstance(s, dict)]
     if bad:
-        raise _config_error(
+        raise RunSpecError(
             f"scenarios from {source}: item {bad[0]} is a {type(items[bad[0]]).__name__}, but each scenario is a dict"
         )
     return items
 
 
-def load_scenarios(scenarios: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The scenario list from ``module:function``, a ``.jsonl``/``.parquet`` file, or inline."""
+def load_scenarios(
+    scenarios: str | list[dict[str, Any]], prefixes: Sequence[str] = DEFAULT_TASK_MODULES
+) -> list[dict[str, Any]]:
+    """The scenario list from ``module:function`` (a plain function of an allowed module), a
+    ``.jsonl``/``.parquet`` file, or inline; a ``DgrpoError`` says what is wrong."""
     if isinstance(scenarios, list):
         return _check_scenarios(scenarios, "the inline list")
     if scenarios.endswith((".jsonl", ".parquet")):
         path = Path(scenarios).expanduser()
         if not path.is_file():
-            raise _config_error(
+            raise RunSpecError(
                 f"task.scenarios file {scenarios!r} does not exist on this worker (cwd {Path.cwd()}); "
                 "use an absolute path or one relative to the worker's working directory"
             )
@@ -118,21 +148,23 @@ def load_scenarios(scenarios: str | list[dict[str, Any]]) -> list[dict[str, Any]
             try:
                 items = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
             except json.JSONDecodeError as err:
-                raise _config_error(f"task.scenarios {scenarios!r}: not JSON Lines ({err})") from None
+                raise RunSpecError(f"task.scenarios {scenarios!r}: not JSON Lines ({err})") from None
         else:
             items = pq.read_table(path).to_pylist()
         return _check_scenarios(items, scenarios)
-    fn = import_object(scenarios, "task.scenarios")
+    fn = import_object(scenarios, "task.scenarios", prefixes)
     if not callable(fn):
         return _check_scenarios(fn, scenarios)
+    if not _defined_in_allowed(fn, prefixes):
+        raise TaskImportError(
+            f"task.scenarios {scenarios!r} is a {type(fn).__name__} from module "
+            f"{getattr(fn, '__module__', '?')!r}; it must be a plain function (or a list) defined in a "
+            f"module this worker imports task code from ({', '.join(prefixes)})"
+        )
     try:
         items = fn()
     except Exception as err:
-        raise ApplicationError(
-            f"task.scenarios {scenarios!r} raised {type(err).__name__}: {err}",
-            type=TASK_IMPORT,
-            non_retryable=True,
-        ) from err
+        raise TaskImportError(f"task.scenarios {scenarios!r} raised {type(err).__name__}: {err}") from err
     return _check_scenarios(list(items) if not isinstance(items, list) else items, scenarios)
 
 
@@ -264,7 +296,8 @@ async def run_groups(
 
 
 class RolloutActivities:
-    """The inference worker's rollouts activity, bound to its server(s) and the object store."""
+    """The inference worker's rollouts activity, bound to its server(s), the object store and the task
+    modules its operator allows (``task_modules``, default ``task_modules_from_env()``)."""
 
     def __init__(
         self,
@@ -272,7 +305,8 @@ class RolloutActivities:
         store: ObjectStore,
         *,
         base_served_name: str | None = None,
-        api_key: str = "dgrpo",
+        api_key: str | None = None,
+        task_modules: Sequence[str] | None = None,
     ) -> None:
         urls = [inference_urls] if isinstance(inference_urls, str) else list(inference_urls)
         if not urls:
@@ -280,18 +314,22 @@ class RolloutActivities:
         self.inference_urls = [openai_base_url(u) for u in urls]
         self.store = store
         self.base_served_name = base_served_name
-        self.api_key = api_key
+        self.api_key = api_key or own_server_api_key()
+        self.task_modules = tuple(task_modules) if task_modules is not None else task_modules_from_env()
 
     async def served_base_name(self) -> str:
         """The base model's served name (asked of the first server once, unless given)."""
         if self.base_served_name is None:
-            self.base_served_name = await discover_base_model(self.inference_urls[0])
+            self.base_served_name = await discover_base_model(self.inference_urls[0], api_key=self.api_key)
         return self.base_served_name
 
     @activity.defn(name="rollouts")
     async def rollouts(self, input: RolloutsInput) -> TrajectoriesRef:
-        fn = load_rollout_function(input.task.rollout)
-        scenarios = await asyncio.to_thread(load_scenarios, input.task.scenarios)
+        try:
+            fn = load_rollout_function(input.task.rollout, self.task_modules)
+            scenarios = await asyncio.to_thread(load_scenarios, input.task.scenarios, self.task_modules)
+        except DgrpoError as err:
+            raise ApplicationError(str(err), type=err.failure_type, non_retryable=True) from err
         indices = pick_scenarios(len(scenarios), input.groups_per_step, input.scenario_offset, input.seed)
         picked = [(i, scenarios[i]) for i in indices]
         base_name = await self.served_base_name()
@@ -320,4 +358,8 @@ class RolloutActivities:
         finally:
             for model in models:
                 await model.aclose()
+        try:
+            check_rewards(groups, f"rollout {input.task.rollout}")
+        except DgrpoError as err:  # nothing is written: a bad reward never reaches the store
+            raise ApplicationError(str(err), type=err.failure_type, non_retryable=True) from err
         return await asyncio.to_thread(upload_groups, self.store, groups, input.run_id, input.step)

@@ -20,9 +20,11 @@ STORE_AUTH = "StoreAuth"
 ROLLOUT_FAILED = "RolloutFailed"
 """More rollouts failed than the task tolerates."""
 TASK_IMPORT = "TaskImportError"
-"""A rollout or scenarios import path does not import."""
+"""A rollout or scenarios import path does not import, or names code the worker's operator did not allow."""
+BAD_REWARD = "BadReward"
+"""A reward is NaN, infinite or too large; the message names the group and trajectory."""
 
-NON_RETRYABLE: tuple[str, ...] = (CONFIG_ERROR, STORE_AUTH, TASK_IMPORT, CORRUPT_CHECKPOINT)
+NON_RETRYABLE: tuple[str, ...] = (CONFIG_ERROR, STORE_AUTH, TASK_IMPORT, CORRUPT_CHECKPOINT, BAD_REWARD)
 
 
 class DgrpoError(Exception):
@@ -58,6 +60,12 @@ class CorruptTrajectoriesError(DgrpoError, ValueError):
 
 
 class TaskImportError(DgrpoError, ImportError):
-    """A task's rollout or scenarios path does not import."""
+    """A task's rollout or scenarios path does not import, or is outside the worker's allowed modules."""
 
     failure_type = TASK_IMPORT
+
+
+class BadRewardError(DgrpoError, ValueError):
+    """A trajectory's reward is not finite or beyond the allowed magnitude."""
+
+    failure_type = BAD_REWARD

@@ -70,6 +70,12 @@ class WorkerOptions:
     single_process: bool = False
     """Role ``all``: run the trainer in this process too. By default it gets a child process, so its
     GIL-holding work never starves the workflow thread (Temporal fails a workflow task after 2 s)."""
+    judge_base_urls: tuple[str, ...] | None = None
+    """Judge endpoints a run may name besides the worker's own server (None: ``$DGRPO_JUDGE_BASE_URLS``)."""
+    judge_key_envs: tuple[str, ...] | None = None
+    """Variables a run's ``judge.api_key_env`` may name (None: ``$DGRPO_JUDGE_KEY_ENVS``)."""
+    task_modules: tuple[str, ...] | None = None
+    """Module prefixes task code is imported from (None: ``$DGRPO_TASK_MODULES``, else ``examples.``)."""
 
 
 def _add_cwd_to_path() -> None:
@@ -79,24 +85,38 @@ def _add_cwd_to_path() -> None:
         sys.path.insert(0, cwd)
 
 
-def control_activities(store: ObjectStore, judge_url: str | None) -> list[Callable[..., Any]]:
+def control_activities(
+    store: ObjectStore, judge_url: str | None, opts: WorkerOptions | None = None
+) -> list[Callable[..., Any]]:
     from activities.advantages import AdvantagesActivities
-    from activities.judge import JudgeActivities
+    from activities.judge import JudgeActivities, JudgeEndpoints
     from activities.metrics import MetricsActivities
 
+    opts = opts or WorkerOptions()
+    env = JudgeEndpoints.from_env()
+    endpoints = JudgeEndpoints(
+        base_urls=env.base_urls if opts.judge_base_urls is None else opts.judge_base_urls,
+        key_envs=env.key_envs if opts.judge_key_envs is None else opts.judge_key_envs,
+    )
     return [
         AdvantagesActivities(store).compute_advantages,
-        JudgeActivities(store, judge_url).judge,
+        JudgeActivities(store, judge_url, endpoints).judge,
         *MetricsActivities(store).all(),
     ]
 
 
-def inference_activities(store: ObjectStore, server_urls: Sequence[str]) -> list[Callable[..., Any]]:
+def inference_activities(
+    store: ObjectStore, server_urls: Sequence[str], opts: WorkerOptions | None = None
+) -> list[Callable[..., Any]]:
     from activities.rollouts import RolloutActivities
     from activities.serving import ServingActivities
 
     urls = list(server_urls)
-    return [RolloutActivities(urls, store).rollouts, *ServingActivities(urls, store).all()]
+    task_modules = (opts or WorkerOptions()).task_modules
+    return [
+        RolloutActivities(urls, store, task_modules=task_modules).rollouts,
+        *ServingActivities(urls, store).all(),
+    ]
 
 
 async def build_workers(
@@ -111,12 +131,16 @@ async def build_workers(
                 client,
                 task_queue=queues.control,
                 workflows=[TrainingRun, TrainStep, ServeModel],
-                activities=control_activities(store, server_urls[0] if server_urls else opts.server_url),
+                activities=control_activities(
+                    store, server_urls[0] if server_urls else opts.server_url, opts
+                ),
             )
         )
     if "inference" in roles:
         workers.append(
-            Worker(client, task_queue=queues.inference, activities=inference_activities(store, server_urls))
+            Worker(
+                client, task_queue=queues.inference, activities=inference_activities(store, server_urls, opts)
+            )
         )
     if "trainer" in roles:
         from activities.training import TrainerActivities

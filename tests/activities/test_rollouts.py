@@ -19,7 +19,7 @@ from activities.trajectory_store import download_groups
 from schemas import layout
 from schemas.activities import RolloutsInput
 from schemas.config import TaskSpec
-from schemas.errors import ROLLOUT_FAILED, TASK_IMPORT
+from schemas.errors import ROLLOUT_FAILED, TASK_IMPORT, RunSpecError, TaskImportError
 from schemas.trajectory import Choice, Trajectory
 
 STUBS = "rollout_stubs"
@@ -45,7 +45,7 @@ async def run(store: ObjectStore, input: RolloutsInput, beats: list[Any] | None 
     env = ActivityEnvironment()
     if beats is not None:
         env.on_heartbeat = lambda *details: beats.append(details[0])
-    acts = RolloutActivities("http://127.0.0.1:9", store, base_served_name="base")
+    acts = RolloutActivities("http://127.0.0.1:9", store, base_served_name="base", task_modules=(STUBS,))
     return await env.run(acts.rollouts, input)
 
 
@@ -135,7 +135,9 @@ async def test_timeout_is_recorded(object_store: ObjectStore) -> None:
 @pytest.mark.parametrize(
     ("path", "expected"),
     [
-        ("no_such_module_xyz:rollout", "does not import"),
+        ("no_such_module_xyz:rollout", "is not one this worker imports task code from"),
+        ("os:abort", "is not one this worker imports task code from (allowed: rollout_stubs)"),
+        (f"{STUBS}_evil:ok", "is not one this worker imports task code from"),
         (f"{STUBS}:missing", "has no attribute 'missing'"),
         (f"{STUBS}:not_async", "not an async function"),
         (f"{STUBS}:NOT_CALLABLE", "not an async function"),
@@ -156,15 +158,14 @@ def test_scenarios_from_function_jsonl_parquet_and_inline(tmp_path: Any) -> None
     jsonl.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     parquet = tmp_path / "s.parquet"
     pq.write_table(pa.Table.from_pylist(rows), parquet)
-    assert load_scenarios(f"{STUBS}:scenarios")[1] == {"id": "s1", "x": 1}
+    assert load_scenarios(f"{STUBS}:scenarios", (STUBS,))[1] == {"id": "s1", "x": 1}
     assert load_scenarios(str(jsonl)) == rows
     assert load_scenarios(str(parquet)) == rows
     assert load_scenarios(rows) == rows
-    with pytest.raises(ApplicationError, match="does not exist"):
+    with pytest.raises(RunSpecError, match="does not exist"):
         load_scenarios(str(tmp_path / "missing.jsonl"))
-    with pytest.raises(ApplicationError, match="does not import") as info:
-        load_scenarios("no_such_module_xyz:scenarios")
-    assert info.value.type == TASK_IMPORT
+    with pytest.raises(TaskImportError, match="does not import"):
+        load_scenarios("no_such_module_xyz:scenarios", ("no_such_module_xyz",))
 
 
 async def test_routed_client_rewrites_model_and_asks_for_tokens_and_logprobs() -> None:
