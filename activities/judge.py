@@ -40,7 +40,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.object_store import ObjectStore
-from activities.rollout_model import discover_base_model, openai_base_url, own_server_api_key
+from activities.rollout_model import DEFAULT_API_KEY, discover_base_model, openai_base_url, own_server_api_key
 from activities.trajectory_store import load_groups, upload_groups
 from schemas import layout
 from schemas.activities import JudgeInput
@@ -366,7 +366,7 @@ class JudgeActivities:
                 )
             base_url, api_key = own, own_server_api_key()
         elif self.endpoints.allows_url(config.base_url):
-            base_url, api_key = config.base_url, "dgrpo"
+            base_url, api_key = config.base_url, DEFAULT_API_KEY
         else:
             allowed = ", ".join(self.endpoints.base_urls) or "none"
             raise _refuse(

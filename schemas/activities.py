@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.config import JudgeConfig, ModelSpec, ServingSpec, TaskSpec, TrainConfig
-from schemas.refs import CheckpointRef, ObjectRef, TrajectoriesRef
+from schemas.refs import AdapterName, CheckpointRef, Name, ObjectRef, TrajectoriesRef
 
 
 class _Strict(BaseModel):
@@ -24,12 +24,12 @@ class _Strict(BaseModel):
 class RolloutsInput(_Strict):
     """Run ``group_size`` rollouts for each of ``groups_per_step`` scenarios and store them."""
 
-    run_id: str
+    run_id: Name
     step: int = Field(ge=0)
     """The step these rollouts feed (trajectories land under ``steps/<step>``)."""
-    model_name: str
+    model_name: Name
     """What the rollout function sends as ``model``; routed to ``adapter``."""
-    adapter: str | None = None
+    adapter: AdapterName | None = None
     """Served adapter to pin (``<name>@<policy_step>``); None means the base model."""
     policy_step: int = Field(0, ge=0)
     """Step of the policy that samples (recorded on every trajectory)."""
@@ -44,13 +44,13 @@ class RolloutsInput(_Strict):
 class ReloadInput(_Strict):
     """Load a published checkpoint into every server this inference worker fronts."""
 
-    model_name: str
+    model_name: Name
     checkpoint: CheckpointRef
     serving: ServingSpec = Field(default_factory=ServingSpec)
 
 
 class ReloadResult(_Strict):
-    adapter: str
+    adapter: AdapterName
     """The name the adapter is now served under (``<name>@<step>``)."""
     servers: list[str]
     """Base URLs of the servers that loaded it."""
@@ -68,7 +68,7 @@ class ServingControlInput(_Strict):
 
 
 class JudgeInput(_Strict):
-    run_id: str
+    run_id: Name
     step: int = Field(ge=0)
     trajectories: TrajectoriesRef
     judge: JudgeConfig
@@ -77,7 +77,7 @@ class JudgeInput(_Strict):
 
 
 class AdvantagesInput(_Strict):
-    run_id: str
+    run_id: Name
     step: int = Field(ge=0)
     trajectories: TrajectoriesRef
     """The scored trajectories of the step."""
@@ -95,9 +95,9 @@ class AdvantagesResult(_Strict):
 
 
 class MetricsInput(_Strict):
-    run_id: str
-    project: str
-    model_name: str
+    run_id: Name
+    project: Name
+    model_name: Name
     step: int = Field(ge=0)
     metrics: dict[str, float]
     wandb: bool = True
@@ -109,7 +109,7 @@ class MetricsInput(_Strict):
 class TrainInput(_Strict):
     """Train the adapter one GRPO step on ``advantages`` and stage it for publishing."""
 
-    run_id: str
+    run_id: Name
     step: int = Field(ge=1)
     """The step being produced: the result is checkpoint ``step``."""
     model: ModelSpec
@@ -120,7 +120,7 @@ class TrainInput(_Strict):
 
 
 class TrainResult(_Strict):
-    run_id: str
+    run_id: Name
     step: int
     staging_dir: str
     """Local directory on the trainer worker holding the adapter, optimizer and trainer state."""
@@ -137,7 +137,7 @@ class TrainResult(_Strict):
 
 
 class PublishInput(_Strict):
-    run_id: str
+    run_id: Name
     step: int = Field(ge=0)
     staging_dir: str
     metrics: dict[str, float] = Field(default_factory=dict)
@@ -146,13 +146,13 @@ class PublishInput(_Strict):
 class CheckpointLookup(_Strict):
     """Find the newest manifested checkpoint of a run (resume)."""
 
-    run_id: str
+    run_id: Name
 
 
 class InitialAdapterInput(_Strict):
     """Publish checkpoint 0 of a run: a fresh LoRA from ``seed``, or the warm-start adapter of ``base_model``."""
 
-    run_id: str
+    run_id: Name
     model: ModelSpec
     seed: int = Field(0, ge=0)
     """Seed of the fresh adapter's initialisation (ignored for a warm start)."""

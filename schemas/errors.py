@@ -65,6 +65,10 @@ class TaskImportError(DgrpoError, ImportError):
     failure_type = TASK_IMPORT
 
 
+class UnsafePathError(DgrpoError, ValueError):
+    """A local path built from a run's names would leave the directory it belongs under."""
+
+
 class BadRewardError(DgrpoError, ValueError):
     """A trajectory's reward is not finite or beyond the allowed magnitude."""
 

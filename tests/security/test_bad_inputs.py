@@ -67,15 +67,20 @@ class SecurityProbe:
                 call["input"],
                 task_queue=call["queue"],
                 start_to_close_timeout=timedelta(seconds=120),
-                retry_policy=RetryPolicy(maximum_attempts=3, initial_interval=timedelta(milliseconds=200)),
+                retry_policy=RetryPolicy(maximum_attempts=2, initial_interval=timedelta(milliseconds=100)),
             )
         except ActivityError as err:
             cause = err.cause
             app = cause if isinstance(cause, ApplicationError) else None
+            chain, link = [], cause
+            while link is not None:
+                chain.append(str(link))
+                link = link.__cause__
             return {
                 "ok": False,
                 "type": app.type if app else type(cause).__name__,
                 "message": app.message if app else str(cause),
+                "chain": " <- ".join(chain),
                 "non_retryable": bool(app and app.non_retryable),
                 "retry_state": err.retry_state.name if err.retry_state is not None else None,
             }
@@ -104,7 +109,7 @@ class Harness:
     """Scored files with a bad reward (as an ART-style client could upload them), by kind."""
 
     async def call(self, queue: str, activity: str, input: Any) -> dict[str, Any]:
-        payload = input.model_dump(mode="json")
+        payload = input if isinstance(input, dict) else input.model_dump(mode="json")
         call = {"activity": activity, "queue": queue, "input": payload}
         out: dict[str, Any] = await self.client.execute_workflow(
             SecurityProbe.run, call, id=f"probe-{uuid.uuid4().hex[:12]}", task_queue=self.probe_queue
@@ -243,6 +248,25 @@ class Row:
     failure_type: str
     says: tuple[str, ...]
     """Words the error message must contain (what is wrong, and what to change)."""
+    refused_on_decode: bool = False
+    """The input model itself refuses the value: the worker fails the activity while decoding it, before
+    any code runs. Until one error contract maps decode failures to a non-retryable ConfigError, Temporal
+    reports these as "Failed decoding arguments" (retried), with the field's problem in the cause."""
+
+
+def good_rollouts(h: Harness) -> RolloutsInput:
+    return rollouts_input(f"{TASKS}:rollout", f"{TASKS}:scenarios")
+
+
+def replaced(model: Any, path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """``model`` as JSON with the field at ``path`` set to ``value`` (bypassing validation, as a hostile
+    client writing raw JSON would)."""
+    data: dict[str, Any] = model.model_dump(mode="json")
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return data
 
 
 def userinfo_trick(h: Harness) -> str:
@@ -311,6 +335,23 @@ ROWS = [
     Row("scenarios-missing-file", "inference", "rollouts",
         lambda h: rollouts_input(f"{TASKS}:rollout", "/nonexistent/dgrpo-scenarios.jsonl"),
         CONFIG_ERROR, ("does not exist on this worker",)),
+    # --- names: run ids, model and adapter names are validated names (one path component, one key segment)
+    *(
+        Row(f"{activity}-{'.'.join(path)}-{label}", queue, activity,
+            lambda h, build=build, path=path, value=value: replaced(build(h), path, value),
+            "", (path[-1], "String should match pattern"), refused_on_decode=True)
+        for activity, queue, build, path, label, value in [
+            ("rollouts", "inference", good_rollouts, ("run_id",), "parent-dirs", "../../outside"),
+            ("rollouts", "inference", good_rollouts, ("run_id",), "absolute", "/etc"),
+            ("rollouts", "inference", good_rollouts, ("run_id",), "slash", "a/b"),
+            ("rollouts", "inference", good_rollouts, ("run_id",), "empty", ""),
+            ("rollouts", "inference", good_rollouts, ("model_name",), "parent-dir", "../model"),
+            ("rollouts", "inference", good_rollouts, ("adapter",), "path", "../../x@1"),
+            ("judge", "control", lambda h: judge_input(h, kind="ruler"), ("run_id",), "parent-dirs", "../x"),
+            ("judge", "control", lambda h: judge_input(h, kind="ruler"), ("trajectories", "run_id"), "dot-dot", ".."),
+            ("compute_advantages", "control", lambda h: advantages_input(h.scored), ("run_id",), "absolute", "/tmp/x"),
+        ]
+    ),
     # --- rewards: finite and |r| <= 1e6, the offending trajectory named; nothing written
     *(
         Row(f"rollout-reward-{kind}", "inference", "rollouts",
@@ -340,10 +381,15 @@ async def test_bad_input_is_refused_clearly_and_loses_nothing(harness: Harness, 
     queue = h.queues.control if row.queue == "control" else h.queues.inference
     out = await h.call(queue, row.activity, row.input(h))
     assert not out["ok"], out
-    assert out["type"] == row.failure_type, out
-    assert out["non_retryable"] and out["retry_state"] == RetryState.NON_RETRYABLE_FAILURE.name, out
-    for words in row.says:
-        assert words in out["message"], (words, out["message"])
+    if row.refused_on_decode:
+        assert out["message"] == "Failed decoding arguments", out
+        for words in row.says:
+            assert words in out["chain"], (words, out["chain"])
+    else:
+        assert out["type"] == row.failure_type, out
+        assert out["non_retryable"] and out["retry_state"] == RetryState.NON_RETRYABLE_FAILURE.name, out
+        for words in row.says:
+            assert words in out["message"], (words, out["message"])
     # the worker keeps serving: alive, and a good request on the same queue succeeds
     worker = h.control if row.queue == "control" else h.inference
     assert worker.alive()
