@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ValidationError
 from temporalio import activity
@@ -130,6 +131,21 @@ def _check_scenarios(items: Any, source: str) -> list[dict[str, Any]]:
     return items
 
 
+def scenario_file(name: str) -> Path:
+    """The scenarios file ``name`` names, if the worker may read it: under its working directory (links
+    resolved) and in no hidden directory (``.dgrpo``, ``.git``, ``.venv``), so a run cannot read the
+    worker's other files."""
+    cwd = Path.cwd().resolve()
+    path = (cwd / name).resolve()
+    if not path.is_relative_to(cwd) or any(p.startswith(".") for p in path.relative_to(cwd).parts):
+        raise RunSpecError(
+            f"task.scenarios file {name!r} is outside this worker's working directory {cwd} or in a hidden "
+            "directory; put it under that directory and name it relative to it, or return the scenarios "
+            "from a 'module:function' of your task package"
+        )
+    return path
+
+
 def load_scenarios(
     scenarios: str | list[dict[str, Any]], prefixes: Sequence[str] = DEFAULT_TASK_MODULES
 ) -> list[dict[str, Any]]:
@@ -138,19 +154,22 @@ def load_scenarios(
     if isinstance(scenarios, list):
         return _check_scenarios(scenarios, "the inline list")
     if scenarios.endswith((".jsonl", ".parquet")):
-        path = Path(scenarios).expanduser()
+        path = scenario_file(scenarios)
         if not path.is_file():
             raise RunSpecError(
                 f"task.scenarios file {scenarios!r} does not exist on this worker (cwd {Path.cwd()}); "
-                "use an absolute path or one relative to the worker's working directory"
+                "name it relative to the worker's working directory"
             )
         if path.suffix == ".jsonl":
             try:
                 items = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            except json.JSONDecodeError as err:
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
                 raise RunSpecError(f"task.scenarios {scenarios!r}: not JSON Lines ({err})") from None
         else:
-            items = pq.read_table(path).to_pylist()
+            try:
+                items = pq.read_table(path).to_pylist()
+            except pa.ArrowException as err:
+                raise RunSpecError(f"task.scenarios {scenarios!r}: not a Parquet table ({err})") from None
         return _check_scenarios(items, scenarios)
     fn = import_object(scenarios, "task.scenarios", prefixes)
     if not callable(fn):

@@ -333,8 +333,20 @@ ROWS = [
         lambda h: rollouts_input(f"{TASKS}:rollout", f"{TASKS}:not_dict_scenarios"),
         CONFIG_ERROR, ("item 0 is a str", "each scenario is a dict")),
     Row("scenarios-missing-file", "inference", "rollouts",
-        lambda h: rollouts_input(f"{TASKS}:rollout", "/nonexistent/dgrpo-scenarios.jsonl"),
+        lambda h: rollouts_input(f"{TASKS}:rollout", "no-such-scenarios.jsonl"),
         CONFIG_ERROR, ("does not exist on this worker",)),
+    # --- scenario files: only from under the worker's working directory, never a hidden directory
+    *(
+        Row(f"scenarios-file-{label}", "inference", "rollouts",
+            lambda h, path=path: rollouts_input(f"{TASKS}:rollout", path),
+            CONFIG_ERROR, ("is outside this worker's working directory", "'module:function'"))
+        for label, path in [
+            ("absolute-elsewhere", "/etc/dgrpo-scenarios.jsonl"),
+            ("parent-dirs", "../../../tmp/scenarios.parquet"),
+            ("home-dotdir", "~/.aws/credentials.jsonl"),
+            ("worker-state", ".dgrpo/runs/other-run/metrics.parquet"),
+        ]
+    ),
     # --- names: run ids, model and adapter names are validated names (one path component, one key segment)
     *(
         Row(f"{activity}-{'.'.join(path)}-{label}", queue, activity,
