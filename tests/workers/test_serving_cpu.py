@@ -22,9 +22,15 @@ import pytest
 import torch
 from peft import PeftModel
 from serving_adapters import FIXED_ANSWER, TRAIN_QUESTIONS, chat, random_adapter, train_fixed_answer_adapter
+from temporalio.testing import ActivityEnvironment
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from activities.judge import JudgeActivities, JudgeEndpoints
+from activities.object_store import ObjectStore
+from activities.rollouts import RolloutActivities
 from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
+from schemas.activities import JudgeInput, RolloutsInput
+from schemas.config import JudgeConfig, TaskSpec
 from schemas.settings import ENV_ADAPTER_ROOT, ENV_SERVE_API_KEY
 from schemas.trajectory import Choice
 from serving.client import ServingClient, ServingError, auth_headers
@@ -395,3 +401,25 @@ def test_the_server_refuses_to_bind_beyond_loopback_without_an_api_key(
     message = str(refused.value)
     assert f"--host {host} serves beyond this machine" in message
     assert "--api-key" in message and ENV_SERVE_API_KEY in message
+
+
+async def test_rollouts_and_the_default_judge_send_the_servers_key(
+    engine: CpuServerProcess, object_store: ObjectStore
+) -> None:
+    """The workers' side of ``--api-key``: with ``$DGRPO_SERVE_API_KEY`` set, a real rollout and the default
+    judge reach the keyed server (a missing key would be a 401, not a result)."""
+    url = engine.client.openai_base_url
+    rollouts = RolloutActivities(url, object_store)  # discovers the base model's name with the key too
+    task = TaskSpec(rollout="examples.arithmetic:rollout", scenarios="examples.arithmetic:scenarios")
+    inp = RolloutsInput(
+        run_id="keyed", step=1, model_name="agent", task=task, groups_per_step=1, group_size=2
+    )
+    trajectories = await ActivityEnvironment().run(rollouts.rollouts, inp)
+    assert trajectories.n_trajectories == 2 and trajectories.n_exceptions == 0
+    judge = JudgeActivities(object_store, url, JudgeEndpoints())
+    judge_input = JudgeInput(
+        run_id="keyed", step=1, trajectories=trajectories, judge=JudgeConfig(kind="ruler", max_tokens=16),
+        base_model_name=BASE,
+    )  # fmt: skip
+    scored = await ActivityEnvironment().run(judge.judge, judge_input)
+    assert scored.n_trajectories == 2
