@@ -6,6 +6,12 @@ under ``task.rollout_timeout_s``. ``model`` is a ``RolloutModel`` whose ``openai
 ``model=model.name`` to the adapter this step pins. A rollout that raises, hangs or returns something
 other than a ``Trajectory`` is recorded with its group; more than ``task.max_exceptions`` of them fail
 the step. The groups go to ``runs/<run>/steps/<step>/trajectories.parquet`` (a retry overwrites it).
+
+Task code is the inference worker's operator's: it is imported only from the packages the worker was
+started with (``dgrpo worker --task-module``, ``$DGRPO_TASK_MODULES``, default ``examples.``), checked
+before the import runs any of it; scenario files are read only from under the worker's working
+directory. A reward that is not finite or beyond ``MAX_ABS_REWARD`` fails the step before anything is
+stored, naming the trajectory.
 """
 
 from __future__ import annotations

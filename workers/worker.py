@@ -86,14 +86,13 @@ def _add_cwd_to_path() -> None:
 
 
 def control_activities(
-    store: ObjectStore, judge_url: str | None, opts: WorkerOptions | None = None
+    store: ObjectStore, judge_url: str | None, opts: WorkerOptions
 ) -> list[Callable[..., Any]]:
     from activities.advantages import AdvantagesActivities
     from activities.judge import JudgeActivities, JudgeEndpoints
     from activities.metrics import MetricsActivities
 
-    opts = opts or WorkerOptions()
-    env = JudgeEndpoints.from_env()
+    env = JudgeEndpoints.from_env()  # a flag replaces its variable
     endpoints = JudgeEndpoints(
         base_urls=env.base_urls if opts.judge_base_urls is None else opts.judge_base_urls,
         key_envs=env.key_envs if opts.judge_key_envs is None else opts.judge_key_envs,
@@ -106,15 +105,14 @@ def control_activities(
 
 
 def inference_activities(
-    store: ObjectStore, server_urls: Sequence[str], opts: WorkerOptions | None = None
+    store: ObjectStore, server_urls: Sequence[str], opts: WorkerOptions
 ) -> list[Callable[..., Any]]:
     from activities.rollouts import RolloutActivities
     from activities.serving import ServingActivities
 
     urls = list(server_urls)
-    task_modules = (opts or WorkerOptions()).task_modules
     return [
-        RolloutActivities(urls, store, task_modules=task_modules).rollouts,
+        RolloutActivities(urls, store, task_modules=opts.task_modules).rollouts,
         *ServingActivities(urls, store).all(),
     ]
 
