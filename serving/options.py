@@ -56,8 +56,8 @@ class ServerOptions(BaseModel):
     default_max_tokens: int = Field(1024, ge=1)
     """Completion length when a request gives no ``max_tokens`` (capped by the context left)."""
     api_key: SecretStr | None = None
-    """Bearer token every ``/v1`` and control endpoint requires (``/health`` stays open); required when
-    ``host`` is not a loopback address."""
+    """Bearer token every endpoint but ``/health`` requires (``/v1/*``, ``/sleep``, ``/wake_up``, ...);
+    required when ``host`` is not a loopback address."""
     adapter_root: str = Field(default_factory=default_adapter_root)
     """``/v1/load_lora_adapter`` loads only directories under this one (start-up adapters are exempt)."""
 
@@ -94,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api-key",
         default=None,
-        help=f"require this Bearer token on /v1 and control endpoints (default ${ENV_SERVE_API_KEY}; "
+        help=f"require this Bearer token on every endpoint but /health (default ${ENV_SERVE_API_KEY}; "
         "required beyond loopback)",
     )
     parser.add_argument(

@@ -103,8 +103,8 @@ def verify_adapter_dir(path: str, sha256: dict[str, str] | None) -> None:
             )
 
 
-PROTECTED_PREFIXES = ("/v1/", "/sleep", "/wake_up", "/is_sleeping")
-"""Paths that need the API key when the server has one; ``/health`` stays open for launchers and probes."""
+OPEN_PATHS = frozenset({"/health"})
+"""The only paths a server with an API key answers without it (launchers and probes poll ``/health``)."""
 
 
 def authorized(request: Request, api_key: str) -> bool:
@@ -171,7 +171,7 @@ def build_app(
         async def _require_api_key(
             request: Request, call_next: Callable[[Request], Awaitable[Response]]
         ) -> Response:
-            if request.url.path.startswith(PROTECTED_PREFIXES) and not authorized(request, api_key):
+            if request.url.path not in OPEN_PATHS and not authorized(request, api_key):
                 body = error_body(401, "missing or wrong API key: send 'Authorization: Bearer <--api-key>'")
                 body["error"]["type"] = "AuthenticationError"
                 return JSONResponse(body, status_code=401)

@@ -335,7 +335,7 @@ async def test_sleep_holds_requests_until_wake_up(client: ServingClient, sdk: op
     assert (await asyncio.wait_for(request, 60)).choices
 
 
-async def test_every_v1_and_control_endpoint_wants_the_api_key(
+async def test_every_endpoint_but_health_wants_the_api_key(
     engine: CpuServerProcess, sdk: openai.AsyncOpenAI, adapters: dict[str, Path]
 ) -> None:
     hi = {"model": BASE, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -347,6 +347,8 @@ async def test_every_v1_and_control_endpoint_wants_the_api_key(
         ("POST", "/sleep", None),
         ("POST", "/wake_up", None),
         ("GET", "/is_sleeping", None),
+        ("GET", "/docs", None),
+        ("GET", "//v1/models", None),
     ]
     for headers in ({}, auth_headers("wrong-key"), {"Authorization": API_KEY}):
         async with httpx.AsyncClient(base_url=engine.base_url, headers=headers) as http:
