@@ -20,12 +20,14 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities import trajectory_store
 from activities.object_store import ObjectStore
 from schemas import layout
 from schemas.activities import ActivityName, AdvantagesInput, AdvantagesResult
 from schemas.config import TrainConfig
+from schemas.errors import BadRewardError
 from schemas.refs import ObjectRef
 from schemas.trajectory import TrajectoryGroup
 
@@ -33,6 +35,25 @@ log = logging.getLogger(__name__)
 
 ZERO_VARIANCE_TOL = 1e-12
 """Groups whose reward std is at most this are treated as having equal rewards."""
+MAX_ABS_REWARD = 1e6
+"""Larger rewards are refused: they are a reward function's bug, and squared they overflow the std."""
+
+
+def check_rewards(groups: Sequence[TrajectoryGroup], source: str) -> None:
+    """Raise ``BadRewardError`` naming the first trajectory whose reward is NaN, infinite or beyond
+    ``MAX_ABS_REWARD`` (group and trajectory are 0-based indices in the step's file)."""
+    for g, group in enumerate(groups):
+        for i, trajectory in enumerate(group.trajectories):
+            reward = trajectory.reward
+            if math.isfinite(reward) and abs(reward) <= MAX_ABS_REWARD:
+                continue
+            scenario = group.metadata.get("scenario_id")
+            scenario = group.metadata.get("scenario_index") if scenario is None else scenario
+            where = f"group {g}" + (f" (scenario {scenario!r})" if scenario is not None else "")
+            raise BadRewardError(
+                f"{source}: {where}, trajectory {i} has reward {reward!r}; a reward must be a finite number "
+                f"with |reward| <= {MAX_ABS_REWARD:g}; fix the function that sets it"
+            )
 
 
 def group_advantages(rewards: Sequence[float], scale: bool = True, eps: float = 1e-6) -> list[float] | None:
@@ -67,7 +88,8 @@ class StepAdvantages:
 
 
 def compute_step_advantages(groups: Sequence[TrajectoryGroup], config: TrainConfig) -> StepAdvantages:
-    """Advantages for every group of a step; pure (no I/O)."""
+    """Advantages for every group of a step; pure (no I/O). A bad reward raises ``BadRewardError``."""
+    check_rewards(groups, "the step's scored trajectories")
     kept: list[TrajectoryGroup] = []
     advantages: list[list[float]] = []
     dropped = 0
@@ -108,7 +130,10 @@ class AdvantagesActivities:
     def compute_advantages_sync(self, inp: AdvantagesInput) -> AdvantagesResult:
         ref = inp.trajectories.ref
         groups = trajectory_store.table_to_groups(read_step_table(self.store, ref), ref.uri)
-        step = compute_step_advantages(groups, inp.train)
+        try:
+            step = compute_step_advantages(groups, inp.train)
+        except BadRewardError as err:
+            raise ApplicationError(f"{ref.uri}: {err}", type=err.failure_type, non_retryable=True) from err
         written = trajectory_store.upload_groups(
             self.store,
             step.groups,

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from activities.object_store import ObjectStore, sha256_file
 from host.files import write_json_atomic
 from schemas import layout
-from schemas.errors import CorruptCheckpointError
+from schemas.errors import CorruptCheckpointError, UnsafePathError
 from schemas.refs import CheckpointRef
 
 log = logging.getLogger(__name__)
@@ -60,13 +60,31 @@ class OomState(BaseModel):
     attempt: int
 
 
+def under_root(root: str | Path, *parts: str) -> Path:
+    """``root/parts...``, refused with ``UnsafePathError`` unless it stays inside ``root`` once ``..`` and
+    links are resolved (run ids are validated names, so this only trips on a bug or a hostile input)."""
+    base = Path(root).resolve()
+    path = base.joinpath(*parts)
+    if not parts or path.resolve() == base or not path.resolve().is_relative_to(base):
+        raise UnsafePathError(
+            f"{'/'.join(parts)!r} would leave {base}; run ids and names are 1-128 letters, digits, '.', '_' "
+            "or '-', starting with a letter or digit"
+        )
+    return path
+
+
+def run_dir(root: str | Path, run_id: str) -> Path:
+    """A run's directory under a worker's staging root (checked to stay under it)."""
+    return under_root(root, run_id)
+
+
 def staging_dir(root: str | Path, run_id: str, step: int) -> Path:
-    return layout.local_step_dir(root, run_id, step)
+    return run_dir(root, run_id) / layout.step_name(step)
 
 
 def oom_state_file(root: str | Path, run_id: str, step: int) -> Path:
     # Outside the step's staging dir, so it is never uploaded with the checkpoint.
-    return Path(root) / run_id / f".{layout.step_name(step)}.oom.json"
+    return run_dir(root, run_id) / f".{layout.step_name(step)}.oom.json"
 
 
 def read_oom_state(root: str | Path, run_id: str, step: int) -> OomState | None:

@@ -12,6 +12,12 @@ Small judges write nonsense; the contract with them is:
    ``metrics["judge_fallback"] = 1`` (0 when judged), so the run never crashes on the judge and the
    fallback rate shows up in the step's metrics.
 
+Where the judge is and which key it gets are the control worker's operator's choice, not the run's: a
+run's ``judge.base_url`` must be the worker's own inference server or one of ``JudgeEndpoints.base_urls``
+(``dgrpo worker --judge-base-url``), and its ``judge.api_key_env`` one of ``JudgeEndpoints.key_envs``
+(``--judge-key-env``); anything else is a non-retryable ``ConfigError`` sent before any request is made,
+so a run spec can never send a worker's secret to a host of its choosing.
+
 Judged scores are cached by the content hash of what the judge was asked (model, rubric, trajectories),
 in the object store under ``runs/<run>/judge_cache/<sha256>.json``, so a retried step pays only for the
 groups it had not judged yet. Fallbacks are not cached: a retry asks again.
@@ -25,7 +31,8 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from openai import AsyncOpenAI
@@ -33,14 +40,14 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.object_store import ObjectStore
-from activities.rollout_model import discover_base_model
+from activities.rollout_model import DEFAULT_API_KEY, discover_base_model, own_server_api_key
 from activities.trajectory_store import load_groups, upload_groups
 from schemas import layout
 from schemas.activities import ActivityName, JudgeInput
 from schemas.config import JudgeConfig
 from schemas.errors import CONFIG_ERROR
 from schemas.refs import TrajectoriesRef
-from schemas.settings import ENV_INFERENCE_URL
+from schemas.settings import ENV_INFERENCE_URL, ENV_JUDGE_BASE_URLS, ENV_JUDGE_KEY_ENVS, env_list
 from schemas.trajectory import Trajectory, TrajectoryGroup
 from serving.client import openai_base_url
 
@@ -291,58 +298,109 @@ async def ruler_score_group(
     return TrajectoryGroup(judged, exceptions=list(group.exceptions), metadata=dict(group.metadata))
 
 
+@dataclass(frozen=True)
+class JudgeEndpoints:
+    """What a control worker's operator lets runs use as a judge, besides the worker's own server."""
+
+    base_urls: tuple[str, ...] = ()
+    """Judge endpoints a run's ``judge.base_url`` may name (compared as ``/v1`` URLs)."""
+    key_envs: tuple[str, ...] = ()
+    """Environment variables a run's ``judge.api_key_env`` may name."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> JudgeEndpoints:
+        """``$DGRPO_JUDGE_BASE_URLS`` and ``$DGRPO_JUDGE_KEY_ENVS`` (comma-separated; unset: none)."""
+        return cls(env_list(ENV_JUDGE_BASE_URLS, env), env_list(ENV_JUDGE_KEY_ENVS, env))
+
+    def allows_url(self, url: str) -> bool:
+        return openai_base_url(url) in {openai_base_url(u) for u in self.base_urls}
+
+
+def _refuse(message: str) -> ApplicationError:
+    return ApplicationError(message, type=CONFIG_ERROR, non_retryable=True)
+
+
 class JudgeActivities:
-    """The control worker's judge activity, bound to the object store and our inference server.
+    """The control worker's judge activity, bound to the object store, our inference server and the
+    operator's ``JudgeEndpoints``.
 
     The default judge (``judge.base_url`` unset) is the base model on ``inference_url``, else on
-    ``$DGRPO_INFERENCE_URL`` of the control worker's environment.
+    ``$DGRPO_INFERENCE_URL`` of the control worker's environment; it gets ``$DGRPO_SERVE_API_KEY``.
+    ``endpoints`` defaults to ``JudgeEndpoints.from_env()``.
     """
 
-    def __init__(self, store: ObjectStore, inference_url: str | None = None) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        inference_url: str | None = None,
+        endpoints: JudgeEndpoints | None = None,
+    ) -> None:
         self.store = store
         self.inference_url = inference_url or os.environ.get(ENV_INFERENCE_URL) or None
+        self.endpoints = endpoints if endpoints is not None else JudgeEndpoints.from_env()
 
     def all(self) -> list[Callable[..., Any]]:
         return [self.judge]
 
-    async def _judge_model(self, config: JudgeConfig, base_url: str, base_model_name: str) -> str:
+    async def _judge_model(
+        self, config: JudgeConfig, base_url: str, api_key: str, base_model_name: str
+    ) -> str:
         if config.model is not None:
             return config.model
         try:
-            return await discover_base_model(base_url)
+            return await discover_base_model(base_url, api_key=api_key)
         except Exception as err:  # an older server without /v1/models: ask for the spec's name
             log.warning("could not list models at %s (%s); judging with %r", base_url, err, base_model_name)
             return base_model_name
 
-    def _client(self, config: JudgeConfig) -> tuple[AsyncOpenAI, str]:
-        base_url = config.base_url or self.inference_url
-        if base_url is None:
-            raise ApplicationError(
-                "judge.base_url is not set and this control worker knows no inference server; set "
-                f"judge.base_url in the run spec, or {ENV_INFERENCE_URL} in the control worker's environment",
-                type=CONFIG_ERROR,
-                non_retryable=True,
+    def endpoint(self, config: JudgeConfig) -> tuple[str, str]:
+        """The judge's URL and API key, both checked against the operator's allow-lists before any request."""
+        own = self.inference_url
+        if config.base_url is None or (
+            own is not None and openai_base_url(config.base_url) == openai_base_url(own)
+        ):
+            if own is None:
+                raise _refuse(
+                    "judge.base_url is not set and this control worker knows no inference server; set "
+                    f"{ENV_INFERENCE_URL} (or --server-url) where the control worker runs, or name a judge "
+                    "endpoint the worker's operator allows in judge.base_url"
+                )
+            base_url, api_key = own, own_server_api_key()
+        elif self.endpoints.allows_url(config.base_url):
+            base_url, api_key = config.base_url, DEFAULT_API_KEY
+        else:
+            allowed = ", ".join(self.endpoints.base_urls) or "none"
+            raise _refuse(
+                f"judge.base_url {config.base_url!r} is not a judge endpoint this control worker allows "
+                f"(allowed: {allowed}, and its own inference server); leave judge.base_url unset to judge "
+                "with the inference server, or ask the worker's operator to allow it with "
+                f"`dgrpo worker control --judge-base-url URL` or {ENV_JUDGE_BASE_URLS}"
             )
-        api_key = "dgrpo"
         if config.api_key_env is not None:
+            if config.api_key_env not in self.endpoints.key_envs:
+                allowed = ", ".join(self.endpoints.key_envs) or "none"
+                raise _refuse(
+                    f"judge.api_key_env {config.api_key_env!r} is not a key variable this control worker "
+                    f"allows (allowed: {allowed}); remove judge.api_key_env, or ask the worker's operator "
+                    f"to allow it with `dgrpo worker control --judge-key-env NAME` or {ENV_JUDGE_KEY_ENVS}"
+                )
             api_key = os.environ.get(config.api_key_env, "")
             if not api_key:
-                raise ApplicationError(
+                raise _refuse(
                     f"judge.api_key_env names {config.api_key_env!r}, but the control worker's environment "
-                    "does not set it; export it where the worker runs",
-                    type=CONFIG_ERROR,
-                    non_retryable=True,
+                    "does not set it; export it where the worker runs"
                 )
-        return AsyncOpenAI(base_url=openai_base_url(base_url), api_key=api_key), base_url
+        return base_url, api_key
 
     @activity.defn(name=ActivityName.JUDGE)
     async def judge(self, input: JudgeInput) -> TrajectoriesRef:
         config = input.judge
         if config.kind == "rollout":
             return input.trajectories
+        base_url, api_key = self.endpoint(config)
         groups = await asyncio.to_thread(load_groups, input.trajectories.ref.uri, self.store)
-        client, base_url = self._client(config)
-        judge_model = await self._judge_model(config, base_url, input.base_model_name)
+        client = AsyncOpenAI(base_url=openai_base_url(base_url), api_key=api_key)
+        judge_model = await self._judge_model(config, base_url, api_key, input.base_model_name)
         cache = StoreJudgeCache(self.store, input.run_id)
         semaphore = asyncio.Semaphore(GROUP_CONCURRENCY)
         done = 0

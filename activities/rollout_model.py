@@ -23,7 +23,7 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from serving.client import ServingClient
+from serving.client import ServingClient, serving_api_key
 
 try:  # openai >= 3 sends through httpx2 (httpx's successor); older versions through httpx
     import httpx2 as httpx
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 ROUTED_PATHS = ("/chat/completions", "/completions")
 """Endpoints whose JSON body is routed (their path ends with one of these)."""
 DEFAULT_API_KEY = "dgrpo"
-"""Our own server ignores the key; the openai SDK insists on one."""
+"""Sent when the operator set no server key (``$DGRPO_SERVE_API_KEY``): the openai SDK insists on one."""
 
 TargetModel = str | Callable[[], str]
 """A served model name, or a callable returning the one to use now (the newest step)."""
@@ -181,6 +181,13 @@ class RolloutModel:
             self._client = None
 
 
-async def discover_base_model(base_url: str, request_timeout_s: float = 10.0) -> str:
+def own_server_api_key() -> str:
+    """The key for the operator's own inference server: ``$DGRPO_SERVE_API_KEY``, else a placeholder."""
+    return serving_api_key() or DEFAULT_API_KEY
+
+
+async def discover_base_model(
+    base_url: str, request_timeout_s: float = 10.0, api_key: str | None = None
+) -> str:
     """The served name of the base model on an OpenAI-compatible server (``/v1/models``, no ``parent``)."""
-    return await ServingClient(base_url, timeout_s=request_timeout_s).base_model()
+    return await ServingClient(base_url, timeout_s=request_timeout_s, api_key=api_key).base_model()

@@ -6,6 +6,12 @@ under ``task.rollout_timeout_s``. ``model`` is a ``RolloutModel`` whose ``openai
 ``model=model.name`` to the adapter this step pins. A rollout that raises, hangs or returns something
 other than a ``Trajectory`` is recorded with its group; more than ``task.max_exceptions`` of them fail
 the step. The groups go to ``runs/<run>/steps/<step>/trajectories.parquet`` (a retry overwrites it).
+
+Task code is the inference worker's operator's: it is imported only from the packages the worker was
+started with (``dgrpo worker --task-module``, ``$DGRPO_TASK_MODULES``, default ``examples.``), checked
+before the import runs any of it; scenario files are read only from under the worker's working
+directory. A reward that is not finite or beyond ``MAX_ABS_REWARD`` fails the step before anything is
+stored, naming the trajectory.
 """
 
 from __future__ import annotations
@@ -17,22 +23,25 @@ import inspect
 import json
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.advantages import check_rewards
 from activities.object_store import ObjectStore
-from activities.rollout_model import RolloutModel, discover_base_model
+from activities.rollout_model import RolloutModel, discover_base_model, own_server_api_key
 from activities.trajectory_store import upload_groups
 from schemas.activities import ActivityName, RolloutsInput
 from schemas.config import TaskSpec
-from schemas.errors import CONFIG_ERROR, ROLLOUT_FAILED, TASK_IMPORT
+from schemas.errors import ROLLOUT_FAILED, DgrpoError, RunSpecError, TaskImportError
 from schemas.refs import TrajectoriesRef
+from schemas.settings import ENV_TASK_MODULES, env_list
 from schemas.trajectory import Choice, ExceptionRecord, Trajectory, TrajectoryGroup
 from serving.client import openai_base_url
 
@@ -44,96 +53,144 @@ HEARTBEAT_EVERY_S = 10.0
 RolloutFn = Callable[[Any, dict[str, Any]], Awaitable[Any]]
 
 
-def import_object(path: str, what: str) -> Any:
-    """``package.module:attr`` -> the object; a path that does not import is a non-retryable TASK_IMPORT."""
+DEFAULT_TASK_MODULES: tuple[str, ...] = ("examples.",)
+"""Where an inference worker imports task code from unless its operator says otherwise."""
+
+
+def task_modules_from_env(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """``$DGRPO_TASK_MODULES`` (comma-separated module prefixes), else ``DEFAULT_TASK_MODULES``."""
+    return env_list(ENV_TASK_MODULES, env) or DEFAULT_TASK_MODULES
+
+
+def module_allowed(module: str, prefixes: Sequence[str]) -> bool:
+    """True when ``module`` is one of the packages ``prefixes`` names (``examples.``: ``examples`` and
+    everything under it) -- a package boundary, so ``examples_evil`` is not ``examples``."""
+    for prefix in prefixes:
+        package = prefix.rstrip(".")
+        if package and (module == package or module.startswith(package + ".")):
+            return True
+    return False
+
+
+def _not_allowed(what: str, path: str, module: str, prefixes: Sequence[str]) -> TaskImportError:
+    return TaskImportError(
+        f"{what} {path!r}: module {module!r} is not one this worker imports task code from "
+        f"(allowed: {', '.join(prefixes) or 'none'}); put the task in one of those packages, or ask the "
+        f"worker's operator to allow it with `dgrpo worker --task-module PREFIX` or {ENV_TASK_MODULES}"
+    )
+
+
+def import_object(path: str, what: str, prefixes: Sequence[str]) -> Any:
+    """``package.module:attr`` -> the object, imported only from a module under ``prefixes``.
+
+    The module is checked before it is imported (importing runs its code); ``TaskImportError`` says why.
+    """
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
-        raise ApplicationError(
-            f"{what} {path!r} is not an import path; write it as 'package.module:function'",
-            type=TASK_IMPORT,
-            non_retryable=True,
-        )
+        raise TaskImportError(f"{what} {path!r} is not an import path; write it as 'package.module:function'")
+    if not module_allowed(module_name, prefixes):
+        raise _not_allowed(what, path, module_name, prefixes)
     try:
         module = importlib.import_module(module_name)
     except Exception as err:
-        raise ApplicationError(
+        raise TaskImportError(
             f"{what} {path!r} does not import: module {module_name!r} failed with {type(err).__name__}: {err}; "
             "put the module on the worker's PYTHONPATH (start the worker from the project root, or "
-            "`export PYTHONPATH=...`) and fix any error it raises on import",
-            type=TASK_IMPORT,
-            non_retryable=True,
+            "`export PYTHONPATH=...`) and fix any error it raises on import"
         ) from err
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise ApplicationError(
+        raise TaskImportError(
             f"{what} {path!r} does not import: module {module_name!r} ({getattr(module, '__file__', '?')}) "
-            f"has no attribute {attr!r}; check the function's name",
-            type=TASK_IMPORT,
-            non_retryable=True,
+            f"has no attribute {attr!r}; check the function's name"
         ) from None
 
 
-def load_rollout_function(path: str) -> RolloutFn:
-    """Import the rollout function and check it is ``async def rollout(model, scenario)``."""
-    fn = import_object(path, "task.rollout")
-    if not callable(fn) or not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(fn.__call__)):
-        raise ApplicationError(
+def _defined_in_allowed(fn: Any, prefixes: Sequence[str]) -> bool:
+    """A plain function whose code lives in an allowed module (not one it merely imported, like ``os.abort``)."""
+    return inspect.isfunction(fn) and module_allowed(fn.__module__, prefixes)
+
+
+def load_rollout_function(path: str, prefixes: Sequence[str] = DEFAULT_TASK_MODULES) -> RolloutFn:
+    """Import the rollout function and check it is ``async def rollout(model, scenario)`` of an allowed module."""
+    fn = import_object(path, "task.rollout", prefixes)
+    if not inspect.iscoroutinefunction(fn):
+        raise TaskImportError(
             f"task.rollout {path!r} is a {type(fn).__name__}, not an async function; define it as "
-            "`async def rollout(model, scenario) -> Trajectory`",
-            type=TASK_IMPORT,
-            non_retryable=True,
+            "`async def rollout(model, scenario) -> Trajectory`"
         )
+    if not _defined_in_allowed(fn, prefixes):
+        raise _not_allowed("task.rollout", path, str(getattr(fn, "__module__", "?")), prefixes)
     return fn  # type: ignore[no-any-return]
-
-
-def _config_error(message: str) -> ApplicationError:
-    return ApplicationError(message, type=CONFIG_ERROR, non_retryable=True)
 
 
 def _check_scenarios(items: Any, source: str) -> list[dict[str, Any]]:
     if not isinstance(items, list) or not items:
-        raise _config_error(
+        raise RunSpecError(
             f"scenarios from {source} must be a non-empty list of dicts, got {type(items).__name__}"
         )
     bad = [i for i, s in enumerate(items) if not isinstance(s, dict)]
     if bad:
-        raise _config_error(
+        raise RunSpecError(
             f"scenarios from {source}: item {bad[0]} is a {type(items[bad[0]]).__name__}, but each scenario is a dict"
         )
     return items
 
 
-def load_scenarios(scenarios: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The scenario list from ``module:function``, a ``.jsonl``/``.parquet`` file, or inline."""
+def scenario_file(name: str) -> Path:
+    """The scenarios file ``name`` names, if the worker may read it: under its working directory (links
+    resolved) and in no hidden directory (``.dgrpo``, ``.git``, ``.venv``), so a run cannot read the
+    worker's other files."""
+    cwd = Path.cwd().resolve()
+    path = (cwd / name).resolve()
+    if not path.is_relative_to(cwd) or any(p.startswith(".") for p in path.relative_to(cwd).parts):
+        raise RunSpecError(
+            f"task.scenarios file {name!r} is outside this worker's working directory {cwd} or in a hidden "
+            "directory; put it under that directory and name it relative to it, or return the scenarios "
+            "from a 'module:function' of your task package"
+        )
+    return path
+
+
+def load_scenarios(
+    scenarios: str | list[dict[str, Any]], prefixes: Sequence[str] = DEFAULT_TASK_MODULES
+) -> list[dict[str, Any]]:
+    """The scenario list from ``module:function`` (a plain function of an allowed module), a
+    ``.jsonl``/``.parquet`` file, or inline; a ``DgrpoError`` says what is wrong."""
     if isinstance(scenarios, list):
         return _check_scenarios(scenarios, "the inline list")
     if scenarios.endswith((".jsonl", ".parquet")):
-        path = Path(scenarios).expanduser()
+        path = scenario_file(scenarios)
         if not path.is_file():
-            raise _config_error(
+            raise RunSpecError(
                 f"task.scenarios file {scenarios!r} does not exist on this worker (cwd {Path.cwd()}); "
-                "use an absolute path or one relative to the worker's working directory"
+                "name it relative to the worker's working directory"
             )
         if path.suffix == ".jsonl":
             try:
                 items = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            except json.JSONDecodeError as err:
-                raise _config_error(f"task.scenarios {scenarios!r}: not JSON Lines ({err})") from None
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                raise RunSpecError(f"task.scenarios {scenarios!r}: not JSON Lines ({err})") from None
         else:
-            items = pq.read_table(path).to_pylist()
+            try:
+                items = pq.read_table(path).to_pylist()
+            except pa.ArrowException as err:
+                raise RunSpecError(f"task.scenarios {scenarios!r}: not a Parquet table ({err})") from None
         return _check_scenarios(items, scenarios)
-    fn = import_object(scenarios, "task.scenarios")
+    fn = import_object(scenarios, "task.scenarios", prefixes)
     if not callable(fn):
         return _check_scenarios(fn, scenarios)
+    if not _defined_in_allowed(fn, prefixes):
+        raise TaskImportError(
+            f"task.scenarios {scenarios!r} is a {type(fn).__name__} from module "
+            f"{getattr(fn, '__module__', '?')!r}; it must be a plain function (or a list) defined in a "
+            f"module this worker imports task code from ({', '.join(prefixes)})"
+        )
     try:
         items = fn()
     except Exception as err:
-        raise ApplicationError(
-            f"task.scenarios {scenarios!r} raised {type(err).__name__}: {err}",
-            type=TASK_IMPORT,
-            non_retryable=True,
-        ) from err
+        raise TaskImportError(f"task.scenarios {scenarios!r} raised {type(err).__name__}: {err}") from err
     return _check_scenarios(list(items) if not isinstance(items, list) else items, scenarios)
 
 
@@ -265,7 +322,8 @@ async def run_groups(
 
 
 class RolloutActivities:
-    """The inference worker's rollouts activity, bound to its server(s) and the object store."""
+    """The inference worker's rollouts activity, bound to its server(s), the object store and the task
+    modules its operator allows (``task_modules``, default ``task_modules_from_env()``)."""
 
     def __init__(
         self,
@@ -273,7 +331,8 @@ class RolloutActivities:
         store: ObjectStore,
         *,
         base_served_name: str | None = None,
-        api_key: str = "dgrpo",
+        api_key: str | None = None,
+        task_modules: Sequence[str] | None = None,
     ) -> None:
         urls = [inference_urls] if isinstance(inference_urls, str) else list(inference_urls)
         if not urls:
@@ -281,18 +340,22 @@ class RolloutActivities:
         self.inference_urls = [openai_base_url(u) for u in urls]
         self.store = store
         self.base_served_name = base_served_name
-        self.api_key = api_key
+        self.api_key = api_key or own_server_api_key()
+        self.task_modules = tuple(task_modules) if task_modules is not None else task_modules_from_env()
 
     async def served_base_name(self) -> str:
         """The base model's served name (asked of the first server once, unless given)."""
         if self.base_served_name is None:
-            self.base_served_name = await discover_base_model(self.inference_urls[0])
+            self.base_served_name = await discover_base_model(self.inference_urls[0], api_key=self.api_key)
         return self.base_served_name
 
     @activity.defn(name=ActivityName.ROLLOUTS)
     async def rollouts(self, input: RolloutsInput) -> TrajectoriesRef:
-        fn = load_rollout_function(input.task.rollout)
-        scenarios = await asyncio.to_thread(load_scenarios, input.task.scenarios)
+        try:
+            fn = load_rollout_function(input.task.rollout, self.task_modules)
+            scenarios = await asyncio.to_thread(load_scenarios, input.task.scenarios, self.task_modules)
+        except DgrpoError as err:
+            raise ApplicationError(str(err), type=err.failure_type, non_retryable=True) from err
         indices = pick_scenarios(len(scenarios), input.groups_per_step, input.scenario_offset, input.seed)
         picked = [(i, scenarios[i]) for i in indices]
         base_name = await self.served_base_name()
@@ -321,4 +384,8 @@ class RolloutActivities:
         finally:
             for model in models:
                 await model.aclose()
+        try:
+            check_rewards(groups, f"rollout {input.task.rollout}")
+        except DgrpoError as err:  # nothing is written: a bad reward never reaches the store
+            raise ApplicationError(str(err), type=err.failure_type, non_retryable=True) from err
         return await asyncio.to_thread(upload_groups, self.store, groups, input.run_id, input.step)

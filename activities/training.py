@@ -46,9 +46,11 @@ from activities.checkpoints import (
     publish_staged,
     read_oom_state,
     read_trainer_state,
+    run_dir,
     stage_checkpoint,
     staging_dir,
 )
+from activities.errors import application_error
 from activities.object_store import ObjectStore
 from activities.tokenize import TrainSequence, build_sequences
 from activities.trainer import StepStats, Trainer
@@ -63,7 +65,7 @@ from schemas.activities import (
     TrainResult,
 )
 from schemas.config import ModelSpec, TrainConfig
-from schemas.errors import CONFIG_ERROR, NON_RETRYABLE, OUT_OF_MEMORY, DgrpoError
+from schemas.errors import CONFIG_ERROR, OUT_OF_MEMORY, DgrpoError, UnsafePathError
 from schemas.refs import CheckpointRef
 
 log = logging.getLogger(__name__)
@@ -161,7 +163,10 @@ class TrainerActivities:
         """Train one GRPO step from ``start_from`` and stage it on this worker (publish it next)."""
         info = activity.info()
         details = info.heartbeat_details[0] if info.heartbeat_details else None
-        oom = read_oom_state(self.staging_root, inp.run_id, inp.step)
+        try:
+            oom = read_oom_state(self.staging_root, inp.run_id, inp.step)
+        except DgrpoError as err:
+            raise application_error(err) from err
         micro_batch = next_micro_batch(inp.train.micro_batch_size, oom, details)
         if micro_batch < inp.train.micro_batch_size:
             log.warning(
@@ -227,9 +232,7 @@ class TrainerActivities:
             stop.set()  # the thread stops at the next micro-batch
             raise
         except DgrpoError as err:
-            raise ApplicationError(
-                str(err), type=err.failure_type, non_retryable=err.failure_type in NON_RETRYABLE
-            ) from err
+            raise application_error(err) from err
 
     def trainer_for(self, model: ModelSpec, precision: str) -> Trainer:
         """The warm trainer, rebuilt only when the model or precision changes."""
@@ -247,7 +250,7 @@ class TrainerActivities:
             return
         if self._memory == (ref.run_id, ref.step) and self._memory_sha == ref.manifest_sha256:
             return  # the warm trainer holds exactly this checkpoint (it trained and published it)
-        local = layout.local_step_dir(self.staging_root / inp.run_id, ".inputs", ref.step)
+        local = run_dir(self.staging_root, inp.run_id) / ".inputs" / layout.step_name(ref.step)
         download_checkpoint(self.store, ref, local)
         trainer.load_state(local)
 
@@ -317,14 +320,19 @@ class TrainerActivities:
 
     def _prune(self, run_id: str, step: int, keep: int = 2) -> None:
         """Drop staged steps and downloaded inputs older than the last ``keep`` (they are published)."""
-        run_dir = self.staging_root / run_id
-        for parent in (run_dir, run_dir / ".inputs"):
+        directory = run_dir(self.staging_root, run_id)
+        for parent in (directory, directory / ".inputs"):
             for old in parent.glob("[0-9]" * 6):
                 if int(old.name) < step - keep:
                     shutil.rmtree(old, ignore_errors=True)
 
     def publish_sync(self, inp: PublishInput) -> CheckpointRef:
         staged = Path(inp.staging_dir)
+        if not staged.resolve().is_relative_to(run_dir(self.staging_root, inp.run_id)):
+            raise UnsafePathError(
+                f"staging_dir {inp.staging_dir} is not under run {inp.run_id}'s staging directory on trainer "
+                f"{self.worker_id} ({run_dir(self.staging_root, inp.run_id)}); publish only what train staged"
+            )
         if not staged.is_dir():
             raise config_error(
                 f"{staged} does not exist on trainer {self.worker_id}; train step {inp.step} again"

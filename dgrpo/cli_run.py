@@ -71,6 +71,9 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
         worker_id=args.worker_id,
         ready_file=Path(args.ready_file) if args.ready_file else None,
         single_process=args.single_process,
+        judge_base_urls=None if args.judge_base_url is None else tuple(args.judge_base_url),
+        judge_key_envs=None if args.judge_key_env is None else tuple(args.judge_key_env),
+        task_modules=None if args.task_module is None else tuple(args.task_module),
     )
 
 
@@ -188,6 +191,27 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--single-process",
         action="store_true",
         help="role all: the trainer in this process too (default: a child)",
+    )
+    worker.add_argument(
+        "--judge-base-url",
+        action="append",
+        metavar="URL",
+        help="control: a judge endpoint runs may name besides the inference server (repeat; "
+        "default $DGRPO_JUDGE_BASE_URLS, else none)",
+    )
+    worker.add_argument(
+        "--judge-key-env",
+        action="append",
+        metavar="NAME",
+        help="control: a variable a run's judge.api_key_env may name (repeat; default $DGRPO_JUDGE_KEY_ENVS, "
+        "else none)",
+    )
+    worker.add_argument(
+        "--task-module",
+        action="append",
+        metavar="PREFIX",
+        help="inference: a package task.rollout/task.scenarios may be imported from (repeat; default "
+        "$DGRPO_TASK_MODULES, else examples.)",
     )
     worker.add_argument("--ready-file", help=argparse.SUPPRESS)
     worker.set_defaults(func=cmd_worker)

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.config import JudgeConfig, ModelSpec, ServingSpec, TaskSpec, TrainConfig
-from schemas.refs import CheckpointRef, ObjectRef, TrajectoriesRef
+from schemas.refs import AdapterName, CheckpointRef, Name, ObjectRef, TrajectoriesRef
 
 
 class _Strict(BaseModel):
@@ -40,12 +40,12 @@ class ActivityName(StrEnum):
 class RolloutsInput(_Strict):
     """Run ``group_size`` rollouts for each of ``groups_per_step`` scenarios and store them."""
 
-    run_id: str
+    run_id: Name
     step: int = Field(ge=0)
     """The step these rollouts feed (trajectories land under ``steps/<step>``)."""
-    model_name: str
+    model_name: Name
     """What the rollout function sends as ``model``; routed to ``adapter``."""
-    adapter: str | None = None
+    adapter: AdapterName | None = None
     """Served adapter to pin (``<name>@<policy_step>``); None means the base model."""
     policy_step: int = Field(0, ge=0)
     """Step of the policy that samples (recorded on every trajectory)."""
@@ -61,7 +61,7 @@ class ReloadInput(_Strict):
     """Load a published checkpoint into every server this inference worker fronts, once the worker has
     checked it can serve the run (engine, LoRA rank, adapters kept, sleep mode, bucket)."""
 
-    model_name: str
+    model_name: Name
     checkpoint: CheckpointRef
     serving: ServingSpec = Field(default_factory=ServingSpec)
     lora_rank: int | None = Field(None, ge=1)
@@ -73,7 +73,7 @@ class ReloadInput(_Strict):
 
 
 class ReloadResult(_Strict):
-    adapter: str
+    adapter: AdapterName
     """The name the adapter is now served under (``<name>@<step>``)."""
     servers: list[str]
     """Base URLs of the servers that loaded it."""
@@ -91,7 +91,7 @@ class ServingControlInput(_Strict):
 
 
 class JudgeInput(_Strict):
-    run_id: str
+    run_id: Name
     step: int = Field(ge=0)
     trajectories: TrajectoriesRef
     judge: JudgeConfig
@@ -100,7 +100,7 @@ class JudgeInput(_Strict):
 
 
 class AdvantagesInput(_Strict):
-    run_id: str
+    run_id: Name
     step: int = Field(ge=0)
     trajectories: TrajectoriesRef
     """The scored trajectories of the step."""
@@ -118,9 +118,9 @@ class AdvantagesResult(_Strict):
 
 
 class MetricsInput(_Strict):
-    run_id: str
-    project: str
-    model_name: str
+    run_id: Name
+    project: Name
+    model_name: Name
     step: int = Field(ge=0)
     metrics: dict[str, float]
     wandb: bool = True
@@ -132,7 +132,7 @@ class MetricsInput(_Strict):
 class TrainInput(_Strict):
     """Train the adapter one GRPO step on ``advantages`` and stage it for publishing."""
 
-    run_id: str
+    run_id: Name
     step: int = Field(ge=1)
     """The step being produced: the result is checkpoint ``step``."""
     model: ModelSpec
@@ -143,7 +143,7 @@ class TrainInput(_Strict):
 
 
 class TrainResult(_Strict):
-    run_id: str
+    run_id: Name
     step: int
     staging_dir: str
     """Local directory on the trainer worker holding the adapter, optimizer and trainer state."""
@@ -160,7 +160,7 @@ class TrainResult(_Strict):
 
 
 class PublishInput(_Strict):
-    run_id: str
+    run_id: Name
     step: int = Field(ge=0)
     staging_dir: str
     metrics: dict[str, float] = Field(default_factory=dict)
@@ -169,13 +169,13 @@ class PublishInput(_Strict):
 class CheckpointLookup(_Strict):
     """Find the newest manifested checkpoint of a run (resume)."""
 
-    run_id: str
+    run_id: Name
 
 
 class InitialAdapterInput(_Strict):
     """Publish checkpoint 0 of a run: a fresh LoRA from ``seed``, or the warm-start adapter of ``base_model``."""
 
-    run_id: str
+    run_id: Name
     model: ModelSpec
     seed: int = Field(0, ge=0)
     """Seed of the fresh adapter's initialisation (ignored for a warm start)."""

@@ -22,9 +22,11 @@ STORE_AUTH = "StoreAuth"
 ROLLOUT_FAILED = "RolloutFailed"
 """More rollouts failed than the task tolerates."""
 TASK_IMPORT = "TaskImportError"
-"""A rollout or scenarios import path does not import."""
+"""A rollout or scenarios import path does not import, or names code the worker's operator did not allow."""
 CORRUPT_LOCAL_COPY = "CorruptLocalCopy"
 """A worker's downloaded copy of a checkpoint failed verification; the retry downloads it again."""
+BAD_REWARD = "BadReward"
+"""A reward is NaN, infinite or too large; the message names the group and trajectory."""
 
 RETRYABLE: dict[str, bool] = {
     CONFIG_ERROR: False,
@@ -35,6 +37,7 @@ RETRYABLE: dict[str, bool] = {
     STORE_AUTH: False,
     ROLLOUT_FAILED: True,
     TASK_IMPORT: False,
+    BAD_REWARD: False,
 }
 """Every failure type, and whether another attempt can help."""
 NON_RETRYABLE: tuple[str, ...] = tuple(name for name, retry in RETRYABLE.items() if not retry)
@@ -77,6 +80,16 @@ class CorruptTrajectoriesError(DgrpoError, ValueError):
 
 
 class TaskImportError(DgrpoError, ImportError):
-    """A task's rollout or scenarios path does not import."""
+    """A task's rollout or scenarios path does not import, or is outside the worker's allowed modules."""
 
     failure_type = TASK_IMPORT
+
+
+class UnsafePathError(DgrpoError, ValueError):
+    """A local path built from a run's names would leave the directory it belongs under."""
+
+
+class BadRewardError(DgrpoError, ValueError):
+    """A trajectory's reward is not finite or beyond the allowed magnitude."""
+
+    failure_type = BAD_REWARD

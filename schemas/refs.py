@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,255}$"
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+"""A run id, model name or project: 1-128 letters, digits, ``.``, ``_`` or ``-``, starting with a letter or
+digit. So it is one safe path component and one S3 key segment: never empty, ``.``, ``..``, or with a ``/``."""
+AdapterName = Annotated[str, Field(pattern=ADAPTER_NAME_PATTERN)]
+"""A served adapter's name (``<model name>@<step>``, see ``layout.adapter_name``): names and ``@``, no ``/``."""
 
 
 class _Strict(BaseModel):
@@ -41,7 +51,7 @@ class Manifest(_Strict):
 class CheckpointRef(_Strict):
     """A complete (manifested) checkpoint of a run."""
 
-    run_id: str
+    run_id: Name
     step: int = Field(ge=0)
     """The step this adapter is the result of (step 0 is the starting adapter)."""
     uri: str = Field(pattern=r"^(s3://[^/]+/.+/|file://.+/)$")
@@ -54,7 +64,7 @@ class TrajectoriesRef(_Strict):
     """A step's trajectories in the store, with the summary a workflow needs."""
 
     ref: ObjectRef
-    run_id: str
+    run_id: Name
     step: int = Field(ge=0)
     n_groups: int = Field(ge=0)
     n_trajectories: int = Field(ge=0)

@@ -27,6 +27,20 @@ ENV_INFERENCE_URL = "DGRPO_INFERENCE_URL"
 """The inference server's ``/v1`` URL: for a client (``TemporalBackend``) and the default judge of a control worker."""
 ENV_SERVE_PORT = "DGRPO_SERVE_PORT"
 """Port of the server an inference worker starts (default: a free one)."""
+ENV_JUDGE_BASE_URLS = "DGRPO_JUDGE_BASE_URLS"
+"""Comma-separated judge endpoints a control worker may call besides its own inference server
+(``dgrpo worker --judge-base-url``); a run's ``judge.base_url`` must be one of them."""
+ENV_JUDGE_KEY_ENVS = "DGRPO_JUDGE_KEY_ENVS"
+"""Comma-separated names of the variables a run's ``judge.api_key_env`` may name (``--judge-key-env``)."""
+ENV_TASK_MODULES = "DGRPO_TASK_MODULES"
+"""Comma-separated module prefixes an inference worker imports ``task.rollout`` / ``task.scenarios`` from
+(``dgrpo worker --task-module``; default ``examples.``)."""
+ENV_SERVE_API_KEY = "DGRPO_SERVE_API_KEY"
+"""The inference server's API key: our CPU server requires it as a Bearer token (its ``--api-key``
+default), and ``ServingClient``, the rollouts and the default judge send it."""
+ENV_ADAPTER_ROOT = "DGRPO_ADAPTER_ROOT"
+"""The only directory our CPU server loads runtime adapters from (its ``--adapter-root`` default;
+else ``$DGRPO_HOME/adapters``, where the reload activity downloads checkpoints)."""
 
 
 class S3Settings(BaseModel):
@@ -101,6 +115,12 @@ class EngineSettings(BaseModel):
     @property
     def can_sleep(self) -> bool:
         return self.engine == "cpu" or self.sleep_mode
+
+
+def env_list(name: str, env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """A comma-separated variable as a tuple of its non-empty, stripped items (unset: empty)."""
+    e = os.environ if env is None else env
+    return tuple(item.strip() for item in (e.get(name) or "").split(",") if item.strip())
 
 
 def dgrpo_home(env: Mapping[str, str] | None = None) -> str:

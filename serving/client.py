@@ -8,10 +8,14 @@ client may be used from any event loop (a Temporal worker's, a test's).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
+
+from schemas.settings import ENV_SERVE_API_KEY
 
 DEFAULT_TIMEOUT_S = 600.0
 """Unloading waits for the requests that use the adapter, so control calls get a long read timeout."""
@@ -25,6 +29,17 @@ class ServingError(RuntimeError):
         self.url = url
         self.status = status
         self.message = message
+
+
+def serving_api_key(env: Mapping[str, str] | None = None) -> str | None:
+    """The inference server's API key from the operator's environment (``$DGRPO_SERVE_API_KEY``), if set."""
+    e = os.environ if env is None else env
+    return e.get(ENV_SERVE_API_KEY) or None
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The ``Authorization: Bearer`` header a server started with ``--api-key`` wants (none without a key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def server_root(url: str) -> str:
@@ -51,11 +66,15 @@ def _message(response: httpx.Response) -> str:
 
 
 class ServingClient:
-    """Talks to one server at ``url`` (``http://host:port``, with or without ``/v1``)."""
+    """Talks to one server at ``url`` (``http://host:port``, with or without ``/v1``).
 
-    def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    ``api_key`` is sent as a Bearer token; default ``$DGRPO_SERVE_API_KEY`` (none when unset).
+    """
+
+    def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, api_key: str | None = None) -> None:
         self.base_url = server_root(url)
         self.timeout_s = timeout_s
+        self.headers = auth_headers(api_key or serving_api_key())
 
     @property
     def openai_base_url(self) -> str:
@@ -66,7 +85,8 @@ class ServingClient:
         return f"ServingClient({self.base_url!r})"
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s, connect=5.0)) as http:
+        timeout = httpx.Timeout(self.timeout_s, connect=5.0)
+        async with httpx.AsyncClient(timeout=timeout, headers=self.headers) as http:
             response = await http.request(method, self.base_url + path, **kwargs)
         if response.status_code >= 400:
             raise ServingError(self.base_url, response.status_code, _message(response))

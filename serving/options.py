@@ -3,9 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from schemas.settings import ENV_ADAPTER_ROOT, ENV_SERVE_API_KEY, dgrpo_home
+
+
+def default_adapter_root() -> str:
+    """``$DGRPO_ADAPTER_ROOT``, else ``$DGRPO_HOME/adapters`` (where the reload activity downloads)."""
+    return os.environ.get(ENV_ADAPTER_ROOT) or str(Path(dgrpo_home()) / "adapters")
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1); False for ``0.0.0.0`` and the rest."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class ServerOptions(BaseModel):
@@ -38,6 +58,20 @@ class ServerOptions(BaseModel):
     prefix_cache_mb: int = Field(1024, ge=0)
     """Keys and values of finished sequences kept for prompts that extend them (multi-turn agents, a
     group's shared prompt), least recently used dropped first; 0 turns prefix caching off."""
+    api_key: SecretStr | None = None
+    """Bearer token every endpoint but ``/health`` requires (``/v1/*``, ``/sleep``, ``/wake_up``, ...);
+    required when ``host`` is not a loopback address."""
+    adapter_root: str = Field(default_factory=default_adapter_root)
+    """``/v1/load_lora_adapter`` loads only directories under this one (start-up adapters are exempt)."""
+
+    @model_validator(mode="after")
+    def _check_exposure(self) -> ServerOptions:
+        if self.api_key is None and not is_loopback(self.host):
+            raise ValueError(
+                f"--host {self.host} serves beyond this machine, so the server needs an API key: pass "
+                f"--api-key or set {ENV_SERVE_API_KEY} (or bind --host 127.0.0.1)"
+            )
+        return self
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +100,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1024,
         help="KV kept for prompts that extend earlier ones; 0: off",
     )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require this Bearer token on every endpoint but /health (default ${ENV_SERVE_API_KEY}; "
+        "required beyond loopback)",
+    )
+    parser.add_argument(
+        "--adapter-root",
+        default=None,
+        help=f"load runtime adapters only from under this dir (default ${ENV_ADAPTER_ROOT}, "
+        "else $DGRPO_HOME/adapters)",
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
@@ -75,18 +121,25 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         if not sep or not name or not path:
             raise SystemExit(f"--lora-modules takes NAME=PATH, got {item!r}")
         modules[name] = path
-    return ServerOptions(
-        model=args.model,
-        host=args.host,
-        port=args.port,
-        served_name=args.served_name,
-        start_adapter_name=args.start_adapter_name,
-        lora_modules=modules,
-        dtype=args.dtype,
-        max_batch=args.max_batch,
-        batch_window_s=args.batch_window,
-        threads=args.threads,
-        max_model_len=args.max_model_len,
-        default_max_tokens=args.default_max_tokens,
-        prefix_cache_mb=args.prefix_cache_mb,
-    )
+    api_key = args.api_key or os.environ.get(ENV_SERVE_API_KEY) or None
+    try:
+        return ServerOptions(
+            model=args.model,
+            host=args.host,
+            port=args.port,
+            served_name=args.served_name,
+            start_adapter_name=args.start_adapter_name,
+            lora_modules=modules,
+            dtype=args.dtype,
+            max_batch=args.max_batch,
+            batch_window_s=args.batch_window,
+            threads=args.threads,
+            max_model_len=args.max_model_len,
+            default_max_tokens=args.default_max_tokens,
+            api_key=None if api_key is None else SecretStr(api_key),
+            adapter_root=args.adapter_root or default_adapter_root(),
+            prefix_cache_mb=args.prefix_cache_mb,
+        )
+    except ValidationError as err:
+        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in err.errors())
+        raise SystemExit(f"refusing to start the server: {problems}") from None

@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import hmac
 import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +103,28 @@ def verify_adapter_dir(path: str, sha256: dict[str, str] | None) -> None:
             )
 
 
+OPEN_PATHS = frozenset({"/health"})
+"""The only paths a server with an API key answers without it (launchers and probes poll ``/health``)."""
+
+
+def authorized(request: Request, api_key: str) -> bool:
+    """True when the request carries ``Authorization: Bearer <api_key>`` (compared in constant time)."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+
+def check_under_root(path: str, root: str) -> None:
+    """Refuse (400) an adapter path that is not inside ``root`` once links and ``..`` are resolved."""
+    resolved, base = Path(path).resolve(), Path(root).resolve()
+    if not resolved.is_relative_to(base):
+        raise ServingHTTPError(
+            400,
+            f"lora_path {path} is outside this server's adapter root {base}; adapters load only from under "
+            "it: put the adapter there, or start the server with --adapter-root",
+            "lora_path",
+        )
+
+
 async def _json_body(request: Request) -> Any:
     try:
         return await request.json()
@@ -139,6 +163,19 @@ def build_app(
     async def _internal_error(_: Request, err: Exception) -> JSONResponse:
         log.error("request failed: %s: %s", type(err).__name__, err)
         return JSONResponse(error_body(500, f"{type(err).__name__}: {err}"), status_code=500)
+
+    if options.api_key is not None:
+        api_key = options.api_key.get_secret_value()
+
+        @app.middleware("http")
+        async def _require_api_key(
+            request: Request, call_next: Callable[[Request], Awaitable[Response]]
+        ) -> Response:
+            if request.url.path not in OPEN_PATHS and not authorized(request, api_key):
+                body = error_body(401, "missing or wrong API key: send 'Authorization: Bearer <--api-key>'")
+                body["error"]["type"] = "AuthenticationError"
+                return JSONResponse(body, status_code=401)
+            return await call_next(request)
 
     @app.get("/health")
     async def health() -> Response:
@@ -186,6 +223,7 @@ def build_app(
                 raise ServingHTTPError(
                     400, f"The lora adapter '{name}' has already been loaded.", "lora_name"
                 )
+            check_under_root(req.lora_path, options.adapter_root)
             await asyncio.to_thread(verify_adapter_dir, req.lora_path, req.sha256)
             if name in adapters.paths:
                 adapters.unloading.add(name)

@@ -75,6 +75,12 @@ class WorkerOptions:
     single_process: bool = False
     """Role ``all``: run the trainer in this process too. By default it gets a child process, so its
     GIL-holding work never starves the workflow thread (Temporal fails a workflow task after 2 s)."""
+    judge_base_urls: tuple[str, ...] | None = None
+    """Judge endpoints a run may name besides the worker's own server (None: ``$DGRPO_JUDGE_BASE_URLS``)."""
+    judge_key_envs: tuple[str, ...] | None = None
+    """Variables a run's ``judge.api_key_env`` may name (None: ``$DGRPO_JUDGE_KEY_ENVS``)."""
+    task_modules: tuple[str, ...] | None = None
+    """Module prefixes task code is imported from (None: ``$DGRPO_TASK_MODULES``, else ``examples.``)."""
 
 
 def _add_cwd_to_path() -> None:
@@ -84,26 +90,36 @@ def _add_cwd_to_path() -> None:
         sys.path.insert(0, cwd)
 
 
-def control_activities(store: ObjectStore, judge_url: str | None) -> list[Callable[..., Any]]:
+def control_activities(
+    store: ObjectStore, judge_url: str | None, opts: WorkerOptions
+) -> list[Callable[..., Any]]:
     from activities.advantages import AdvantagesActivities
-    from activities.judge import JudgeActivities
+    from activities.judge import JudgeActivities, JudgeEndpoints
     from activities.metrics import MetricsActivities
 
+    env = JudgeEndpoints.from_env()  # a flag replaces its variable
+    endpoints = JudgeEndpoints(
+        base_urls=env.base_urls if opts.judge_base_urls is None else opts.judge_base_urls,
+        key_envs=env.key_envs if opts.judge_key_envs is None else opts.judge_key_envs,
+    )
     return [
         AdvantagesActivities(store).compute_advantages,
-        JudgeActivities(store, judge_url).judge,
+        JudgeActivities(store, judge_url, endpoints).judge,
         *MetricsActivities(store).all(),
     ]
 
 
 def inference_activities(
-    store: ObjectStore, server_urls: Sequence[str], engine: EngineSettings
+    store: ObjectStore, server_urls: Sequence[str], opts: WorkerOptions
 ) -> list[Callable[..., Any]]:
     from activities.rollouts import RolloutActivities
     from activities.serving import ServingActivities
 
     urls = list(server_urls)
-    return [RolloutActivities(urls, store).rollouts, *ServingActivities(urls, store, engine=engine).all()]
+    return [
+        RolloutActivities(urls, store, task_modules=opts.task_modules).rollouts,
+        *ServingActivities(urls, store, engine=opts.engine).all(),
+    ]
 
 
 async def build_workers(
@@ -118,7 +134,9 @@ async def build_workers(
                 client,
                 task_queue=queues.control,
                 workflows=[TrainingRun, TrainStep, ServeModel],
-                activities=control_activities(store, server_urls[0] if server_urls else opts.server_url),
+                activities=control_activities(
+                    store, server_urls[0] if server_urls else opts.server_url, opts
+                ),
                 interceptors=INTERCEPTORS,
             )
         )
@@ -127,7 +145,7 @@ async def build_workers(
             Worker(
                 client,
                 task_queue=queues.inference,
-                activities=inference_activities(store, server_urls, opts.engine),
+                activities=inference_activities(store, server_urls, opts),
                 interceptors=INTERCEPTORS,
             )
         )

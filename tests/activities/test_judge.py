@@ -9,14 +9,23 @@ from collections.abc import Iterator
 import pytest
 from openai import AsyncOpenAI
 from openai_stub import MODEL, StubServer, openai_stub
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.judge import JudgeActivities, MalformedJudgement, parse_scores, ruler_score_group
+from activities.judge import (
+    JudgeActivities,
+    JudgeEndpoints,
+    MalformedJudgement,
+    parse_scores,
+    ruler_score_group,
+)
 from activities.object_store import ObjectStore
 from activities.trajectory_store import download_groups, upload_groups
 from schemas import layout
 from schemas.activities import JudgeInput
 from schemas.config import JudgeConfig
+from schemas.errors import CONFIG_ERROR
+from schemas.settings import ENV_S3_SECRET_KEY
 from schemas.trajectory import Trajectory, TrajectoryGroup
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -100,22 +109,27 @@ async def test_twice_malformed_keeps_rollout_rewards_and_flags_fallback(stub: St
     assert all(t.metrics["judge_fallback"] for t in judged.trajectories)
 
 
-async def run_judge(store: ObjectStore, base_url: str, kind: str = "both") -> JudgeInput:
+async def run_judge(store: ObjectStore, base_url: str, kind: str = "both", **judge: str) -> JudgeInput:
     ref = upload_groups(store, [group(), TrajectoryGroup([traj("4, correct", 1.0)])], "r1", 3)
     return JudgeInput(
         run_id="r1",
         step=3,
         trajectories=ref,
-        judge=JudgeConfig(kind=kind, base_url=base_url),  # type: ignore[arg-type]
+        judge=JudgeConfig(kind=kind, base_url=base_url, **judge),  # type: ignore[arg-type]
         base_model_name="unused",
     )
+
+
+def allowing(store: ObjectStore, stub: StubServer) -> JudgeActivities:
+    """A control worker whose operator allowed the stub as a judge endpoint."""
+    return JudgeActivities(store, endpoints=JudgeEndpoints(base_urls=(stub.base_url,)))
 
 
 async def test_judge_activity_scores_writes_scored_parquet_and_caches(
     object_store: ObjectStore, stub: StubServer
 ) -> None:
     input = await run_judge(object_store, stub.base_url)
-    acts = JudgeActivities(object_store)
+    acts = allowing(object_store, stub)
     ref = await ActivityEnvironment().run(acts.judge, input)
     assert ref.ref.uri == object_store.uri(layout.scored_key("r1", 3))
     assert stub.calls == 1  # the one-trajectory group is not judged: nothing to compare
@@ -125,7 +139,7 @@ async def test_judge_activity_scores_writes_scored_parquet_and_caches(
     assert ref.reward_mean == pytest.approx((0.9 + 0.1 + 0.9 + 0.1 + 1.0) / 5)
     assert len(object_store.list("runs/r1/judge_cache/")) == 1
     # a retried step reads the cache: no new judge call, same result
-    again = await ActivityEnvironment().run(JudgeActivities(object_store).judge, input)
+    again = await ActivityEnvironment().run(allowing(object_store, stub).judge, input)
     assert stub.calls == 1
     assert again.ref.sha256 == ref.ref.sha256
 
@@ -136,6 +150,22 @@ async def test_judge_kind_rollout_keeps_the_rollout_rewards(
     input = await run_judge(object_store, stub.base_url, kind="rollout")
     ref = await ActivityEnvironment().run(JudgeActivities(object_store).judge, input)
     assert ref == input.trajectories and stub.calls == 0
+
+
+async def test_a_hostile_judge_endpoint_never_gets_the_workers_secret(
+    object_store: ObjectStore, stub: StubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run spec naming its own host and the S3 secret's variable: refused before any request is made."""
+    monkeypatch.setenv(ENV_S3_SECRET_KEY, "the-s3-secret")
+    input = await run_judge(object_store, stub.base_url, kind="ruler", api_key_env=ENV_S3_SECRET_KEY)
+    for endpoints in (JudgeEndpoints(), JudgeEndpoints(base_urls=(stub.base_url,))):
+        acts = JudgeActivities(object_store, "http://127.0.0.1:9/v1", endpoints)
+        with pytest.raises(ApplicationError) as refused:
+            await ActivityEnvironment().run(acts.judge, input)
+        assert refused.value.type == CONFIG_ERROR and refused.value.non_retryable
+        assert "--judge-base-url" in refused.value.message or "--judge-key-env" in refused.value.message
+    assert stub.calls == 0  # the listener never heard from the worker, let alone its secret
+    assert not object_store.exists(layout.scored_key("r1", 3))
 
 
 async def test_smollm2_as_judge_never_crashes(cpu_server: str) -> None:

@@ -19,7 +19,7 @@ from activities.trajectory_store import download_groups
 from schemas import layout
 from schemas.activities import RolloutsInput
 from schemas.config import TaskSpec
-from schemas.errors import ROLLOUT_FAILED, TASK_IMPORT
+from schemas.errors import ROLLOUT_FAILED, TASK_IMPORT, RunSpecError, TaskImportError
 from schemas.trajectory import Choice, Trajectory
 
 STUBS = "rollout_stubs"
@@ -45,7 +45,7 @@ async def run(store: ObjectStore, input: RolloutsInput, beats: list[Any] | None 
     env = ActivityEnvironment()
     if beats is not None:
         env.on_heartbeat = lambda *details: beats.append(details[0])
-    acts = RolloutActivities("http://127.0.0.1:9", store, base_served_name="base")
+    acts = RolloutActivities("http://127.0.0.1:9", store, base_served_name="base", task_modules=(STUBS,))
     return await env.run(acts.rollouts, input)
 
 
@@ -135,7 +135,9 @@ async def test_timeout_is_recorded(object_store: ObjectStore) -> None:
 @pytest.mark.parametrize(
     ("path", "expected"),
     [
-        ("no_such_module_xyz:rollout", "does not import"),
+        ("no_such_module_xyz:rollout", "is not one this worker imports task code from"),
+        ("os:abort", "is not one this worker imports task code from (allowed: rollout_stubs)"),
+        (f"{STUBS}_evil:ok", "is not one this worker imports task code from"),
         (f"{STUBS}:missing", "has no attribute 'missing'"),
         (f"{STUBS}:not_async", "not an async function"),
         (f"{STUBS}:NOT_CALLABLE", "not an async function"),
@@ -150,21 +152,50 @@ async def test_bad_rollout_path_is_non_retryable_task_import(
     assert path in info.value.message and expected in info.value.message
 
 
-def test_scenarios_from_function_jsonl_parquet_and_inline(tmp_path: Any) -> None:
+def test_scenarios_from_function_jsonl_parquet_and_inline(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rows = [{"id": "a", "x": 1}, {"id": "b", "x": 2}]
-    jsonl = tmp_path / "s.jsonl"
-    jsonl.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    parquet = tmp_path / "s.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), parquet)
-    assert load_scenarios(f"{STUBS}:scenarios")[1] == {"id": "s1", "x": 1}
-    assert load_scenarios(str(jsonl)) == rows
-    assert load_scenarios(str(parquet)) == rows
+    monkeypatch.chdir(tmp_path)  # scenario files are read from under the worker's working directory
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "s.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "s.parquet")
+    assert load_scenarios(f"{STUBS}:scenarios", (STUBS,))[1] == {"id": "s1", "x": 1}
+    assert load_scenarios("data/s.jsonl") == rows
+    assert load_scenarios(str(tmp_path / "s.parquet")) == rows  # absolute, but under the working directory
     assert load_scenarios(rows) == rows
-    with pytest.raises(ApplicationError, match="does not exist"):
-        load_scenarios(str(tmp_path / "missing.jsonl"))
-    with pytest.raises(ApplicationError, match="does not import") as info:
-        load_scenarios("no_such_module_xyz:scenarios")
-    assert info.value.type == TASK_IMPORT
+    with pytest.raises(RunSpecError, match="does not exist"):
+        load_scenarios("missing.jsonl")
+    with pytest.raises(TaskImportError, match="does not import"):
+        load_scenarios("no_such_module_xyz:scenarios", ("no_such_module_xyz",))
+
+
+@pytest.mark.parametrize("where", ["../outside.jsonl", "{outside}/s.jsonl", ".dgrpo/s.jsonl", "link/s.jsonl"])
+def test_scenario_files_outside_the_working_directory_are_refused(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    for directory in (work / ".dgrpo", outside):
+        directory.mkdir(parents=True)
+        (directory / "s.jsonl").write_text('{"secret": 1}\n')
+    (tmp_path / "outside.jsonl").write_text('{"secret": 1}\n')
+    (work / "link").symlink_to(outside)
+    monkeypatch.chdir(work)
+    with pytest.raises(RunSpecError, match="outside this worker's working directory") as refused:
+        load_scenarios(where.format(outside=outside))
+    assert "module:function" in str(refused.value)
+
+
+def test_a_file_that_is_not_scenarios_is_a_clear_error(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    (tmp_path / "bad.jsonl").write_bytes(b"\xff\xfe{")
+    with pytest.raises(RunSpecError, match="not a Parquet table"):
+        load_scenarios("bad.parquet")
+    with pytest.raises(RunSpecError, match="not JSON Lines"):
+        load_scenarios("bad.jsonl")
 
 
 async def test_routed_client_rewrites_model_and_asks_for_tokens_and_logprobs() -> None:

@@ -1,9 +1,16 @@
 """The CPU serving engine end to end: the real SmolLM2-135M behind the real HTTP server, driven by the
-unmodified ``openai`` SDK and our ``ServingClient``, with real LoRA adapters."""
+unmodified ``openai`` SDK and our ``ServingClient``, with real LoRA adapters.
+
+The server runs with an API key (``$DGRPO_SERVE_API_KEY``) and an adapter root (``$DGRPO_ADAPTER_ROOT``,
+this session's pytest temp dir), so every test here also shows the client sends the key.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import secrets
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,14 +22,23 @@ import pytest
 import torch
 from peft import PeftModel
 from serving_adapters import FIXED_ANSWER, TRAIN_QUESTIONS, chat, random_adapter, train_fixed_answer_adapter
+from temporalio.testing import ActivityEnvironment
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from activities.judge import JudgeActivities, JudgeEndpoints
+from activities.object_store import ObjectStore
+from activities.rollouts import RolloutActivities
 from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
+from schemas.activities import JudgeInput, RolloutsInput
+from schemas.config import JudgeConfig, TaskSpec
+from schemas.settings import ENV_ADAPTER_ROOT, ENV_SERVE_API_KEY
 from schemas.trajectory import Choice
-from serving.client import ServingClient, ServingError
+from serving.client import ServingClient, ServingError, auth_headers
 from serving.launchers import CpuServerProcess
+from serving.server import main as server_main
 
 BASE = SMOLLM2_NAME
+API_KEY = secrets.token_hex(16)
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +52,15 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CpuServerProcess]:
-    server = CpuServerProcess(BASE, threads=1, log_path=tmp_path_factory.mktemp("serve") / "serve.log")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    with pytest.MonkeyPatch.context() as mp:  # the server and every ServingClient read these
+        mp.setenv(ENV_SERVE_API_KEY, API_KEY)
+        mp.setenv(ENV_ADAPTER_ROOT, str(tmp_path_factory.getbasetemp()))
+        server = CpuServerProcess(BASE, threads=1, log_path=tmp_path_factory.mktemp("serve") / "serve.log")
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
 
 
 @pytest.fixture
@@ -51,7 +70,7 @@ def client(engine: CpuServerProcess) -> ServingClient:
 
 @pytest.fixture
 def sdk(engine: CpuServerProcess) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=engine.client.openai_base_url, api_key="unused", max_retries=0)
+    return openai.AsyncOpenAI(base_url=engine.client.openai_base_url, api_key=API_KEY, max_retries=0)
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +231,7 @@ async def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(
         {"model": BASE, "messages": hi, "max_tokens": 10_000_000},
         {"model": BASE, "messages": hi, "stream": True},
     ]
-    async with httpx.AsyncClient(base_url=client.openai_base_url) as http:
+    async with httpx.AsyncClient(base_url=client.openai_base_url, headers=auth_headers(API_KEY)) as http:
         for body in bad_bodies:
             r = await http.post("/chat/completions", json=body)
             assert r.status_code == 400, (body, r.text)
@@ -314,3 +333,95 @@ async def test_sleep_holds_requests_until_wake_up(client: ServingClient, sdk: op
     await client.wake_up()
     assert not await client.is_sleeping()
     assert (await asyncio.wait_for(request, 60)).choices
+
+
+async def test_every_endpoint_but_health_wants_the_api_key(
+    engine: CpuServerProcess, sdk: openai.AsyncOpenAI, adapters: dict[str, Path]
+) -> None:
+    hi = {"model": BASE, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    calls = [
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/chat/completions", hi),
+        ("POST", "/v1/load_lora_adapter", {"lora_name": "sneaky@1", "lora_path": str(adapters["random"])}),
+        ("POST", "/v1/unload_lora_adapter", {"lora_name": "sneaky@1"}),
+        ("POST", "/sleep", None),
+        ("POST", "/wake_up", None),
+        ("GET", "/is_sleeping", None),
+        ("GET", "/docs", None),
+        ("GET", "//v1/models", None),
+    ]
+    for headers in ({}, auth_headers("wrong-key"), {"Authorization": API_KEY}):
+        async with httpx.AsyncClient(base_url=engine.base_url, headers=headers) as http:
+            for method, path, body in calls:
+                r = await http.request(method, path, json=body)
+                assert r.status_code == 401, (headers, path, r.text)
+                assert "API key" in r.json()["error"]["message"]
+            assert (await http.get("/health")).status_code == 200  # probes need no key
+    no_key = ServingClient(engine.base_url, api_key="wrong-key")
+    with pytest.raises(ServingError) as refused:
+        await no_key.models()
+    assert refused.value.status == 401
+    assert "sneaky@1" not in await engine.client.adapters()  # nothing was loaded, and the server serves on
+    assert not await engine.client.is_sleeping()
+    ok = await sdk.chat.completions.create(**hi)  # type: ignore[call-overload]
+    assert ok.choices
+
+
+async def test_adapters_load_only_from_under_the_adapter_root(
+    client: ServingClient, adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    outside = Path(tempfile.mkdtemp(prefix="dgrpo-outside-"))  # not under the pytest temp root
+    try:
+        shutil.copytree(adapters["random"], outside / "adapter")
+        (tmp_path / "link").symlink_to(outside / "adapter")
+        inside = tmp_path / "inside"
+        escapes = [
+            str(outside / "adapter"),
+            str(inside.joinpath(*[".."] * (len(inside.parts) - 1), *outside.parts[1:], "adapter")),  # ../..
+            str(tmp_path / "link"),  # a link inside the root to a directory outside it
+        ]
+        for path in escapes:
+            with pytest.raises(ServingError) as refused:
+                await client.load_adapter("escape@1", path)
+            assert refused.value.status == 400, path
+            assert "outside this server's adapter root" in refused.value.message
+            assert "--adapter-root" in refused.value.message
+        assert "escape@1" not in await client.adapters()
+        assert await client.load_adapter("inside@1", str(adapters["random"]))  # under the root: fine
+        assert await client.unload_adapter("inside@1")
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10"])
+def test_the_server_refuses_to_bind_beyond_loopback_without_an_api_key(
+    host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ENV_SERVE_API_KEY, raising=False)
+    with pytest.raises(SystemExit) as refused:
+        server_main(["--model", BASE, "--host", host, "--port", "1"])
+    message = str(refused.value)
+    assert f"--host {host} serves beyond this machine" in message
+    assert "--api-key" in message and ENV_SERVE_API_KEY in message
+
+
+async def test_rollouts_and_the_default_judge_send_the_servers_key(
+    engine: CpuServerProcess, object_store: ObjectStore
+) -> None:
+    """The workers' side of ``--api-key``: with ``$DGRPO_SERVE_API_KEY`` set, a real rollout and the default
+    judge reach the keyed server (a missing key would be a 401, not a result)."""
+    url = engine.client.openai_base_url
+    rollouts = RolloutActivities(url, object_store)  # discovers the base model's name with the key too
+    task = TaskSpec(rollout="examples.arithmetic:rollout", scenarios="examples.arithmetic:scenarios")
+    inp = RolloutsInput(
+        run_id="keyed", step=1, model_name="agent", task=task, groups_per_step=1, group_size=2
+    )
+    trajectories = await ActivityEnvironment().run(rollouts.rollouts, inp)
+    assert trajectories.n_trajectories == 2 and trajectories.n_exceptions == 0
+    judge = JudgeActivities(object_store, url, JudgeEndpoints())
+    judge_input = JudgeInput(
+        run_id="keyed", step=1, trajectories=trajectories, judge=JudgeConfig(kind="ruler", max_tokens=16),
+        base_model_name=BASE,
+    )  # fmt: skip
+    scored = await ActivityEnvironment().run(judge.judge, judge_input)
+    assert scored.n_trajectories == 2
