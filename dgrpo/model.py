@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from activities.rollout_model import (
     routed_openai_client,
 )
 from activities.trajectory_store import upload_groups
+from dgrpo.art_config import lora_from_internal_config, train_config_fields
 from dgrpo.backends import Backend
 from dgrpo.errors import (
     BackendError,
@@ -38,14 +40,15 @@ from dgrpo.errors import (
     ModelConflictError,
     NoTrainableChoiceError,
     NotRegisteredError,
+    UnsupportedArtOption,
 )
 from dgrpo.metrics import group_metrics, record_metrics, select_checkpoints_to_delete
 from schemas import layout
-from schemas.config import LoraConfig, ModelSpec, TrainConfig
-from schemas.errors import DgrpoError
+from schemas.config import NAME_PATTERN, LoraConfig, ModelSpec, TrainConfig
+from schemas.errors import DgrpoError, RunSpecError
 from schemas.refs import TrajectoriesRef
 from schemas.run_state import ServeModelInput, ServeModelResult, TrainStepInput, TrainStepResult
-from schemas.trajectory import TrajectoryGroup
+from schemas.trajectory import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
@@ -55,27 +58,72 @@ class TrainStepFailed(DgrpoError, RuntimeError):
 
 
 class Model:
-    """A model the client only runs (no training): ART's ``art.Model``, e.g. a baseline to compare with."""
+    """A model the client only runs (no training): ART's ``art.Model``, e.g. a baseline or a judge
+    behind any OpenAI-compatible endpoint (``inference_base_url``, ``inference_api_key``,
+    ``inference_model_name``). ``register`` is needed only to ``log`` its trajectories.
+    """
+
+    trainable = False
+    """ART's discriminator: True for a ``TrainableModel``."""
 
     def __init__(
         self,
         name: str,
         project: str = "default",
         *,
+        entity: str | None = None,
+        id: str | None = None,
+        config: Any = None,
         inference_base_url: str | None = None,
         inference_model_name: str | None = None,
-        inference_api_key: str = DEFAULT_API_KEY,
+        inference_api_key: str | None = None,
+        base_path: str = ".art",
+        report_metrics: list[str] | None = None,
     ) -> None:
         self.name = name
         self.project = project
+        self.entity = entity
+        self.id = id
+        self.config = config
+        """The program's own settings object (ART's ``model.config``), kept as given."""
         self.inference_base_url = inference_base_url
         self.inference_model_name = inference_model_name or name
-        self.inference_api_key = inference_api_key
+        self.inference_api_key = inference_api_key or DEFAULT_API_KEY
+        self.base_path = base_path
+        self.report_metrics = report_metrics
         self._client: AsyncOpenAI | None = None
+        self._backend: Backend | None = None
+        self._step = 0
 
-    def get_inference_name(self) -> str:
-        """The name the server answers this model's requests under."""
-        return self.inference_model_name
+    @property
+    def run_id(self) -> str:
+        """Where the model's records live in the object store: ``runs/<project>-<name>/``."""
+        run_id = f"{self.project}-{self.name}"
+        if not re.fullmatch(NAME_PATTERN, run_id):
+            raise RunSpecError(
+                f"model name {self.name!r} in project {self.project!r} cannot name a run ({run_id!r} must match "
+                f"{NAME_PATTERN}); give the endpoint's model id as inference_model_name= and a plain name="
+            )
+        return run_id
+
+    async def register(self, backend: Backend) -> None:
+        """Bind the model to ``backend``, so ``log`` records its trajectories next to the trained ones."""
+        _check_config(self.config)
+        await backend.start()
+        await asyncio.to_thread(backend.object_store().ensure_bucket)
+        self._backend = backend
+
+    def backend(self) -> Backend:
+        """The backend the model is registered with (ART's ``model.backend()``)."""
+        return self._require_backend()
+
+    def get_inference_name(self, step: int | None = None) -> str:
+        """The name the endpoint answers this model under (``<name>@<step>`` for a given step)."""
+        return self.inference_model_name if step is None else f"{self.inference_model_name}@{step}"
+
+    async def get_step(self) -> int:
+        """0: a model that is not trained has no steps (as in ART)."""
+        return self._step
 
     def openai_client(self) -> AsyncOpenAI:
         """An ``AsyncOpenAI`` (one per model) whose ``model=self.name`` goes to ``get_inference_name()``."""
@@ -93,13 +141,62 @@ class Model:
             )
         return self._client
 
+    def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
+        """``litellm.acompletion(**params, messages=...)`` keyword arguments for this model (ART's)."""
+        if self.inference_base_url is None:
+            raise NotRegisteredError(f"model {self.name!r} has no inference_base_url (register it first)")
+        name = self.get_inference_name(step)
+        return {
+            # litellm's provider prefix for an OpenAI-compatible vLLM server.
+            "model": f"hosted_vllm/{name}" if self.trainable else name,
+            "base_url": openai_base_url(self.inference_base_url),
+            "api_key": self.inference_api_key,
+            "temperature": 1,  # sampling at the policy's own distribution, as GRPO assumes
+        }
+
+    async def log(
+        self,
+        trajectories: Iterable[TrajectoryGroup] | Iterable[Trajectory | BaseException] | None = None,
+        split: str = "val",
+        *,
+        metrics: dict[str, float] | None = None,
+        step: int | None = None,
+    ) -> dict[str, float]:
+        """Record ``<split>/...`` numbers at ``step`` (default: the current step); returns them.
+
+        ``trajectories`` may be groups, or trajectories (one group); ``metrics`` are added as given
+        (a name without ``/`` gets the split's prefix), e.g. ``backend.train``'s result metrics.
+        """
+        backend = self._require_backend()
+        row: dict[str, float] = {}
+        if trajectories is not None:
+            row.update(group_metrics(_as_groups(trajectories), split))
+        for name, value in (metrics or {}).items():
+            row[name if "/" in name else f"{split}/{name}"] = float(value)
+        if not row:
+            raise ValueError("model.log got neither trajectories nor metrics; nothing to record")
+        at = await self.get_step() if step is None else step
+        await asyncio.to_thread(record_metrics, backend.object_store(), self.run_id, self.name, at, row)
+        return row
+
+    def _require_backend(self) -> Backend:
+        if self._backend is None:
+            raise NotRegisteredError(
+                f"model {self.name!r} is not registered: call `await model.register(backend)` first"
+            )
+        return self._backend
+
 
 class TrainableModel(Model):
     """The policy being trained: ``name`` within ``project``, a LoRA on ``base_model``.
 
     ``base_model`` is an HF model (directory or hub id), ``smollm2-135m-instruct``, or a LoRA adapter
-    directory to warm-start from (the workers must be able to read it).
+    directory to warm-start from (the workers must be able to read it). ART's ``_internal_config`` is
+    mapped where dgrpo has the setting (``peft_args`` -> ``lora``, ``init_args.max_seq_length``) and
+    refused otherwise; ``config`` is the program's own settings object, kept as ``model.config``.
     """
+
+    trainable = True
 
     def __init__(
         self,
@@ -108,18 +205,41 @@ class TrainableModel(Model):
         base_model: str = "smollm2-135m-instruct",
         *,
         lora: LoraConfig | None = None,
+        entity: str | None = None,
+        id: str | None = None,
+        run_id: str | None = None,
+        config: Any = None,
+        base_path: str = ".art",
+        report_metrics: list[str] | None = None,
+        _internal_config: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(name, project)
+        super().__init__(
+            name,
+            project,
+            entity=entity,
+            id=id,
+            config=config,
+            base_path=base_path,
+            report_metrics=report_metrics,
+        )
+        if run_id is not None and run_id != self.run_id:
+            raise UnsupportedArtOption(
+                f"run_id={run_id!r}: a dgrpo model's run id is always <project>-<name> ({self.run_id!r}), "
+                "the prefix its checkpoints and metrics live under; leave run_id out"
+            )
+        internal_lora, self.max_seq_len = lora_from_internal_config(_internal_config or {})
+        if lora is not None and internal_lora is not None and lora != internal_lora:
+            raise UnsupportedArtOption("give the LoRA shape once: lora= or _internal_config['peft_args']")
         self.base_model = base_model
-        self.spec = ModelSpec(name=name, project=project, base_model=base_model, lora=lora or LoraConfig())
-        self.run_id = f"{project}-{name}"
-        self._backend: Backend | None = None
-        self._step = 0
+        self.spec = ModelSpec(
+            name=name, project=project, base_model=base_model, lora=lora or internal_lora or LoraConfig()
+        )
         self._served: str | None = None
 
     # ---- registration and serving ----------------------------------------------------------------
     async def register(self, backend: Backend) -> None:
         """Bind the model to ``backend``: record it (or check the record), and serve its newest step."""
+        _check_config(self.config)
         await backend.start()
         store = backend.object_store()
         await asyncio.to_thread(store.ensure_bucket)
@@ -192,13 +312,16 @@ class TrainableModel(Model):
         """``base_model`` is a LoRA adapter directory (seen from this machine): step 0 is that adapter."""
         return (Path(self.base_model) / "adapter_config.json").is_file()
 
-    def get_inference_name(self) -> str:
-        """The served name of the newest step (``<name>@<step>``, or the base model at step 0)."""
+    def get_inference_name(self, step: int | None = None) -> str:
+        """The served name of the newest step (``<name>@<step>``, or the base model at step 0), or of
+        checkpoint ``step`` (``<name>@<step>``, served while a lease or the newest step holds it)."""
         if self._served is None:
             raise NotRegisteredError(
                 f"model {self.name!r} is not registered: call `await model.register(backend)` before using it"
             )
-        return self._served
+        if step is None or step == self._step:
+            return self._served
+        return layout.adapter_name(self.name, step)
 
     async def get_step(self) -> int:
         """The newest trained (and served) step; 0 before the first ``train``."""
@@ -211,9 +334,18 @@ class TrainableModel(Model):
         return f"train-{self.project}-{self.name}-{step:06d}"
 
     async def train(
-        self, trajectory_groups: Iterable[TrajectoryGroup], config: TrainConfig | None = None
+        self,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
     ) -> TrainStepResult:
-        """Train one GRPO step on the groups; returns once the new adapter is served."""
+        """Train one GRPO step on the groups; returns once the new adapter is served.
+
+        ``_config`` takes ART's ``dev.TrainConfig`` keys that dgrpo has (``epsilon``, ``epsilon_high``,
+        ``scale_rewards``) and refuses the others; ``verbose`` is accepted (the workers log each stage).
+        """
+        config = self.step_config(config, train_config_fields("model.train(_config=...)", _config or {}))
         groups = check_trainable(list(trajectory_groups))
         backend = self._require_backend()
         client = await backend.temporal_client()
@@ -232,13 +364,23 @@ class TrainableModel(Model):
             await asyncio.to_thread(
                 record_metrics, store, self.run_id, self.name, step, metrics, self._title()
             )
-            result = await self._run_train_step(client, ref, config or TrainConfig(), step)
+            result = await self._run_train_step(client, ref, config, step)
             if result.loss is not None:
                 await asyncio.to_thread(
                     record_metrics, store, self.run_id, self.name, step, {"loss": result.loss}
                 )
         self._step, self._served = result.step, result.adapter
         return result
+
+    def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
+        """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's
+        ``max_seq_length`` (from ``_internal_config``) where the config leaves it unset."""
+        fields = dict(config.model_dump(exclude_unset=True)) if config is not None else {}
+        fields.update(overrides)
+        if self.max_seq_len is not None:
+            fields.setdefault("max_seq_len", self.max_seq_len)
+        # A plain TrainConfig (not a subclass such as dgrpo.types.TrainConfig) goes into the workflow input.
+        return TrainConfig.model_validate(fields)
 
     async def _run_train_step(
         self,
@@ -276,16 +418,7 @@ class TrainableModel(Model):
         assert isinstance(result, TrainStepResult)
         return result
 
-    # ---- metrics and checkpoints -----------------------------------------------------------------
-    async def log(self, trajectory_groups: Sequence[TrajectoryGroup], split: str = "val") -> dict[str, float]:
-        """Record the groups' reward and metrics as ``<split>/...`` at the current step; returns them."""
-        backend = self._require_backend()
-        metrics = group_metrics(list(trajectory_groups), split)
-        await asyncio.to_thread(
-            record_metrics, backend.object_store(), self.run_id, self.name, self._step, metrics
-        )
-        return metrics
-
+    # ---- checkpoints ------------------------------------------------------------------------------
     async def delete_checkpoints(
         self, best_checkpoint_metric: str = "val/reward", keep_last: int = 1
     ) -> list[int]:
@@ -302,13 +435,6 @@ class TrainableModel(Model):
         return doomed
 
     # ---- helpers ----------------------------------------------------------------------------------
-    def _require_backend(self) -> Backend:
-        if self._backend is None:
-            raise NotRegisteredError(
-                f"model {self.name!r} is not registered: call `await model.register(backend)` first"
-            )
-        return self._backend
-
     def _title(self) -> str:
         return f"{self.project}/{self.name}"
 
@@ -316,6 +442,27 @@ class TrainableModel(Model):
         if self.inference_base_url is None:
             raise NotRegisteredError(f"model {self.name!r} is not registered")
         return openai_base_url(self.inference_base_url)
+
+
+def _check_config(config: Any) -> None:
+    """ART refuses a ``config`` it cannot store as JSON; so does dgrpo, at ``register``."""
+    if isinstance(config, BaseModel):
+        try:
+            config.model_dump_json()
+        except ValueError as err:
+            raise RunSpecError(
+                f"the model's config ({type(config).__name__}) cannot be serialized to JSON: {err}"
+            ) from err
+
+
+def _as_groups(items: Iterable[Any]) -> list[TrajectoryGroup]:
+    """Groups as given, or trajectories (and exceptions) as one group, as ART's ``model.log`` takes them."""
+    listed = list(items)
+    if all(isinstance(i, TrajectoryGroup) for i in listed):
+        return listed
+    if all(isinstance(i, Trajectory | BaseException) for i in listed):
+        return [TrajectoryGroup(listed)]
+    raise TypeError("model.log takes TrajectoryGroups, or Trajectories (and exceptions), not a mix")
 
 
 def check_trainable(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
@@ -333,6 +480,11 @@ def check_trainable(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
     if not any(group.trajectories for group in groups):
         raise EmptyGroupsError(
             f"the {len(groups)} group(s) hold no trajectories (every rollout raised?); nothing to train on"
+        )
+    if any(h.choices() for g in groups for t in g.trajectories for h in t.additional_histories):
+        raise NoTrainableChoiceError(
+            "a trajectory's additional_histories hold sampled choices, which dgrpo does not train yet "
+            "(only messages_and_choices is); give each history its own trajectory in the group instead"
         )
     choices = [c for g in groups for t in g.trajectories for c in t.choices()]
     if not any(c.token_ids for c in choices):
