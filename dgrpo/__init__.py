@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from dgrpo.gather import gather_trajectories, gather_trajectory_groups
     from dgrpo.local import LocalBackend
     from dgrpo.model import Model, TrainableModel, TrainStepFailed
-    from dgrpo.retry import retry
+    from dgrpo.retries import retry
     from dgrpo.types import LocalTrainResult, Messages, MessagesAndChoices, Tools, TrainConfig, TrainResult
     from schemas.config import LoraConfig, RunSpec
     from schemas.trajectory import Choice, History, Trajectory, TrajectoryGroup
@@ -50,7 +50,7 @@ _EXPORTS = {
     "gather_trajectory_groups": "dgrpo.gather",
     "gather_trajectories": "dgrpo.gather",
     "trajectory_group_batches": "dgrpo.batches",
-    "retry": "dgrpo.retry",
+    "retry": "dgrpo.retries",
     "ruler_score_group": "activities.judge",
     "BackendError": "dgrpo.errors",
     "EmptyGroupsError": "dgrpo.errors",

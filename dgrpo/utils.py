@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 
 from tqdm.auto import tqdm
 
-from dgrpo.retry import retry
+from dgrpo.retries import retry
 
 T = TypeVar("T")
 

@@ -60,12 +60,12 @@ def test_settings_without_an_equivalent_are_refused_saying_why() -> None:
         art.TrainConfig(beta=0.1, kl_coef=0.2)
 
 
-async def test_train_refuses_an_art_option_before_touching_a_backend() -> None:
+async def test_train_refuses_an_art_option_before_touching_a_backend(tmp_path: Path) -> None:
     model = art.TrainableModel(name="m")
     with pytest.raises(UnsupportedArtOption, match=r"importance_sampling_level='sequence'"):
         await model.train([], _config={"importance_sampling_level": "sequence"})
     with pytest.raises(NotRegisteredError, match="register"):
-        await LocalBackend(path="./unused").train(model, [], learning_rate=1e-5, verbose=True)
+        await LocalBackend(path=tmp_path).train(model, [], learning_rate=1e-5, verbose=True)
 
 
 async def test_backend_train_refuses_save_checkpoint_false(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import dgrpo
+import dgrpo.utils  # imports the decorator's module: ``dgrpo.retry`` must stay the decorator
 
 
 class Flaky(Exception):
@@ -56,6 +57,10 @@ def test_other_exceptions_are_not_retried_and_plain_functions_work() -> None:
     with pytest.raises(KeyError):
         judge()
     assert calls == 1
+
+
+def test_dgrpo_retry_is_the_decorator_whatever_was_imported() -> None:
+    assert dgrpo.retry is dgrpo.utils.retry and callable(dgrpo.retry)
 
 
 def test_bad_arguments_say_what_is_wrong() -> None:
