@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from activities.judge import ruler_score_group
-    from dgrpo import dev, local, rewards, types, utils
+    from dgrpo import dev, local, rewards, trajectories, types, utils
     from dgrpo.backends import Backend, TemporalBackend
     from dgrpo.batches import trajectory_group_batches
     from dgrpo.errors import (
@@ -73,7 +73,7 @@ _EXPORTS = {
     "TrajectoryGroup": "schemas.trajectory",
 }
 
-_SUBMODULES = ("dev", "local", "rewards", "types", "utils")
+_SUBMODULES = ("dev", "local", "rewards", "trajectories", "types", "utils")
 """ART's submodules a program reaches as attributes (``art.dev.InternalModelConfig``, ``art.utils...``)."""
 
 __all__ = [
@@ -109,6 +109,7 @@ __all__ = [
     "retry",
     "rewards",
     "ruler_score_group",
+    "trajectories",
     "trajectory_group_batches",
     "types",
     "utils",

@@ -244,3 +244,25 @@ def test_iterate_dataset_covers_each_epoch_and_resumes_where_it_stopped() -> Non
     items, epoch, step, epoch_step = resumed[0]  # ART 0.3's tuple form
     assert (items, epoch, step, epoch_step) == (full[4].items, 1, 4, 1)
     assert list(iterate_dataset([], use_tqdm=False)) == []
+
+
+def test_art_import_paths_resolve() -> None:
+    from dgrpo.local import LocalBackend as Local
+    from dgrpo.rewards import ruler_score_group as score
+    from dgrpo.trajectories import History, get_messages
+    from dgrpo.types import Messages, MessagesAndChoices, Tools, TrainConfig
+    from dgrpo.utils import iterate_dataset as iterate
+
+    assert (art.LocalBackend, art.rewards.ruler_score_group, art.utils.iterate_dataset) == (
+        Local,
+        score,
+        iterate,
+    )
+    assert (art.History, art.Messages, art.MessagesAndChoices, art.Tools) == (
+        History,
+        Messages,
+        MessagesAndChoices,
+        Tools,
+    )
+    assert art.TrainConfig is TrainConfig and art.trajectories.get_messages is get_messages
+    assert get_messages([{"role": "user", "content": "hi"}]) == [{"role": "user", "content": "hi"}]
