@@ -235,6 +235,7 @@ class TrainableModel(Model):
             name=name, project=project, base_model=base_model, lora=lora or internal_lora or LoraConfig()
         )
         self._served: str | None = None
+        self._base_served: str | None = None
 
     # ---- registration and serving ----------------------------------------------------------------
     async def register(self, backend: Backend) -> None:
@@ -279,10 +280,11 @@ class TrainableModel(Model):
     async def _serve_newest(self, client: Client, store: ObjectStore) -> None:
         """Route to the newest checkpoint, loading it into the server if it is not there (a new server)."""
         url = self._require_url()
+        self._base_served = await discover_base_model(url)
         checkpoint = await asyncio.to_thread(store.latest_checkpoint, self.run_id)
         if checkpoint is None and not self.warm_start:
             # Step 0 of a fresh LoRA is the base model itself (its B matrices are zero).
-            self._step, self._served = 0, await discover_base_model(url)
+            self._step, self._served = 0, self._base_served
             return
         if checkpoint is not None:
             adapter = layout.adapter_name(self.name, checkpoint.step)
@@ -314,13 +316,16 @@ class TrainableModel(Model):
 
     def get_inference_name(self, step: int | None = None) -> str:
         """The served name of the newest step (``<name>@<step>``, or the base model at step 0), or of
-        checkpoint ``step`` (``<name>@<step>``, served while a lease or the newest step holds it)."""
-        if self._served is None:
+        checkpoint ``step``: ``<name>@<step>`` (served while the newest step or a lease holds it), and
+        for step 0 of a fresh LoRA the base model itself (a baseline to compare with)."""
+        if self._served is None or self._base_served is None:
             raise NotRegisteredError(
                 f"model {self.name!r} is not registered: call `await model.register(backend)` before using it"
             )
         if step is None or step == self._step:
             return self._served
+        if step == 0 and not self.warm_start:
+            return self._base_served
         return layout.adapter_name(self.name, step)
 
     async def get_step(self) -> int:

@@ -21,6 +21,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainValidator,
     PrivateAttr,
     field_serializer,
     model_validator,
@@ -163,10 +164,24 @@ def _entries_choices(items: Iterable[Any]) -> list[Choice]:
     return [e for e in map(as_entry, items) if isinstance(e, Choice)]
 
 
+def _sdk_model(value: Any) -> BaseModel:
+    if not isinstance(value, BaseModel):
+        raise ValueError(f"expected a pydantic model (an openai Choice), got {type(value).__name__}")
+    return value
+
+
+SdkModel = Annotated[BaseModel, PlainValidator(_sdk_model, json_schema_input_type=dict[str, Any])]
+"""Any pydantic model instance, as given (never built from a dict)."""
+
+Entry = Choice | Message | SdkModel
+"""A ``messages_and_choices`` item: our ``Choice``, a chat message dict, or an SDK model (an openai
+``Choice`` or message) kept as given and converted by ``as_entry`` where it is read or stored."""
+
+
 class History(_Strict):
     """Another conversation of the same rollout (a sub-agent, a summariser), as ART's ``History``."""
 
-    messages_and_choices: list[Choice | Message] = Field(default_factory=list)
+    messages_and_choices: list[Entry] = Field(default_factory=list)
     """Chat messages and sampled choices of this conversation, in order."""
     tools: list[dict[str, Any]] | None = None
     """OpenAI tool definitions offered in this conversation, if any."""
@@ -187,7 +202,7 @@ class History(_Strict):
 class Trajectory(_Strict):
     """One rollout of an agent: what it saw, what it sampled, and how it was scored."""
 
-    messages_and_choices: list[Choice | Message] = Field(default_factory=list)
+    messages_and_choices: list[Entry] = Field(default_factory=list)
     """Chat messages (context) and the policy's sampled choices (trainable), in order."""
     tools: list[dict[str, Any]] | None = None
     """OpenAI tool definitions offered to the model, if any."""

@@ -111,3 +111,14 @@ async def test_group_len_and_iteration_are_over_finished_trajectories() -> None:
     group.metrics["judge_calls"] = 1
     data: dict[str, Any] = group.model_dump()
     assert data["logs"] == ["one rollout raised"] and data["metrics"] == {"judge_calls": 1}
+
+
+def test_sdk_objects_given_to_the_constructor_stay_as_given_and_junk_is_refused() -> None:
+    sampled = completion("4", [7]).choices[0]
+    traj = Trajectory(messages_and_choices=[{"role": "user", "content": "2+2?"}, sampled])
+    assert traj.messages_and_choices[1] is sampled  # ART code reads choice.message.content
+    assert traj.choices()[0].token_ids == [7]
+    with pytest.raises(ValueError, match="role"):
+        Trajectory(messages_and_choices=[{"content": "no role"}])
+    with pytest.raises(ValueError, match="role"):
+        Trajectory.model_validate_json('{"messages_and_choices": [{"content": "no role"}]}')
