@@ -34,8 +34,9 @@ if TYPE_CHECKING:
     )
     from dgrpo.gather import gather_trajectories, gather_trajectory_groups
     from dgrpo.local import LocalBackend
-    from dgrpo.model import Model, TrainableModel, TrainStepFailed
+    from dgrpo.model import Model
     from dgrpo.retries import retry
+    from dgrpo.trainable_model import TrainableModel, TrainStepFailed
     from dgrpo.types import LocalTrainResult, Messages, MessagesAndChoices, Tools, TrainConfig, TrainResult
     from schemas.config import LoraConfig, RunSpec
     from schemas.trajectory import Choice, History, Trajectory, TrajectoryGroup
@@ -45,8 +46,8 @@ _EXPORTS = {
     "LocalBackend": "dgrpo.local",
     "TemporalBackend": "dgrpo.backends",
     "Model": "dgrpo.model",
-    "TrainableModel": "dgrpo.model",
-    "TrainStepFailed": "dgrpo.model",
+    "TrainableModel": "dgrpo.trainable_model",
+    "TrainStepFailed": "dgrpo.trainable_model",
     "gather_trajectory_groups": "dgrpo.gather",
     "gather_trajectories": "dgrpo.gather",
     "trajectory_group_batches": "dgrpo.batches",

@@ -14,7 +14,7 @@ from typing import Any
 from dgrpo import local_backend
 from dgrpo.art_config import train_config_fields
 from dgrpo.errors import NotRegisteredError
-from dgrpo.model import TrainableModel
+from dgrpo.trainable_model import TrainableModel
 from dgrpo.types import LocalTrainResult
 from schemas.run_state import TrainStepResult
 from schemas.trajectory import TrajectoryGroup

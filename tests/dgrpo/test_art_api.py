@@ -19,8 +19,8 @@ from dgrpo.errors import (
     UnsupportedArtOption,
 )
 from dgrpo.local import LocalBackend
-from dgrpo.model import check_trainable
 from dgrpo.rewards import JudgeFailed, ruler, ruler_score_group
+from dgrpo.trainable_model import check_trainable
 from dgrpo.utils import iterate_dataset
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "activities"))
