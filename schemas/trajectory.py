@@ -300,7 +300,11 @@ class TrajectoryGroup(_Strict):
     ) -> None:
         done: list[Any] = []
         pending: list[Awaitable[Trajectory]] = []
-        exceptions = list(data.pop("exceptions", []))
+        # ART passes exceptions=[...] as raised exceptions; stored groups pass them as records.
+        exceptions = [
+            ExceptionRecord.from_exception(e) if isinstance(e, BaseException) else e
+            for e in data.pop("exceptions", [])
+        ]
         for item in trajectories:
             if isinstance(item, BaseException):
                 exceptions.append(ExceptionRecord.from_exception(item))

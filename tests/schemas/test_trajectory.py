@@ -107,6 +107,7 @@ async def test_group_len_and_iteration_are_over_finished_trajectories() -> None:
     assert len(group) == 2
     assert sorted(t.reward for t in group) == [1.0, 2.0]
     assert len(group.exceptions) == 1
+    assert [e.type for e in TrajectoryGroup([], exceptions=[KeyError("k")]).exceptions] == ["KeyError"]
     group.log("one rollout raised")
     group.metrics["judge_calls"] = 1
     data: dict[str, Any] = group.model_dump()
