@@ -9,7 +9,8 @@
     )
     await model.train(groups, config=dgrpo.TrainConfig(learning_rate=1e-5))
 
-Names load on first use, so ``import dgrpo`` (and the ``dgrpo`` command) stays light.
+Names load on first use, so ``import dgrpo`` (and the ``dgrpo`` command) stays light. ART programs run
+with ``import dgrpo as art`` (docs/art-compat.md lists every ART name and how it maps).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from activities.judge import ruler_score_group
+    from dgrpo import dev, local, rewards, trajectories, types, utils
     from dgrpo.backends import Backend, TemporalBackend
+    from dgrpo.batches import trajectory_group_batches
     from dgrpo.errors import (
         BackendError,
         EmptyGroupsError,
@@ -27,21 +30,28 @@ if TYPE_CHECKING:
         NoTrainableChoiceError,
         NotRegisteredError,
         TooManyRolloutErrors,
+        UnsupportedArtOption,
     )
-    from dgrpo.gather import gather_trajectory_groups
-    from dgrpo.local_backend import LocalBackend
-    from dgrpo.model import Model, TrainableModel, TrainStepFailed
-    from schemas.config import LoraConfig, RunSpec, TrainConfig
-    from schemas.trajectory import Choice, Trajectory, TrajectoryGroup
+    from dgrpo.gather import gather_trajectories, gather_trajectory_groups
+    from dgrpo.local import LocalBackend
+    from dgrpo.model import Model
+    from dgrpo.retries import retry
+    from dgrpo.trainable_model import TrainableModel, TrainStepFailed
+    from dgrpo.types import LocalTrainResult, Messages, MessagesAndChoices, Tools, TrainConfig, TrainResult
+    from schemas.config import LoraConfig, RunSpec
+    from schemas.trajectory import Choice, History, Trajectory, TrajectoryGroup
 
 _EXPORTS = {
     "Backend": "dgrpo.backends",
-    "LocalBackend": "dgrpo.local_backend",
+    "LocalBackend": "dgrpo.local",
     "TemporalBackend": "dgrpo.backends",
     "Model": "dgrpo.model",
-    "TrainableModel": "dgrpo.model",
-    "TrainStepFailed": "dgrpo.model",
+    "TrainableModel": "dgrpo.trainable_model",
+    "TrainStepFailed": "dgrpo.trainable_model",
     "gather_trajectory_groups": "dgrpo.gather",
+    "gather_trajectories": "dgrpo.gather",
+    "trajectory_group_batches": "dgrpo.batches",
+    "retry": "dgrpo.retries",
     "ruler_score_group": "activities.judge",
     "BackendError": "dgrpo.errors",
     "EmptyGroupsError": "dgrpo.errors",
@@ -49,21 +59,35 @@ _EXPORTS = {
     "NoTrainableChoiceError": "dgrpo.errors",
     "NotRegisteredError": "dgrpo.errors",
     "TooManyRolloutErrors": "dgrpo.errors",
+    "UnsupportedArtOption": "dgrpo.errors",
     "LoraConfig": "schemas.config",
     "RunSpec": "schemas.config",
-    "TrainConfig": "schemas.config",
+    "TrainConfig": "dgrpo.types",
+    "TrainResult": "dgrpo.types",
+    "LocalTrainResult": "dgrpo.types",
+    "Messages": "dgrpo.types",
+    "MessagesAndChoices": "dgrpo.types",
+    "Tools": "dgrpo.types",
     "Choice": "schemas.trajectory",
+    "History": "schemas.trajectory",
     "Trajectory": "schemas.trajectory",
     "TrajectoryGroup": "schemas.trajectory",
 }
+
+_SUBMODULES = ("dev", "local", "rewards", "trajectories", "types", "utils")
+"""ART's submodules a program reaches as attributes (``art.dev.InternalModelConfig``, ``art.utils...``)."""
 
 __all__ = [
     "Backend",
     "BackendError",
     "Choice",
     "EmptyGroupsError",
+    "History",
     "LocalBackend",
+    "LocalTrainResult",
     "LoraConfig",
+    "Messages",
+    "MessagesAndChoices",
     "Model",
     "ModelConflictError",
     "NoTrainableChoiceError",
@@ -71,17 +95,31 @@ __all__ = [
     "RunSpec",
     "TemporalBackend",
     "TooManyRolloutErrors",
+    "Tools",
     "TrainConfig",
+    "TrainResult",
     "TrainStepFailed",
     "TrainableModel",
     "Trajectory",
     "TrajectoryGroup",
+    "UnsupportedArtOption",
+    "dev",
+    "gather_trajectories",
     "gather_trajectory_groups",
+    "local",
+    "retry",
+    "rewards",
     "ruler_score_group",
+    "trajectories",
+    "trajectory_group_batches",
+    "types",
+    "utils",
 ]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"dgrpo.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'dgrpo' has no attribute {name!r}")
@@ -91,4 +129,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+    return sorted([*globals(), *_EXPORTS, *_SUBMODULES])

@@ -27,3 +27,7 @@ class TooManyRolloutErrors(DgrpoError, RuntimeError):
 
 class BackendError(DgrpoError, RuntimeError):
     """The backend (the stack, the workers, or the Temporal cluster) could not be used."""
+
+
+class UnsupportedArtOption(RunSpecError):
+    """An ART setting (``_internal_config``, a train option) that dgrpo cannot honour; the message says why."""

@@ -1,81 +1,96 @@
-"""``TrainableModel``: ART's client object, with every ``model.train`` a durable ``TrainStep`` workflow.
+"""``Model``: ART's ``art.Model``, a model the client runs but does not train (a baseline, a judge), and
+the base of ``TrainableModel`` (dgrpo/trainable_model.py): naming, the OpenAI client, ``log``.
 
-The model's run id is ``<project>-<name>``; its trajectories and checkpoints live under ``runs/<run_id>/``
-like a ``TrainingRun``'s. ``train`` derives the workflow id from the model and the step, so a client that
-crashed and calls ``train`` again for the same step attaches to the running workflow (or collects the
-finished one's result) instead of training twice.
+A model's records live under ``runs/<project>-<name>/`` in the object store, like a ``TrainingRun``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+import re
+from collections.abc import Iterable
 from typing import Any
 
-import httpx
 from openai import AsyncOpenAI
 from pydantic import BaseModel
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import FailureError
-from temporalio.service import RPCError, RPCStatusCode
 
-from activities.object_store import ObjectStore
-from activities.rollout_model import (
-    DEFAULT_API_KEY,
-    discover_base_model,
-    routed_openai_client,
-)
-from activities.trajectory_store import upload_groups
+from activities.rollout_model import DEFAULT_API_KEY, routed_openai_client
 from dgrpo.backends import Backend
-from dgrpo.errors import (
-    BackendError,
-    EmptyGroupsError,
-    ModelConflictError,
-    NoTrainableChoiceError,
-    NotRegisteredError,
-)
-from dgrpo.metrics import group_metrics, record_metrics, select_checkpoints_to_delete
-from schemas import layout
-from schemas.config import LoraConfig, ModelSpec, TrainConfig
-from schemas.errors import DgrpoError
-from schemas.refs import TrajectoriesRef
-from schemas.run_state import ServeModelInput, ServeModelResult, TrainStepInput, TrainStepResult
-from schemas.trajectory import TrajectoryGroup
+from dgrpo.errors import NotRegisteredError
+from dgrpo.metrics import group_metrics, record_metrics
+from schemas.config import NAME_PATTERN
+from schemas.errors import RunSpecError
+from schemas.trajectory import Trajectory, TrajectoryGroup
 from serving.client import openai_base_url
-
-log = logging.getLogger(__name__)
-
-
-class TrainStepFailed(DgrpoError, RuntimeError):
-    """The ``TrainStep`` workflow of a ``model.train`` call failed; the message is the stage's own."""
 
 
 class Model:
-    """A model the client only runs (no training): ART's ``art.Model``, e.g. a baseline to compare with."""
+    """A model the client only runs (no training): ART's ``art.Model``, e.g. a baseline or a judge
+    behind any OpenAI-compatible endpoint (``inference_base_url``, ``inference_api_key``,
+    ``inference_model_name``). ``register`` is needed only to ``log`` its trajectories.
+    """
+
+    trainable = False
+    """ART's discriminator: True for a ``TrainableModel``."""
 
     def __init__(
         self,
         name: str,
         project: str = "default",
         *,
+        entity: str | None = None,
+        id: str | None = None,
+        config: Any = None,
         inference_base_url: str | None = None,
         inference_model_name: str | None = None,
-        inference_api_key: str = DEFAULT_API_KEY,
+        inference_api_key: str | None = None,
+        base_path: str = ".art",
+        report_metrics: list[str] | None = None,
     ) -> None:
         self.name = name
         self.project = project
+        self.entity = entity
+        self.id = id
+        self.config = config
+        """The program's own settings object (ART's ``model.config``), kept as given."""
         self.inference_base_url = inference_base_url
         self.inference_model_name = inference_model_name or name
-        self.inference_api_key = inference_api_key
+        self.inference_api_key = inference_api_key or DEFAULT_API_KEY
+        self.base_path = base_path
+        self.report_metrics = report_metrics
         self._client: AsyncOpenAI | None = None
+        self._backend: Backend | None = None
+        self._step = 0
 
-    def get_inference_name(self) -> str:
-        """The name the server answers this model's requests under."""
-        return self.inference_model_name
+    @property
+    def run_id(self) -> str:
+        """Where the model's records live in the object store: ``runs/<project>-<name>/``."""
+        run_id = f"{self.project}-{self.name}"
+        if not re.fullmatch(NAME_PATTERN, run_id):
+            raise RunSpecError(
+                f"model name {self.name!r} in project {self.project!r} cannot name a run ({run_id!r} must match "
+                f"{NAME_PATTERN}); give the endpoint's model id as inference_model_name= and a plain name="
+            )
+        return run_id
+
+    async def register(self, backend: Backend) -> None:
+        """Bind the model to ``backend``, so ``log`` records its trajectories next to the trained ones."""
+        check_config(self.config)
+        await backend.start()
+        await asyncio.to_thread(backend.object_store().ensure_bucket)
+        self._backend = backend
+
+    def backend(self) -> Backend:
+        """The backend the model is registered with (ART's ``model.backend()``)."""
+        return self._require_backend()
+
+    def get_inference_name(self, step: int | None = None) -> str:
+        """The name the endpoint answers this model under (``<name>@<step>`` for a given step)."""
+        return self.inference_model_name if step is None else f"{self.inference_model_name}@{step}"
+
+    async def get_step(self) -> int:
+        """0: a model that is not trained has no steps (as in ART)."""
+        return self._step
 
     def openai_client(self) -> AsyncOpenAI:
         """An ``AsyncOpenAI`` (one per model) whose ``model=self.name`` goes to ``get_inference_name()``."""
@@ -93,215 +108,44 @@ class Model:
             )
         return self._client
 
+    def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
+        """``litellm.acompletion(**params, messages=...)`` keyword arguments for this model (ART's)."""
+        if self.inference_base_url is None:
+            raise NotRegisteredError(f"model {self.name!r} has no inference_base_url (register it first)")
+        name = self.get_inference_name(step)
+        return {
+            # litellm's provider prefix for an OpenAI-compatible vLLM server.
+            "model": f"hosted_vllm/{name}" if self.trainable else name,
+            "base_url": openai_base_url(self.inference_base_url),
+            "api_key": self.inference_api_key,
+            "temperature": 1,  # sampling at the policy's own distribution, as GRPO assumes
+        }
 
-class TrainableModel(Model):
-    """The policy being trained: ``name`` within ``project``, a LoRA on ``base_model``.
-
-    ``base_model`` is an HF model (directory or hub id), ``smollm2-135m-instruct``, or a LoRA adapter
-    directory to warm-start from (the workers must be able to read it).
-    """
-
-    def __init__(
+    async def log(
         self,
-        name: str,
-        project: str = "default",
-        base_model: str = "smollm2-135m-instruct",
+        trajectories: Iterable[TrajectoryGroup] | Iterable[Trajectory | BaseException] | None = None,
+        split: str = "val",
         *,
-        lora: LoraConfig | None = None,
-    ) -> None:
-        super().__init__(name, project)
-        self.base_model = base_model
-        self.spec = ModelSpec(name=name, project=project, base_model=base_model, lora=lora or LoraConfig())
-        self.run_id = f"{project}-{name}"
-        self._backend: Backend | None = None
-        self._step = 0
-        self._served: str | None = None
+        metrics: dict[str, float] | None = None,
+        step: int | None = None,
+    ) -> dict[str, float]:
+        """Record ``<split>/...`` numbers at ``step`` (default: the current step); returns them.
 
-    # ---- registration and serving ----------------------------------------------------------------
-    async def register(self, backend: Backend) -> None:
-        """Bind the model to ``backend``: record it (or check the record), and serve its newest step."""
-        await backend.start()
-        store = backend.object_store()
-        await asyncio.to_thread(store.ensure_bucket)
-        await asyncio.to_thread(self._check_record, store)
-        self._backend = backend
-        self.inference_base_url = backend.inference_url()
-        self._client = None
-        client = await backend.temporal_client()
-        newest = await self._newest_step(store)
-        # A train call of a client that died may still be finishing: wait for it, never race it.
-        for step in (newest, newest + 1):
-            handle = client.get_workflow_handle(self.train_workflow_id(step), result_type=TrainStepResult)
-            if await _status(handle) == WorkflowExecutionStatus.RUNNING:
-                log.info("waiting for the running %s of an earlier client", handle.id)
-                await self._result(handle)
-        await self._serve_newest(client, store)
-
-    def _check_record(self, store: ObjectStore) -> None:
-        key = layout.model_key(self.run_id)
-        if not store.exists(key):
-            store.put_bytes(key, self.spec.model_dump_json(indent=2).encode())
-            return
-        recorded = ModelSpec.model_validate_json(store.get_bytes(key))
-        for field in ("base_model", "lora"):
-            if getattr(recorded, field) != getattr(self.spec, field):
-                raise ModelConflictError(
-                    f"model {self.name!r} of project {self.project!r} is already registered with "
-                    f"{field}={_show(getattr(recorded, field))}, not {_show(getattr(self.spec, field))}; "
-                    f"its checkpoints belong to that {field}. Use another name (or project) for this one, "
-                    f"or pass {field}={_show(getattr(recorded, field))}"
-                )
-
-    async def _newest_step(self, store: ObjectStore) -> int:
-        newest = await asyncio.to_thread(store.latest_checkpoint, self.run_id)
-        return 0 if newest is None else newest.step
-
-    async def _serve_newest(self, client: Client, store: ObjectStore) -> None:
-        """Route to the newest checkpoint, loading it into the server if it is not there (a new server)."""
-        url = self._require_url()
-        checkpoint = await asyncio.to_thread(store.latest_checkpoint, self.run_id)
-        if checkpoint is None and not self.warm_start:
-            # Step 0 of a fresh LoRA is the base model itself (its B matrices are zero).
-            self._step, self._served = 0, await discover_base_model(url)
-            return
-        if checkpoint is not None:
-            adapter = layout.adapter_name(self.name, checkpoint.step)
-            if adapter in await _served_models(url):
-                self._step, self._served = checkpoint.step, adapter
-                return
-        # A new server, or a warm-start adapter at step 0: ServeModel publishes checkpoint 0 if there is
-        # none, and loads the newest checkpoint. Clients registering at once share one run of it.
-        queues = self._require_backend().task_queues
-        handle = await client.start_workflow(
-            "ServeModel",
-            ServeModelInput(run_id=self.run_id, model=self.spec, task_queues=queues),
-            id=f"serve-{self.run_id}",
-            task_queue=queues.control,
-            result_type=ServeModelResult,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
-        try:
-            served = await handle.result()
-        except WorkflowFailureError as err:
-            raise BackendError(f"{handle.id} could not serve {self.run_id}: {_innermost(err)}") from err
-        self._step, self._served = served.step, served.adapter
-
-    @property
-    def warm_start(self) -> bool:
-        """``base_model`` is a LoRA adapter directory (seen from this machine): step 0 is that adapter."""
-        return (Path(self.base_model) / "adapter_config.json").is_file()
-
-    def get_inference_name(self) -> str:
-        """The served name of the newest step (``<name>@<step>``, or the base model at step 0)."""
-        if self._served is None:
-            raise NotRegisteredError(
-                f"model {self.name!r} is not registered: call `await model.register(backend)` before using it"
-            )
-        return self._served
-
-    async def get_step(self) -> int:
-        """The newest trained (and served) step; 0 before the first ``train``."""
-        self._require_backend()
-        return self._step
-
-    # ---- training ---------------------------------------------------------------------------------
-    def train_workflow_id(self, step: int) -> str:
-        """The ``TrainStep`` workflow id of ``step``: one workflow per (model, step), ever."""
-        return f"train-{self.project}-{self.name}-{layout.step_name(step)}"
-
-    async def train(
-        self, trajectory_groups: Iterable[TrajectoryGroup], config: TrainConfig | None = None
-    ) -> TrainStepResult:
-        """Train one GRPO step on the groups; returns once the new adapter is served."""
-        groups = check_trainable(list(trajectory_groups))
+        ``trajectories`` may be groups, or trajectories (one group); ``metrics`` are added as given
+        (a name without ``/`` gets the split's prefix), e.g. ``backend.train``'s result metrics.
+        """
         backend = self._require_backend()
-        client = await backend.temporal_client()
-        store = backend.object_store()
-        step = self._step + 1
-        handle = client.get_workflow_handle(self.train_workflow_id(step), result_type=TrainStepResult)
-        if await _status(handle) in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED):
-            # Its input is already uploaded: attach, and never overwrite the trajectories it reads.
-            log.info("step %d: attaching to %s", step, handle.id)
-            result = await self._result(handle)
-        else:
-            ref = await asyncio.to_thread(upload_groups, store, groups, self.run_id, step)
-            # Recorded before training, so a client that dies in train() still leaves the step's numbers.
-            metrics = {**group_metrics(groups, "train"), "reward_mean": ref.reward_mean or math.nan}
-            metrics["reward_std"] = ref.reward_std or 0.0
-            await asyncio.to_thread(
-                record_metrics, store, self.run_id, self.name, step, metrics, self._title()
-            )
-            result = await self._run_train_step(client, ref, config or TrainConfig(), step)
-            if result.loss is not None:
-                await asyncio.to_thread(
-                    record_metrics, store, self.run_id, self.name, step, {"loss": result.loss}
-                )
-        self._step, self._served = result.step, result.adapter
-        return result
+        row: dict[str, float] = {}
+        if trajectories is not None:
+            row.update(group_metrics(_as_groups(trajectories), split))
+        for name, value in (metrics or {}).items():
+            row[name if "/" in name else f"{split}/{name}"] = float(value)
+        if not row:
+            raise ValueError("model.log got neither trajectories nor metrics; nothing to record")
+        at = await self.get_step() if step is None else step
+        await asyncio.to_thread(record_metrics, backend.object_store(), self.run_id, self.name, at, row)
+        return row
 
-    async def _run_train_step(
-        self,
-        client: Client,
-        trajectories: TrajectoriesRef,
-        config: TrainConfig,
-        step: int,
-    ) -> TrainStepResult:
-        backend = self._require_backend()
-        inp = TrainStepInput(
-            run_id=self.run_id,
-            model=self.spec,
-            trajectories=trajectories,
-            train=config,
-            step=step,
-            task_queues=backend.task_queues,
-        )
-        handle = await client.start_workflow(
-            "TrainStep",
-            inp,
-            id=self.train_workflow_id(step),
-            task_queue=backend.task_queues.control,
-            result_type=TrainStepResult,
-            # A failed step may be tried again; a finished one never runs twice; a running one is joined.
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
-        return await self._result(handle)
-
-    async def _result(self, handle: WorkflowHandle[Any, TrainStepResult]) -> TrainStepResult:
-        try:
-            result = await handle.result()
-        except WorkflowFailureError as err:
-            raise TrainStepFailed(f"{handle.id} failed: {_innermost(err)}") from err
-        assert isinstance(result, TrainStepResult)
-        return result
-
-    # ---- metrics and checkpoints -----------------------------------------------------------------
-    async def log(self, trajectory_groups: Sequence[TrajectoryGroup], split: str = "val") -> dict[str, float]:
-        """Record the groups' reward and metrics as ``<split>/...`` at the current step; returns them."""
-        backend = self._require_backend()
-        metrics = group_metrics(list(trajectory_groups), split)
-        await asyncio.to_thread(
-            record_metrics, backend.object_store(), self.run_id, self.name, self._step, metrics
-        )
-        return metrics
-
-    async def delete_checkpoints(
-        self, best_checkpoint_metric: str = "val/reward", keep_last: int = 1
-    ) -> list[int]:
-        """Delete checkpoints except the newest ``keep_last`` and the best by ``best_checkpoint_metric``."""
-        store = self._require_backend().object_store()
-        doomed = await asyncio.to_thread(
-            select_checkpoints_to_delete, store, self.run_id, best_checkpoint_metric, keep_last
-        )
-        for step in doomed:
-            prefix = layout.checkpoint_prefix(self.run_id, step)
-            # Manifest first: a half-deleted checkpoint must never look complete.
-            await asyncio.to_thread(store.delete_prefix, prefix + layout.MANIFEST_NAME)
-            await asyncio.to_thread(store.delete_prefix, prefix)
-        return doomed
-
-    # ---- helpers ----------------------------------------------------------------------------------
     def _require_backend(self) -> Backend:
         if self._backend is None:
             raise NotRegisteredError(
@@ -309,66 +153,23 @@ class TrainableModel(Model):
             )
         return self._backend
 
-    def _title(self) -> str:
-        return f"{self.project}/{self.name}"
 
-    def _require_url(self) -> str:
-        if self.inference_base_url is None:
-            raise NotRegisteredError(f"model {self.name!r} is not registered")
-        return openai_base_url(self.inference_base_url)
-
-
-def check_trainable(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
-    """Refuse input that cannot train, saying what to fix."""
-    if not groups:
-        raise EmptyGroupsError("model.train got no trajectory groups; gather at least one group of rollouts")
-    for i, group in enumerate(groups):
-        if not isinstance(group, TrajectoryGroup):
-            raise EmptyGroupsError(f"group {i} is a {type(group).__name__}, not a TrajectoryGroup")
-        if group.pending:
-            raise EmptyGroupsError(
-                f"group {i} still has {group.pending} rollout(s) to run: await it, or use "
-                "`await dgrpo.gather_trajectory_groups(...)`, before model.train"
-            )
-    if not any(group.trajectories for group in groups):
-        raise EmptyGroupsError(
-            f"the {len(groups)} group(s) hold no trajectories (every rollout raised?); nothing to train on"
-        )
-    choices = [c for g in groups for t in g.trajectories for c in t.choices()]
-    if not any(c.token_ids for c in choices):
-        what = "no Choice objects" if not choices else "choices without token ids"
-        raise NoTrainableChoiceError(
-            f"the trajectories hold {what}, so there is nothing to train on. Call the model through "
-            "`model.openai_client()` (it asks the server for token ids and logprobs) and append "
-            "`completion.choices[0]` itself, not a plain {'role': 'assistant', ...} message, to "
-            "trajectory.messages_and_choices"
-        )
-    return groups
+def check_config(config: Any) -> None:
+    """ART refuses a ``config`` it cannot store as JSON; so does dgrpo, at ``register``."""
+    if isinstance(config, BaseModel):
+        try:
+            config.model_dump_json()
+        except ValueError as err:
+            raise RunSpecError(
+                f"the model's config ({type(config).__name__}) cannot be serialized to JSON: {err}"
+            ) from err
 
 
-async def _status(handle: WorkflowHandle[Any, Any]) -> WorkflowExecutionStatus | None:
-    """The status of the workflow's newest run, or None when no run has that id."""
-    try:
-        description = await handle.describe()
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise
-    return description.status
-
-
-async def _served_models(url: str) -> set[str]:
-    async with httpx.AsyncClient(timeout=10.0) as http:
-        response = await http.get(url + "/models")
-        response.raise_for_status()
-        return {str(m.get("id")) for m in response.json().get("data", []) if isinstance(m, dict)}
-
-
-def _innermost(err: BaseException) -> str:
-    while isinstance(err.__cause__, FailureError):
-        err = err.__cause__
-    return str(err)
-
-
-def _show(value: Any) -> str:
-    return repr(value.model_dump()) if isinstance(value, BaseModel) else repr(value)
+def _as_groups(items: Iterable[Any]) -> list[TrajectoryGroup]:
+    """Groups as given, or trajectories (and exceptions) as one group, as ART's ``model.log`` takes them."""
+    listed = list(items)
+    if all(isinstance(i, TrajectoryGroup) for i in listed):
+        return listed
+    if all(isinstance(i, Trajectory | BaseException) for i in listed):
+        return [TrajectoryGroup(listed)]
+    raise TypeError("model.log takes TrajectoryGroups, or Trajectories (and exceptions), not a mix")

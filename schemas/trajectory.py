@@ -8,12 +8,24 @@ never re-tokenizes. An openai ``Choice`` (or any pydantic model with the same fi
 from __future__ import annotations
 
 import asyncio
+import time
 import traceback as tb
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager
 from contextvars import ContextVar
+from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    PrivateAttr,
+    field_serializer,
+    model_validator,
+)
 
 SCHEMA_VERSION = 1
 """Version of the trajectory record; written into every Parquet file's metadata."""
@@ -124,13 +136,78 @@ class ExceptionRecord(_Strict):
         )
 
 
+def as_entry(item: Any) -> Choice | dict[str, Any]:
+    """One ``messages_and_choices`` item as our ``Choice`` or a checked chat message.
+
+    Items appended after construction are not validated by pydantic: an openai ``Choice``
+    (``traj.messages_and_choices.append(completion.choices[0])``) is converted here, where it is read.
+    """
+    if isinstance(item, Choice):
+        return item
+    if isinstance(item, BaseModel):
+        data = item.model_dump(exclude_none=True)
+        # A choice (it has a message), or a message model such as ``choice.message`` (context only).
+        return Choice.model_validate(item) if "message" in data else _check_message(data)
+    if isinstance(item, dict):
+        return _check_message(item)
+    raise TypeError(
+        f"messages_and_choices holds a {type(item).__name__}; append chat messages as dicts "
+        "({'role': ..., 'content': ...}) and the policy's turns as `completion.choices[0]`"
+    )
+
+
+def _entries_messages(items: Iterable[Any]) -> list[dict[str, Any]]:
+    return [e.message if isinstance(e, Choice) else e for e in map(as_entry, items)]
+
+
+def _entries_choices(items: Iterable[Any]) -> list[Choice]:
+    return [e for e in map(as_entry, items) if isinstance(e, Choice)]
+
+
+def _sdk_model(value: Any) -> BaseModel:
+    if not isinstance(value, BaseModel):
+        raise ValueError(f"expected a pydantic model (an openai Choice), got {type(value).__name__}")
+    return value
+
+
+SdkModel = Annotated[BaseModel, PlainValidator(_sdk_model, json_schema_input_type=dict[str, Any])]
+"""Any pydantic model instance, as given (never built from a dict)."""
+
+Entry = Choice | Message | SdkModel
+"""A ``messages_and_choices`` item: our ``Choice``, a chat message dict, or an SDK model (an openai
+``Choice`` or message) kept as given and converted by ``as_entry`` where it is read or stored."""
+
+
+class History(_Strict):
+    """Another conversation of the same rollout (a sub-agent, a summariser), as ART's ``History``."""
+
+    messages_and_choices: list[Entry] = Field(default_factory=list)
+    """Chat messages and sampled choices of this conversation, in order."""
+    tools: list[dict[str, Any]] | None = None
+    """OpenAI tool definitions offered in this conversation, if any."""
+
+    @field_serializer("messages_and_choices")
+    def _serialize_entries(self, items: list[Any]) -> list[Any]:
+        return [e.model_dump() if isinstance(e, Choice) else e for e in map(as_entry, items)]
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The plain OpenAI message list: choices replaced by their assistant message."""
+        return _entries_messages(self.messages_and_choices)
+
+    def choices(self) -> list[Choice]:
+        """The sampled choices, in order."""
+        return _entries_choices(self.messages_and_choices)
+
+
 class Trajectory(_Strict):
     """One rollout of an agent: what it saw, what it sampled, and how it was scored."""
 
-    messages_and_choices: list[Choice | Message] = Field(default_factory=list)
+    messages_and_choices: list[Entry] = Field(default_factory=list)
     """Chat messages (context) and the policy's sampled choices (trainable), in order."""
     tools: list[dict[str, Any]] | None = None
     """OpenAI tool definitions offered to the model, if any."""
+    additional_histories: list[History] = Field(default_factory=list)
+    """Other conversations of this rollout (ART's sub-agent histories); not trained by dgrpo yet."""
     reward: float = 0.0
     """The scalar reward GRPO optimises."""
     metrics: dict[str, float | int | bool] = Field(default_factory=dict)
@@ -141,14 +218,59 @@ class Trajectory(_Strict):
     """Free-text notes the rollout wants to keep."""
     policy_step: int | None = Field(None, ge=0)
     """The training step whose adapter sampled the choices (None when unknown)."""
+    start_time: datetime = Field(default_factory=datetime.now, exclude=True)
+    """When the rollout began (``finish()`` measures from here); not stored."""
+
+    @field_serializer("messages_and_choices")
+    def _serialize_entries(self, items: list[Any]) -> list[Any]:
+        return [e.model_dump() if isinstance(e, Choice) else e for e in map(as_entry, items)]
 
     def messages(self) -> list[dict[str, Any]]:
         """The plain OpenAI message list: choices replaced by their assistant message."""
-        return [item.message if isinstance(item, Choice) else item for item in self.messages_and_choices]
+        return _entries_messages(self.messages_and_choices)
 
     def choices(self) -> list[Choice]:
-        """The trainable choices, in order."""
-        return [item for item in self.messages_and_choices if isinstance(item, Choice)]
+        """The trainable choices, in order (openai ``Choice`` objects appended later included)."""
+        return _entries_choices(self.messages_and_choices)
+
+    def log(self, message: str) -> None:
+        """Keep a free-text note with the trajectory."""
+        self.logs.append(message)
+
+    def finish(self) -> Trajectory:
+        """Record ``metrics["duration"]``: seconds since the trajectory was created. Returns self."""
+        self.metrics["duration"] = (datetime.now() - self.start_time).total_seconds()
+        return self
+
+    @asynccontextmanager
+    async def track_duration(self, metric_name: str) -> AsyncIterator[None]:
+        """Add the block's wall time to ``metrics["<metric_name>_duration"]`` (summed over uses)."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            key = f"{metric_name}_duration"
+            self.metrics[key] = float(self.metrics.get(key, 0.0)) + time.monotonic() - started
+
+    def for_logging(self) -> dict[str, Any]:
+        """A plain dict for printing or logging: each message marked ``trainable`` or not."""
+        messages = []
+        for entry in map(as_entry, self.messages_and_choices):
+            if isinstance(entry, Choice):
+                messages.append({**entry.message, "trainable": True})
+            else:
+                messages.append({**entry, "trainable": False})
+        return {
+            "reward": self.reward,
+            "metrics": self.metrics,
+            "metadata": self.metadata,
+            "messages": messages,
+            "tools": self.tools,
+            "logs": self.logs,
+        }
+
+    def __str__(self) -> str:
+        return f"Trajectory(reward={self.reward}, metrics={self.metrics}, metadata={self.metadata})"
 
 
 class TrajectoryGroup(_Strict):
@@ -164,6 +286,10 @@ class TrajectoryGroup(_Strict):
     """Rollouts that raised, kept for the record."""
     metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
     """Labels shared by the group (scenario id, ...)."""
+    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
+    """Numbers about the group as a whole (logged once per group)."""
+    logs: list[str] = Field(default_factory=list)
+    """Free-text notes about the group."""
 
     _pending: list[Awaitable[Trajectory]] = PrivateAttr(default_factory=list)
 
@@ -174,7 +300,11 @@ class TrajectoryGroup(_Strict):
     ) -> None:
         done: list[Any] = []
         pending: list[Awaitable[Trajectory]] = []
-        exceptions = list(data.pop("exceptions", []))
+        # ART passes exceptions=[...] as raised exceptions; stored groups pass them as records.
+        exceptions = [
+            ExceptionRecord.from_exception(e) if isinstance(e, BaseException) else e
+            for e in data.pop("exceptions", [])
+        ]
         for item in trajectories:
             if isinstance(item, BaseException):
                 exceptions.append(ExceptionRecord.from_exception(item))
@@ -184,6 +314,18 @@ class TrajectoryGroup(_Strict):
                 done.append(item)
         super().__init__(trajectories=done, exceptions=exceptions, **data)  # type: ignore[call-arg]
         self._pending = pending
+
+    def __len__(self) -> int:
+        """How many finished trajectories the group holds (rollouts that raised are not counted)."""
+        return len(self.trajectories)
+
+    def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
+        """The finished trajectories, as ART's groups iterate (not pydantic's (field, value) pairs)."""
+        return iter(self.trajectories)
+
+    def log(self, message: str) -> None:
+        """Keep a free-text note with the group."""
+        self.logs.append(message)
 
     @property
     def pending(self) -> int:

@@ -1,0 +1,101 @@
+"""ART's configuration dicts (``_internal_config``, ``model.train(_config=...)``, ``backend.train(**options)``)
+translated to ours: each key that has an equivalent is mapped, and any other is refused, saying why.
+
+Refusing is deliberate: a setting ART would honour and dgrpo silently ignored would train differently
+from what the program says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dgrpo.errors import UnsupportedArtOption
+from schemas.config import LoraConfig
+
+PEFT_ARGS = {
+    "r": "rank",
+    "lora_alpha": "alpha",
+    "lora_dropout": "dropout",
+    "target_modules": "target_modules",
+}
+"""ART ``_internal_config["peft_args"]`` keys -> ``LoraConfig`` fields."""
+
+TRAIN_OPTIONS = {
+    "learning_rate": "learning_rate",
+    "beta": "kl_coef",
+    "epsilon": "epsilon",
+    "epsilon_high": "epsilon_high",
+    "scale_rewards": "scale_rewards",
+}
+"""ART ``backend.train`` keywords (and ``dev.TrainConfig`` keys) -> ``TrainConfig`` fields."""
+
+ART_TRAIN_DEFAULTS: dict[str, Any] = {
+    "ppo": False,
+    "advantage_balance": 0.0,
+    "importance_sampling_level": "token",
+    "max_negative_advantage_importance_sampling_weight": None,
+    "mask_prob_ratio": False,
+    "kimi_k2_tau": None,
+    "precalculate_logprobs": False,
+    "allow_training_without_logprobs": False,
+    "plot_tensors": False,
+    "truncated_importance_sampling": None,
+    "scale_learning_rate_by_reward_std_dev": False,
+    "logprob_calculation_chunk_size": 1024,
+    "num_trajectories_learning_rate_multiplier_power": 0.0,
+    "save_checkpoint": True,
+    "verbose": False,
+}
+"""ART ``backend.train`` options with no dgrpo equivalent: accepted at ART's default value only."""
+
+WHY_NOT = {
+    "engine_args": "engine settings belong to the inference worker's operator (`dgrpo worker --max-lora-rank "
+    "--max-loras --sleep-mode --dtype`); a model cannot change a shared server",
+    "save_checkpoint": "every dgrpo step publishes its checkpoint: the next step and a resumed run start from it",
+    "ppo": "dgrpo's loss is chosen by TrainConfig.importance_sampling ('ppo_clip' or 'cispo')",
+    "allow_training_without_logprobs": "the trainer needs the sampled token ids and logprobs of every choice",
+}
+
+
+def _refuse(where: str, key: str, value: Any) -> UnsupportedArtOption:
+    why = WHY_NOT.get(key, "dgrpo has no equivalent setting")
+    return UnsupportedArtOption(
+        f"{where}: {key}={value!r} is not supported: {why}. Remove it (docs/art-compat.md lists what maps)"
+    )
+
+
+def lora_from_internal_config(internal: Mapping[str, Any]) -> tuple[LoraConfig | None, int | None]:
+    """The ``LoraConfig`` and default ``max_seq_len`` an ART ``_internal_config`` asks for."""
+    lora: dict[str, Any] = {}
+    max_seq_len = None
+    for section, values in internal.items():
+        if section == "peft_args":
+            for key, value in dict(values).items():
+                if key not in PEFT_ARGS:
+                    raise _refuse("_internal_config['peft_args']", key, value)
+                lora[PEFT_ARGS[key]] = value
+        elif section == "init_args":
+            for key, value in dict(values).items():
+                if key != "max_seq_length":
+                    raise _refuse("_internal_config['init_args']", key, value)
+                max_seq_len = int(value)
+        else:
+            raise _refuse("_internal_config", section, values)
+    return (LoraConfig(**lora) if lora else None), max_seq_len
+
+
+def train_config_fields(where: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``TrainConfig`` fields for ART training options; an option without an equivalent is refused
+    unless it has ART's default value (then it changes nothing)."""
+    fields: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in TRAIN_OPTIONS:
+            if value is not None:
+                fields[TRAIN_OPTIONS[key]] = value
+        elif key in ART_TRAIN_DEFAULTS:
+            if value != ART_TRAIN_DEFAULTS[key] and key != "verbose":
+                raise _refuse(where, key, value)
+        else:
+            raise _refuse(where, key, value)
+    return fields

@@ -1,0 +1,80 @@
+"""``dgrpo.local``: where ``from art.local import LocalBackend`` points, with ART 0.5's ``backend.train``.
+
+with LocalBackend() as backend:            # or ``async with``
+    await model.register(backend)
+    result = await backend.train(model, groups, learning_rate=1e-5)
+    await model.log(groups, metrics=result.metrics, step=result.step, split="train")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from dgrpo import local_backend
+from dgrpo.art_config import train_config_fields
+from dgrpo.errors import NotRegisteredError
+from dgrpo.trainable_model import TrainableModel
+from dgrpo.types import LocalTrainResult
+from schemas.run_state import TrainStepResult
+from schemas.trajectory import TrajectoryGroup
+
+
+def train_result_metrics(result: TrainStepResult) -> dict[str, float]:
+    """A step's training numbers under ART's names, for ``model.log(metrics=...)``."""
+    metrics = {
+        "data/step_num_trajectories": float(result.n_trajectories),
+        "data/step_num_groups_zero_variance": float(result.n_groups_zero_variance),
+    }
+    if result.loss is not None:
+        metrics["loss"] = result.loss
+    metrics.update({f"time/step_{phase}_s": seconds for phase, seconds in result.seconds.items()})
+    return metrics
+
+
+class LocalBackend(local_backend.LocalBackend):
+    """``dgrpo.LocalBackend`` with ART's ``train(model, groups, ...)`` and a plain ``with`` block."""
+
+    async def train(
+        self,
+        model: TrainableModel,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        *,
+        learning_rate: float = 5e-6,
+        beta: float = 0.0,
+        epsilon: float | None = None,
+        epsilon_high: float | None = None,
+        scale_rewards: bool = True,
+        **art_options: Any,
+    ) -> LocalTrainResult:
+        """Train one GRPO step (a durable ``TrainStep``) and return the new step and its metrics.
+
+        As in ART 0.5 it logs nothing itself beyond the step's record; ``art_options`` are ART's other
+        keywords, accepted at ART's defaults and refused (with the reason) where dgrpo has no equivalent.
+        """
+        if model.backend() is not self:
+            raise NotRegisteredError(
+                f"model {model.name!r} is registered with another backend; train it there, or register it here"
+            )
+        options = {
+            "learning_rate": learning_rate,
+            "beta": beta,
+            "epsilon": epsilon,
+            "epsilon_high": epsilon_high,
+            "scale_rewards": scale_rewards,
+            **art_options,
+        }
+        config = model.step_config(None, train_config_fields("backend.train", options))
+        result = await model.train(trajectory_groups, config)
+        return LocalTrainResult(
+            step=result.step, metrics=train_result_metrics(result), checkpoint_path=result.checkpoint.uri
+        )
+
+    def __enter__(self) -> LocalBackend:
+        return self  # started by the first ``register``
+
+    def __exit__(self, *exc: object) -> None:
+        self.close_sync()
+
+
+__all__ = ["LocalBackend", "LocalTrainResult"]

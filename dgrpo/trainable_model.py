@@ -1,0 +1,372 @@
+"""``TrainableModel``: ART's trainable model, with every ``model.train`` a durable ``TrainStep`` workflow.
+
+The model's run id is ``<project>-<name>``; its trajectories and checkpoints live under ``runs/<run_id>/``
+like a ``TrainingRun``'s. ``train`` derives the workflow id from the model and the step, so a client that
+crashed and calls ``train`` again for the same step attaches to the running workflow (or collects the
+finished one's result) instead of training twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import FailureError
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.object_store import ObjectStore
+from activities.rollout_model import discover_base_model, own_server_api_key
+from activities.trajectory_store import upload_groups
+from dgrpo.art_config import lora_from_internal_config, train_config_fields
+from dgrpo.backends import Backend
+from dgrpo.errors import (
+    BackendError,
+    EmptyGroupsError,
+    ModelConflictError,
+    NoTrainableChoiceError,
+    NotRegisteredError,
+    UnsupportedArtOption,
+)
+from dgrpo.metrics import group_metrics, record_metrics, select_checkpoints_to_delete
+from dgrpo.model import Model, check_config
+from schemas import layout
+from schemas.config import LoraConfig, ModelSpec, TrainConfig
+from schemas.errors import DgrpoError
+from schemas.refs import TrajectoriesRef
+from schemas.run_state import ServeModelInput, ServeModelResult, TrainStepInput, TrainStepResult
+from schemas.trajectory import TrajectoryGroup
+from serving.client import ServingClient, openai_base_url
+
+log = logging.getLogger(__name__)
+
+
+class TrainStepFailed(DgrpoError, RuntimeError):
+    """The ``TrainStep`` workflow of a ``model.train`` call failed; the message is the stage's own."""
+
+
+class TrainableModel(Model):
+    """The policy being trained: ``name`` within ``project``, a LoRA on ``base_model``.
+
+    ``base_model`` is an HF model (directory or hub id), ``smollm2-135m-instruct``, or a LoRA adapter
+    directory to warm-start from (the workers must be able to read it). ART's ``_internal_config`` is
+    mapped where dgrpo has the setting (``peft_args`` -> ``lora``, ``init_args.max_seq_length``) and
+    refused otherwise; ``config`` is the program's own settings object, kept as ``model.config``.
+    """
+
+    trainable = True
+
+    def __init__(
+        self,
+        name: str,
+        project: str = "default",
+        base_model: str = "smollm2-135m-instruct",
+        *,
+        lora: LoraConfig | None = None,
+        entity: str | None = None,
+        id: str | None = None,
+        run_id: str | None = None,
+        config: Any = None,
+        base_path: str = ".art",
+        report_metrics: list[str] | None = None,
+        _internal_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            project,
+            entity=entity,
+            id=id,
+            config=config,
+            base_path=base_path,
+            report_metrics=report_metrics,
+        )
+        if run_id is not None and run_id != self.run_id:
+            raise UnsupportedArtOption(
+                f"run_id={run_id!r}: a dgrpo model's run id is always <project>-<name> ({self.run_id!r}), "
+                "the prefix its checkpoints and metrics live under; leave run_id out"
+            )
+        internal_lora, self.max_seq_len = lora_from_internal_config(_internal_config or {})
+        if lora is not None and internal_lora is not None and lora != internal_lora:
+            raise UnsupportedArtOption("give the LoRA shape once: lora= or _internal_config['peft_args']")
+        self.base_model = base_model
+        self.spec = ModelSpec(
+            name=name, project=project, base_model=base_model, lora=lora or internal_lora or LoraConfig()
+        )
+        self._served: str | None = None
+        self._base_served: str | None = None
+
+    # ---- registration and serving ----------------------------------------------------------------
+    async def register(self, backend: Backend) -> None:
+        """Bind the model to ``backend``: record it (or check the record), and serve its newest step."""
+        check_config(self.config)
+        await backend.start()
+        store = backend.object_store()
+        await asyncio.to_thread(store.ensure_bucket)
+        await asyncio.to_thread(self._check_record, store)
+        self._backend = backend
+        self.inference_base_url = backend.inference_url()
+        self.inference_api_key = own_server_api_key()  # the server's key (DGRPO_SERVE_API_KEY), if it has one
+        self._client = None
+        client = await backend.temporal_client()
+        newest = await self._newest_step(store)
+        # A train call of a client that died may still be finishing: wait for it, never race it.
+        for step in (newest, newest + 1):
+            handle = client.get_workflow_handle(self.train_workflow_id(step), result_type=TrainStepResult)
+            if await _status(handle) == WorkflowExecutionStatus.RUNNING:
+                log.info("waiting for the running %s of an earlier client", handle.id)
+                await self._result(handle)
+        await self._serve_newest(client, store)
+
+    def _check_record(self, store: ObjectStore) -> None:
+        key = layout.model_key(self.run_id)
+        if not store.exists(key):
+            store.put_bytes(key, self.spec.model_dump_json(indent=2).encode())
+            return
+        recorded = ModelSpec.model_validate_json(store.get_bytes(key))
+        for field in ("base_model", "lora"):
+            if getattr(recorded, field) != getattr(self.spec, field):
+                raise ModelConflictError(
+                    f"model {self.name!r} of project {self.project!r} is already registered with "
+                    f"{field}={_show(getattr(recorded, field))}, not {_show(getattr(self.spec, field))}; "
+                    f"its checkpoints belong to that {field}. Use another name (or project) for this one, "
+                    f"or pass {field}={_show(getattr(recorded, field))}"
+                )
+
+    async def _newest_step(self, store: ObjectStore) -> int:
+        newest = await asyncio.to_thread(store.latest_checkpoint, self.run_id)
+        return 0 if newest is None else newest.step
+
+    async def _serve_newest(self, client: Client, store: ObjectStore) -> None:
+        """Route to the newest checkpoint, loading it into the server if it is not there (a new server)."""
+        url = self._require_url()
+        self._base_served = await discover_base_model(url)
+        checkpoint = await asyncio.to_thread(store.latest_checkpoint, self.run_id)
+        if checkpoint is None and not self.warm_start:
+            # Step 0 of a fresh LoRA is the base model itself (its B matrices are zero).
+            self._step, self._served = 0, self._base_served
+            return
+        if checkpoint is not None:
+            adapter = layout.adapter_name(self.name, checkpoint.step)
+            if adapter in await _served_models(url):
+                self._step, self._served = checkpoint.step, adapter
+                return
+        # A new server, or a warm-start adapter at step 0: ServeModel publishes checkpoint 0 if there is
+        # none, and loads the newest checkpoint. Clients registering at once share one run of it.
+        queues = self._require_backend().task_queues
+        handle = await client.start_workflow(
+            "ServeModel",
+            ServeModelInput(run_id=self.run_id, model=self.spec, task_queues=queues),
+            id=f"serve-{self.run_id}",
+            task_queue=queues.control,
+            result_type=ServeModelResult,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        try:
+            served = await handle.result()
+        except WorkflowFailureError as err:
+            raise BackendError(f"{handle.id} could not serve {self.run_id}: {_innermost(err)}") from err
+        self._step, self._served = served.step, served.adapter
+
+    @property
+    def warm_start(self) -> bool:
+        """``base_model`` is a LoRA adapter directory (seen from this machine): step 0 is that adapter."""
+        return (Path(self.base_model) / "adapter_config.json").is_file()
+
+    def get_inference_name(self, step: int | None = None) -> str:
+        """The served name of the newest step (``<name>@<step>``, or the base model at step 0), or of
+        checkpoint ``step``: ``<name>@<step>`` (served while the newest step or a lease holds it), and
+        for step 0 of a fresh LoRA the base model itself (a baseline to compare with)."""
+        if self._served is None or self._base_served is None:
+            raise NotRegisteredError(
+                f"model {self.name!r} is not registered: call `await model.register(backend)` before using it"
+            )
+        if step is None or step == self._step:
+            return self._served
+        if step == 0 and not self.warm_start:
+            return self._base_served
+        return layout.adapter_name(self.name, step)
+
+    async def get_step(self) -> int:
+        """The newest trained (and served) step; 0 before the first ``train``."""
+        self._require_backend()
+        return self._step
+
+    # ---- training ---------------------------------------------------------------------------------
+    def train_workflow_id(self, step: int) -> str:
+        """The ``TrainStep`` workflow id of ``step``: one workflow per (model, step), ever."""
+        return f"train-{self.project}-{self.name}-{layout.step_name(step)}"
+
+    async def train(
+        self,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
+    ) -> TrainStepResult:
+        """Train one GRPO step on the groups; returns once the new adapter is served.
+
+        ``_config`` takes ART's ``dev.TrainConfig`` keys that dgrpo has (``epsilon``, ``epsilon_high``,
+        ``scale_rewards``) and refuses the others; ``verbose`` is accepted (the workers log each stage).
+        """
+        config = self.step_config(config, train_config_fields("model.train(_config=...)", _config or {}))
+        groups = check_trainable(list(trajectory_groups))
+        backend = self._require_backend()
+        client = await backend.temporal_client()
+        store = backend.object_store()
+        step = self._step + 1
+        handle = client.get_workflow_handle(self.train_workflow_id(step), result_type=TrainStepResult)
+        if await _status(handle) in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED):
+            # Its input is already uploaded: attach, and never overwrite the trajectories it reads.
+            log.info("step %d: attaching to %s", step, handle.id)
+            result = await self._result(handle)
+        else:
+            ref = await asyncio.to_thread(upload_groups, store, groups, self.run_id, step)
+            # Recorded before training, so a client that dies in train() still leaves the step's numbers.
+            metrics = {**group_metrics(groups, "train"), "reward_mean": ref.reward_mean or math.nan}
+            metrics["reward_std"] = ref.reward_std or 0.0
+            await asyncio.to_thread(
+                record_metrics, store, self.run_id, self.name, step, metrics, self._title()
+            )
+            result = await self._run_train_step(client, ref, config, step)
+            if result.loss is not None:
+                await asyncio.to_thread(
+                    record_metrics, store, self.run_id, self.name, step, {"loss": result.loss}
+                )
+        self._step, self._served = result.step, result.adapter
+        return result
+
+    def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
+        """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's
+        ``max_seq_length`` (from ``_internal_config``) where the config leaves it unset."""
+        fields = dict(config.model_dump(exclude_unset=True)) if config is not None else {}
+        fields.update(overrides)
+        if self.max_seq_len is not None:
+            fields.setdefault("max_seq_len", self.max_seq_len)
+        # A plain TrainConfig (not a subclass such as dgrpo.types.TrainConfig) goes into the workflow input.
+        return TrainConfig.model_validate(fields)
+
+    async def _run_train_step(
+        self,
+        client: Client,
+        trajectories: TrajectoriesRef,
+        config: TrainConfig,
+        step: int,
+    ) -> TrainStepResult:
+        backend = self._require_backend()
+        inp = TrainStepInput(
+            run_id=self.run_id,
+            model=self.spec,
+            trajectories=trajectories,
+            train=config,
+            step=step,
+            task_queues=backend.task_queues,
+        )
+        handle = await client.start_workflow(
+            "TrainStep",
+            inp,
+            id=self.train_workflow_id(step),
+            task_queue=backend.task_queues.control,
+            result_type=TrainStepResult,
+            # A failed step may be tried again; a finished one never runs twice; a running one is joined.
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        return await self._result(handle)
+
+    async def _result(self, handle: WorkflowHandle[Any, TrainStepResult]) -> TrainStepResult:
+        try:
+            result = await handle.result()
+        except WorkflowFailureError as err:
+            raise TrainStepFailed(f"{handle.id} failed: {_innermost(err)}") from err
+        assert isinstance(result, TrainStepResult)
+        return result
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+    async def delete_checkpoints(
+        self, best_checkpoint_metric: str = "val/reward", keep_last: int = 1
+    ) -> list[int]:
+        """Delete checkpoints except the newest ``keep_last`` and the best by ``best_checkpoint_metric``."""
+        store = self._require_backend().object_store()
+        doomed = await asyncio.to_thread(
+            select_checkpoints_to_delete, store, self.run_id, best_checkpoint_metric, keep_last
+        )
+        for step in doomed:
+            prefix = layout.checkpoint_prefix(self.run_id, step)
+            # Manifest first: a half-deleted checkpoint must never look complete.
+            await asyncio.to_thread(store.delete_prefix, prefix + layout.MANIFEST_NAME)
+            await asyncio.to_thread(store.delete_prefix, prefix)
+        return doomed
+
+    # ---- helpers ----------------------------------------------------------------------------------
+    def _title(self) -> str:
+        return f"{self.project}/{self.name}"
+
+    def _require_url(self) -> str:
+        if self.inference_base_url is None:
+            raise NotRegisteredError(f"model {self.name!r} is not registered")
+        return openai_base_url(self.inference_base_url)
+
+
+def check_trainable(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
+    """Refuse input that cannot train, saying what to fix."""
+    if not groups:
+        raise EmptyGroupsError("model.train got no trajectory groups; gather at least one group of rollouts")
+    for i, group in enumerate(groups):
+        if not isinstance(group, TrajectoryGroup):
+            raise EmptyGroupsError(f"group {i} is a {type(group).__name__}, not a TrajectoryGroup")
+        if group.pending:
+            raise EmptyGroupsError(
+                f"group {i} still has {group.pending} rollout(s) to run: await it, or use "
+                "`await dgrpo.gather_trajectory_groups(...)`, before model.train"
+            )
+    if not any(group.trajectories for group in groups):
+        raise EmptyGroupsError(
+            f"the {len(groups)} group(s) hold no trajectories (every rollout raised?); nothing to train on"
+        )
+    if any(h.choices() for g in groups for t in g.trajectories for h in t.additional_histories):
+        raise NoTrainableChoiceError(
+            "a trajectory's additional_histories hold sampled choices, which dgrpo does not train yet "
+            "(only messages_and_choices is); give each history its own trajectory in the group instead"
+        )
+    choices = [c for g in groups for t in g.trajectories for c in t.choices()]
+    if not any(c.token_ids for c in choices):
+        what = "no Choice objects" if not choices else "choices without token ids"
+        raise NoTrainableChoiceError(
+            f"the trajectories hold {what}, so there is nothing to train on. Call the model through "
+            "`model.openai_client()` (it asks the server for token ids and logprobs) and append "
+            "`completion.choices[0]` itself, not a plain {'role': 'assistant', ...} message, to "
+            "trajectory.messages_and_choices"
+        )
+    return groups
+
+
+async def _status(handle: WorkflowHandle[Any, Any]) -> WorkflowExecutionStatus | None:
+    """The status of the workflow's newest run, or None when no run has that id."""
+    try:
+        description = await handle.describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    return description.status
+
+
+async def _served_models(url: str) -> set[str]:
+    return {str(m.get("id")) for m in await ServingClient(url, timeout_s=10.0).models()}
+
+
+def _innermost(err: BaseException) -> str:
+    while isinstance(err.__cause__, FailureError):
+        err = err.__cause__
+    return str(err)
+
+
+def _show(value: Any) -> str:
+    return repr(value.model_dump()) if isinstance(value, BaseModel) else repr(value)

@@ -1,0 +1,114 @@
+"""An ART program, written as ART's docs write one, run with ``import dgrpo as art`` on the real stack.
+
+Multi-turn rollouts append each ``completion.choices[0]`` (an openai ``Choice``) and send
+``traj.messages()`` back; a non-trainable ``art.Model`` baseline is logged as ``val``; step 1 trains with
+ART 0.5's ``backend.train`` + ``model.log(metrics=...)``, step 2 with ``model.train``. The numbers are
+read back from the run's metrics Parquet, not just found to exist.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+import dgrpo as art
+from dgrpo.local import LocalBackend
+from dgrpo.metrics import metrics_by_step
+from dgrpo.utils import iterate_dataset
+from examples.arithmetic import scenarios, score_answer
+
+pytestmark = pytest.mark.slow
+
+
+# ---- the program (as an ART user writes it) ---------------------------------------------------------
+@art.retry(exceptions=(openai.APIConnectionError,))
+async def rollout(model: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
+    traj = art.Trajectory(
+        messages_and_choices=[{"role": "system", "content": "Answer with the number only."}], reward=0
+    )
+    scores = []
+    for a, b in ((scenario["a"], scenario["b"]), (scenario["b"], 1)):
+        traj.messages_and_choices.append({"role": "user", "content": f"What is {a} + {b}?"})
+        completion = await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(), messages=traj.messages(), max_tokens=4, temperature=1.0
+        )
+        choice = completion.choices[0]
+        traj.messages_and_choices.append(choice)
+        scores.append(score_answer(choice.message.content or "", a + b).reward)
+    traj.reward = sum(scores) / len(scores)
+    traj.metrics["turns"] = len(scores)
+    return traj.finish()
+
+
+async def program(home: Path) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    with LocalBackend(path=home) as backend:
+        model = art.TrainableModel(name="agent", project="art-compat", base_model="smollm2-135m-instruct")
+        await model.register(backend)
+
+        baseline = art.Model(
+            name="base",
+            project="art-compat",
+            inference_base_url=model.inference_base_url,
+            inference_model_name=model.get_inference_name(),  # step 0 is the base model itself
+        )
+        await baseline.register(backend)
+        val = await art.gather_trajectory_groups(
+            [art.TrajectoryGroup(rollout(baseline, s) for _ in range(2)) for s in scenarios()[:1]],
+            pbar_desc="val",
+        )
+        await baseline.log(val, split="val")
+        seen["val_rewards"] = [t.reward for g in val for t in g]
+
+        for batch in iterate_dataset(scenarios(), groups_per_step=2, initial_step=await model.get_step()):
+            if batch.step >= 2:
+                break
+            groups = await art.gather_trajectory_groups(
+                (art.TrajectoryGroup(rollout(model, s) for _ in range(3)) for s in batch.items),
+                pbar_desc="gather",
+                max_exceptions=0.5,
+            )
+            seen.setdefault("groups", []).append(groups)
+            if batch.step == 0:
+                result = await backend.train(model, groups, learning_rate=2e-4)
+                await model.log(groups, metrics=result.metrics, step=result.step, split="train")
+                seen["result"] = result
+            else:
+                await model.train(groups, config=art.TrainConfig(learning_rate=2e-4))
+        seen["step"] = await model.get_step()
+        seen["served"] = model.get_inference_name()
+        seen["records"] = metrics_by_step(backend.object_store(), model.run_id)
+        seen["baseline_records"] = metrics_by_step(backend.object_store(), baseline.run_id)
+    return seen
+
+
+# ---- the test ---------------------------------------------------------------------------------------
+async def test_an_art_program_trains_two_steps_and_logs(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    try:
+        seen = await program(home)
+    finally:
+        LocalBackend(path=home).stop_all()  # whatever a failure left running
+
+    first = seen["groups"][0]
+    for traj in (t for g in first for t in g):
+        assert [c.token_ids is not None for c in traj.choices()] == [True, True]
+        assert [m["role"] for m in traj.messages()] == ["system", "user", "assistant", "user", "assistant"]
+
+    result = seen["result"]
+    assert result.step == 1 and result.checkpoint_path.endswith("/checkpoints/000001/")
+    assert result.metrics["loss"] == result.metrics["loss"]  # a number, not NaN
+    assert (seen["step"], seen["served"]) == (2, "agent@2")
+
+    step1 = seen["records"][1]
+    rewards = [t.reward for g in first for t in g]
+    assert step1["train/reward"] == pytest.approx(statistics.fmean(rewards))
+    assert step1["train/loss"] == pytest.approx(result.metrics["loss"])
+    assert step1["data/step_num_trajectories"] == result.metrics["data/step_num_trajectories"] > 0
+    assert step1["train/turns"] == 2
+    assert "train/reward" in seen["records"][2]
+    assert seen["baseline_records"][0]["val/reward"] == pytest.approx(statistics.fmean(seen["val_rewards"]))
