@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.config import ModelSpec, ServingSpec, TaskQueues, TrainConfig
-from schemas.refs import CheckpointRef, TrajectoriesRef
+from schemas.refs import CheckpointRef, Name, TrajectoriesRef
 
 Phase = Literal[
     "starting",
@@ -76,7 +76,7 @@ class RunState(_Strict):
 class RunStatus(_Strict):
     """The answer of the ``status`` query."""
 
-    run_id: str
+    run_id: Name
     mode: str
     steps: int
     """Steps the run trains in all."""
@@ -99,7 +99,7 @@ class RunStatus(_Strict):
 class TrainStepInput(_Strict):
     """One durable step from uploaded trajectories: advantages -> train -> publish -> reload."""
 
-    run_id: str
+    run_id: Name
     model: ModelSpec
     trajectories: TrajectoriesRef
     train: TrainConfig = Field(default_factory=TrainConfig)
@@ -128,7 +128,7 @@ class TrainStepResult(_Strict):
 class ServeModelInput(_Strict):
     """Serve a run's newest checkpoint, publishing checkpoint 0 first when the run has none."""
 
-    run_id: str
+    run_id: Name
     model: ModelSpec
     serving: ServingSpec = Field(default_factory=ServingSpec)
     task_queues: TaskQueues = Field(default_factory=TaskQueues)

@@ -86,3 +86,20 @@ async def test_a_trainer_that_vanished_before_publishing_means_training_again(
         result = await run_step(client, step_input(task_queue, f"lost-{task_queue}", 1), f"lost-{task_queue}")
     assert result.checkpoint.step == 1
     assert stubs.names("train") == [1, 1] and stubs.names("publish") == [1]
+
+
+async def test_a_hostile_run_id_fails_the_workflow_at_once_and_runs_no_activity(
+    client: Client, task_queue: str
+) -> None:
+    stubs = ScriptedActivities()
+    good = step_input(task_queue, "run-ok", 1).model_dump(mode="json")
+    async with workers(stubs, client, task_queue):
+        for run_id in ("../../etc", "/abs/path", "a/b"):
+            hostile = {**good, "run_id": run_id}
+            with pytest.raises(WorkflowFailureError) as err:
+                await client.execute_workflow(
+                    "TrainStep", hostile, id=f"hostile-{uuid.uuid4().hex[:8]}", task_queue=task_queue,
+                    execution_timeout=timedelta(seconds=60),
+                )  # fmt: skip
+            assert "run_id" in str(err.value.cause) and "pattern" in str(err.value.cause)
+    assert stubs.calls == []
