@@ -14,7 +14,9 @@ this worker itself just trained and published, it is not downloaded again.
 Out of memory (torch's OOM, the CPU allocator failing, ``MemoryError``) fails the attempt with a
 retryable ``ApplicationError(type=OutOfMemory, details=[{"micro_batch_size": m}])`` and a note in
 ``<root>/<run_id>/.<step>.oom.json`` (and the last heartbeat); the next attempt halves the micro-batch,
-down to 1, after which it fails non-retryably.
+down to 1, after which it fails non-retryably. An attempt that ends in any other way says so in its last
+heartbeat (``ended``); one whose last heartbeat shows it mid-training and says nothing died without a word
+(the kernel's OOM killer, a preemption), and the next attempt halves the micro-batch too.
 """
 
 from __future__ import annotations
@@ -131,13 +133,28 @@ def config_error(message: str) -> ApplicationError:
 
 
 def next_micro_batch(configured: int, oom: OomState | None, heartbeat: Any) -> int:
-    """The micro-batch for this attempt: half the last one that ran out of memory, at least 1."""
+    """The micro-batch for this attempt: half the last one that ran out of memory, or that was training
+    when its attempt died without a word (SIGKILL leaves no note, only the last heartbeat), at least 1."""
     sizes = [configured]
     if oom is not None:
         sizes.append(oom.micro_batch_size // 2)
     if isinstance(heartbeat, dict) and isinstance(heartbeat.get("oom_micro_batch_size"), int):
         sizes.append(heartbeat["oom_micro_batch_size"] // 2)
+    if died_training(heartbeat):
+        sizes.append(int(heartbeat["micro_batch_size"]) // 2)
     return max(1, min(sizes))
+
+
+def died_training(heartbeat: Any) -> bool:
+    """True when the last attempt's last heartbeat shows it between micro-batches and no word of its end."""
+    return (
+        isinstance(heartbeat, dict)
+        and "ended" not in heartbeat
+        and "oom_micro_batch_size" not in heartbeat
+        and isinstance(heartbeat.get("micro_batch_size"), int)
+        and isinstance(heartbeat.get("of"), int)
+        and heartbeat["of"] > 0
+    )
 
 
 class TrainerActivities:
@@ -169,8 +186,9 @@ class TrainerActivities:
             raise application_error(err) from err
         micro_batch = next_micro_batch(inp.train.micro_batch_size, oom, details)
         if micro_batch < inp.train.micro_batch_size:
+            why = "its last attempt died without a word mid-training" if died_training(details) else "an OOM"
             log.warning(
-                "step %d attempt %d: micro-batch %d after an OOM", inp.step, info.attempt, micro_batch
+                "step %d attempt %d: micro-batch %d after %s", inp.step, info.attempt, micro_batch, why
             )
         progress: dict[str, Any] = {"micro_batch": 0, "of": 0, "micro_batch_size": micro_batch}
 
@@ -184,7 +202,9 @@ class TrainerActivities:
         except OutOfMemory as err:
             state = OomState(micro_batch_size=err.micro_batch_size, attempt=info.attempt)
             write_json_atomic(oom_state_file(self.staging_root, inp.run_id, inp.step), state.model_dump())
-            activity.heartbeat({**progress, "oom_micro_batch_size": err.micro_batch_size})
+            activity.heartbeat(
+                {**progress, "oom_micro_batch_size": err.micro_batch_size, "ended": "OutOfMemory"}
+            )
             if err.micro_batch_size <= 1:
                 raise ApplicationError(
                     f"step {inp.step}: out of memory even at micro_batch_size=1 ({err.cause}); lower "
@@ -200,6 +220,9 @@ class TrainerActivities:
                 {"micro_batch_size": err.micro_batch_size},
                 type=OUT_OF_MEMORY,
             ) from err
+        except BaseException as err:  # any other end says so: only a silent death halves the micro-batch
+            activity.heartbeat({**progress, "ended": type(err).__name__})
+            raise
 
     @activity.defn(name=ActivityName.PUBLISH)
     async def publish(self, inp: PublishInput) -> CheckpointRef:

@@ -3,6 +3,7 @@ retries the activity, the next attempt halves the micro-batch and the step finis
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import subprocess
@@ -12,6 +13,7 @@ import threading
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -62,13 +64,19 @@ WORKER = textwrap.dedent(
             for q in (queue, worker_task_queue(queue, acts.worker_id))
         ]
         limit = vm_size() + int(headroom * 2**30)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        if headroom > 0:  # 0: no limit (a worker that is killed rather than running out of memory)
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         print("READY", limit, flush=True)
         await asyncio.gather(*(w.run() for w in workers))
 
     asyncio.run(main())
     """
 )
+
+
+def self_heartbeat_s(queue: str) -> int:
+    """The kill test wants a dead worker noticed in seconds; the OOM test lets a slow attempt heartbeat."""
+    return 15 if queue.endswith("-kill") else 60
 
 
 @workflow.defn(sandboxed=False)
@@ -86,7 +94,7 @@ class TrainThenPublish:
             task_queue=queue,
             result_type=TrainResult,
             start_to_close_timeout=timedelta(minutes=10),
-            heartbeat_timeout=timedelta(minutes=1),
+            heartbeat_timeout=timedelta(seconds=self_heartbeat_s(queue)),
             retry_policy=retry,
         )
         workflow.logger.info("trained with micro-batch %d", trained.micro_batch_size)
@@ -105,10 +113,38 @@ class TrainThenPublish:
         return self.trained.micro_batch_size
 
 
-def long_groups() -> list[TrajectoryGroup]:
+def start_worker(
+    tmp_path: Path, queue: str, headroom_gib: float, env: dict[str, str]
+) -> tuple[subprocess.Popen[str], list[str], threading.Event]:
+    """The trainer worker script as a process; its output lines, and an event set once it polls."""
+    script = tmp_path / "trainer_worker.py"
+    script.write_text(WORKER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), queue, str(tmp_path / "staging"), str(headroom_gib)],
+        env=env,
+        cwd=Path(__file__).parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("READY"):
+                ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    return proc, lines, ready
+
+
+def long_groups(n_groups: int = 2) -> list[TrajectoryGroup]:
     rng = random.Random(0)
     groups = []
-    for _ in range(2):
+    for _ in range(n_groups):
         trajs = []
         for _ in range(4):
             choice = Choice(
@@ -133,27 +169,7 @@ async def test_oom_halves_the_micro_batch_and_finishes(object_store, stack, task
         "MALLOC_ARENA_MAX": "2",
         "MALLOC_MMAP_THRESHOLD_": "131072",
     }
-    script = tmp_path / "oom_worker.py"
-    script.write_text(WORKER)
-    proc = subprocess.Popen(  # noqa: ASYNC220 -- a long-lived worker process, read by a thread
-        [sys.executable, str(script), task_queue, str(tmp_path / "staging"), str(HEADROOM_GIB)],
-        env=env,
-        cwd=Path(__file__).parents[2],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("READY"):
-                ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
+    proc, lines, ready = start_worker(tmp_path, task_queue, HEADROOM_GIB, env)
     try:
         assert ready.wait(120), "".join(lines[-40:])
         client = await connect_client(address=stack.temporal_address)
@@ -191,3 +207,60 @@ async def test_oom_halves_the_micro_batch_and_finishes(object_store, stack, task
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+async def test_a_trainer_killed_mid_training_is_retried_at_half_the_micro_batch(
+    object_store, stack, task_queue, tmp_path: Path
+):
+    """SIGKILL leaves no OOM note: the next attempt reads the dead one's last heartbeat (mid-training, no
+    word of its end), as after the kernel's OOM killer, and halves the micro-batch."""
+    queue = f"{task_queue}-kill"
+    groups = long_groups(n_groups=8)
+    advantages = [[1.0, -1.0, 0.5, -0.5]] * len(groups)
+    ref = trajectory_store.upload_groups(
+        object_store, groups, "killed", 1, key=layout.advantages_key("killed", 1), advantages=advantages
+    ).ref
+    env = {**os.environ, ENV_S3_BUCKET: object_store.bucket}
+    first, lines, ready = start_worker(tmp_path, queue, 0.0, env)
+    second = None
+    try:
+        assert ready.wait(120), "".join(lines[-40:])
+        client = await connect_client(address=stack.temporal_address)
+        inp = TrainInput(
+            run_id="killed", step=1, model=MODEL, advantages=ref,
+            train=TrainConfig(micro_batch_size=MICRO_BATCH, max_seq_len=256),
+        )  # fmt: skip
+        async with Worker(
+            client,
+            task_queue=f"{queue}-wf",
+            workflows=[TrainThenPublish],
+            workflow_runner=UnsandboxedWorkflowRunner(),
+        ):
+            handle = await client.start_workflow(
+                TrainThenPublish.run,
+                args=[queue, inp],
+                id=f"kill-{uuid.uuid4().hex[:8]}",
+                task_queue=f"{queue}-wf",
+            )
+            details: dict[str, Any] = {}
+            for _ in range(600):  # until the server holds a heartbeat from inside the training loop
+                pending = (await handle.describe()).raw_description.pending_activities
+                if pending and pending[0].heartbeat_details.payloads:
+                    details = (await client.data_converter.decode(pending[0].heartbeat_details.payloads))[0]
+                    if details.get("of", 0) > 0:
+                        break
+                await asyncio.sleep(0.2)
+            assert details.get("of", 0) > 0 and details["micro_batch_size"] == MICRO_BATCH, (details, pending, "".join(lines[-30:]))
+            first.kill()  # as the kernel's OOM killer would: no exception, no note
+            first.wait(30)
+            second, lines, ready = start_worker(tmp_path, queue, 0.0, env)
+            checkpoint = await handle.result()
+            used = await handle.query(TrainThenPublish.micro_batch_size)
+        assert used == MICRO_BATCH // 2
+        assert checkpoint.step == 1 and object_store.is_complete(layout.checkpoint_prefix("killed", 1))
+        assert "died without a word" in "".join(lines)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(30)
