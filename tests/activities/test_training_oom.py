@@ -250,7 +250,11 @@ async def test_a_trainer_killed_mid_training_is_retried_at_half_the_micro_batch(
                     if details.get("of", 0) > 0:
                         break
                 await asyncio.sleep(0.2)
-            assert details.get("of", 0) > 0 and details["micro_batch_size"] == MICRO_BATCH, (details, pending, "".join(lines[-30:]))
+            assert details.get("of", 0) > 0 and details["micro_batch_size"] == MICRO_BATCH, (
+                details,
+                pending,
+                "".join(lines[-30:]),
+            )
             first.kill()  # as the kernel's OOM killer would: no exception, no note
             first.wait(30)
             second, lines, ready = start_worker(tmp_path, queue, 0.0, env)
