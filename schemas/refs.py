@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,7 +64,8 @@ class TrajectoriesRef(_Strict):
     """A step's trajectories in the store, with the summary a workflow needs."""
 
     ref: ObjectRef
-    run_id: Name
+    run_id: Name | Literal[""]
+    """The run the trajectories belong to; empty for a local file written outside any run."""
     step: int = Field(ge=0)
     n_groups: int = Field(ge=0)
     n_trajectories: int = Field(ge=0)
