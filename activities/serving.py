@@ -95,6 +95,8 @@ class ServingActivities:
         self.adapter_root = Path(adapter_root or Path(dgrpo_home()) / "adapters")
         self.leases = leases or AdapterLeases()
         self.engine = engine or EngineSettings()
+        self.served: dict[str, Path] = {}
+        """Adapters this worker loaded and has not evicted: name -> verified local copy (for ``restore``)."""
 
     @property
     def store(self) -> ObjectStore:
@@ -183,14 +185,26 @@ class ServingActivities:
                     non_retryable=True,
                 ) from err
             log.info("%s %s on %s", "loaded" if loaded else "already had", name, client.base_url)
+        self.served[name] = local
         unloaded = await self._evict(input.model_name, keep=input.serving.keep_adapters, current=name)
         for evicted in unloaded:
+            self.served.pop(evicted, None)
             step = _adapter_step(input.model_name, evicted)
             if step is not None:
                 shutil.rmtree(self.local_dir(ref.run_id, step), ignore_errors=True)
         return ReloadResult(
             adapter=name, servers=[c.base_url for c in self.clients], unloaded=sorted(unloaded)
         )
+
+    async def restore(self) -> list[str]:
+        """Load every adapter this worker was serving again (a restarted server starts with none)."""
+        for name, local in list(self.served.items()):
+            if not local.is_dir():
+                del self.served[name]
+                continue
+            for client in self.clients:
+                await client.load_adapter(name, str(local))
+        return sorted(self.served)
 
     async def _evict(self, model_name: str, keep: int, current: str) -> list[str]:
         """Unload this model's adapters older than the newest ``keep``; never ``current`` or a held one."""

@@ -27,6 +27,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.object_store import WORKER_OUTAGE_S, ObjectStore
+from activities.serving import ServingActivities
 from host.processes import free_port
 from schemas.config import TaskQueues
 from schemas.layout import worker_task_queue
@@ -34,6 +35,7 @@ from schemas.settings import ENV_SERVE_PORT, EngineSettings, dgrpo_home
 from serving.launchers import server_process
 from workers.error_contract import ErrorContract
 from workers.heartbeat_ticker import HeartbeatTicker
+from workers.keep_serving import keep_serving
 from workers.temporal import connect_client
 from workflows.serve_model import ServeModel
 from workflows.train_step import TrainStep
@@ -110,22 +112,25 @@ def control_activities(
 
 
 def inference_activities(
-    store: ObjectStore, server_urls: Sequence[str], opts: WorkerOptions
+    store: ObjectStore, server_urls: Sequence[str], opts: WorkerOptions, serving: ServingActivities | None
 ) -> list[Callable[..., Any]]:
     from activities.rollouts import RolloutActivities
-    from activities.serving import ServingActivities
 
     urls = list(server_urls)
-    return [
-        RolloutActivities(urls, store, task_modules=opts.task_modules).rollouts,
-        *ServingActivities(urls, store, engine=opts.engine).all(),
-    ]
+    serving = serving or ServingActivities(urls, store, engine=opts.engine)
+    return [RolloutActivities(urls, store, task_modules=opts.task_modules).rollouts, *serving.all()]
 
 
 async def build_workers(
-    client: Client, roles: set[str], opts: WorkerOptions, store: ObjectStore, server_urls: Sequence[str]
+    client: Client,
+    roles: set[str],
+    opts: WorkerOptions,
+    store: ObjectStore,
+    server_urls: Sequence[str],
+    serving: ServingActivities | None = None,
 ) -> list[Worker]:
-    """The ``Worker`` objects of ``roles`` (not yet running)."""
+    """The ``Worker`` objects of ``roles`` (not yet running); ``serving``: the inference worker's serving
+    activities, when the caller keeps them (to restore adapters on a restarted server)."""
     queues = opts.task_queues
     workers: list[Worker] = []
     if "control" in roles:
@@ -145,7 +150,7 @@ async def build_workers(
             Worker(
                 client,
                 task_queue=queues.inference,
-                activities=inference_activities(store, server_urls, opts),
+                activities=inference_activities(store, server_urls, opts, serving),
                 interceptors=INTERCEPTORS,
             )
         )
@@ -174,6 +179,7 @@ async def run_workers(
     stop = stop or asyncio.Event()
     async with contextlib.AsyncExitStack() as exits:
         server_urls: list[str] = []
+        serving: ServingActivities | None = None
         if opts.role in ("inference", "all"):
             if opts.server_url:
                 server_urls = [opts.server_url]
@@ -189,6 +195,9 @@ async def run_workers(
                 server.spawn()  # here, in the main thread: the server dies with this process
                 await asyncio.to_thread(server.wait_healthy)
                 server_urls = [server.client.openai_base_url]
+                serving = ServingActivities(server_urls, store, engine=opts.engine)
+                supervisor = asyncio.create_task(keep_serving(server, serving), name="keep-serving")
+                exits.callback(supervisor.cancel)
         roles: set[str] = {"control", "inference", "trainer"} if opts.role == "all" else {str(opts.role)}
         if opts.role == "all" and not opts.single_process:
             trainer = _trainer_child(opts)
@@ -196,7 +205,7 @@ async def run_workers(
             trainer.spawn()
             await asyncio.to_thread(trainer.wait_ready)
             roles.discard("trainer")
-        workers = await build_workers(client, roles, opts, store, server_urls)
+        workers = await build_workers(client, roles, opts, store, server_urls, serving)
         tasks = [asyncio.create_task(w.run(), name=f"worker:{w.task_queue}") for w in workers]
         log.info("%s worker polling %s", opts.role, ", ".join(w.task_queue for w in workers))
         if opts.ready_file is not None:
