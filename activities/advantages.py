@@ -16,7 +16,6 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import urlparse
 
 import pyarrow as pa
 from temporalio import activity
@@ -108,12 +107,8 @@ def compute_step_advantages(groups: Sequence[TrajectoryGroup], config: TrainConf
 
 
 def read_step_table(store: ObjectStore | None, ref: ObjectRef) -> pa.Table:
-    """The Arrow table behind a trajectories/advantages ref (``s3://`` via the store, or ``file://``)."""
-    if ref.uri.startswith("file://"):
-        return trajectory_store.read_table(urlparse(ref.uri).path)
-    if store is None:
-        raise ValueError(f"{ref.uri} is in an object store, but no store was given")
-    return trajectory_store.download_table(store, ref.uri)
+    """The Arrow table behind a trajectories/advantages ref, verified against its recorded sha256."""
+    return trajectory_store.read_ref(store, ref)
 
 
 class AdvantagesActivities:

@@ -41,7 +41,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.object_store import ObjectStore
 from activities.rollout_model import DEFAULT_API_KEY, discover_base_model, own_server_api_key
-from activities.trajectory_store import load_groups, upload_groups
+from activities.trajectory_store import read_ref_groups, upload_groups
 from schemas import layout
 from schemas.activities import ActivityName, JudgeInput
 from schemas.config import JudgeConfig
@@ -398,7 +398,7 @@ class JudgeActivities:
         if config.kind == "rollout":
             return input.trajectories
         base_url, api_key = self.endpoint(config)
-        groups = await asyncio.to_thread(load_groups, input.trajectories.ref.uri, self.store)
+        groups = await asyncio.to_thread(read_ref_groups, self.store, input.trajectories.ref)
         client = AsyncOpenAI(base_url=openai_base_url(base_url), api_key=api_key)
         judge_model = await self._judge_model(config, base_url, api_key, input.base_model_name)
         cache = StoreJudgeCache(self.store, input.run_id)

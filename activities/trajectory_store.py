@@ -233,6 +233,10 @@ def summarize(
 ) -> TrajectoriesRef:
     """The small summary a workflow carries instead of the trajectories."""
     rewards = [t.reward for g in groups for t in g.trajectories if math.isfinite(t.reward)]
+    try:
+        mean, std = (statistics.fmean(rewards), statistics.pstdev(rewards)) if rewards else (None, None)
+    except OverflowError:  # rewards near float's limit (the rollouts activity refuses them; a file may hold them)
+        mean, std = None, None
     return TrajectoriesRef(
         ref=ref,
         run_id=run_id or "",
@@ -240,8 +244,8 @@ def summarize(
         n_groups=len(groups),
         n_trajectories=sum(len(g.trajectories) for g in groups),
         n_exceptions=sum(len(g.exceptions) for g in groups),
-        reward_mean=statistics.fmean(rewards) if rewards else None,
-        reward_std=statistics.pstdev(rewards) if rewards else None,
+        reward_mean=mean,
+        reward_std=std,
     )
 
 
@@ -312,6 +316,29 @@ def upload_groups(
 def download_table(store: ObjectStore, key_or_uri: str, columns: Sequence[str] | None = None) -> pa.Table:
     data = store.get_bytes(key_or_uri)
     return _read_table(pa.BufferReader(data), store.uri(store.key(key_or_uri)), columns)
+
+
+def read_ref(store: ObjectStore | None, ref: ObjectRef, columns: Sequence[str] | None = None) -> pa.Table:
+    """The table behind ``ref`` (``s3://`` through ``store``, or ``file://``), refused unless its bytes are
+    the ones recorded when it was written: a late attempt that overwrote the file is caught here."""
+    if ref.uri.startswith("file://"):
+        data = Path(url2pathname(urlparse(ref.uri).path)).read_bytes()
+    elif store is None:
+        raise ValueError(f"{ref.uri} is in an object store, but no store was given")
+    else:
+        data = store.get_bytes(ref.uri)
+    sha256 = hashlib.sha256(data).hexdigest()
+    if sha256 != ref.sha256 or len(data) != ref.size:
+        raise CorruptTrajectoriesError(
+            f"{ref.uri} is not the file that was recorded (sha256 {sha256[:12]}… vs {ref.sha256[:12]}…, "
+            f"{len(data)} vs {ref.size} bytes): it was overwritten after it was written; roll the step out again"
+        )
+    return _read_table(pa.BufferReader(data), ref.uri, columns)
+
+
+def read_ref_groups(store: ObjectStore | None, ref: ObjectRef) -> list[TrajectoryGroup]:
+    """The groups behind ``ref``, verified as ``read_ref`` does."""
+    return table_to_groups(read_ref(store, ref, GROUP_COLUMNS), ref.uri)
 
 
 def download_groups(store: ObjectStore, key_or_uri: str) -> list[TrajectoryGroup]:

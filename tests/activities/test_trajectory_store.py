@@ -259,3 +259,22 @@ def test_non_finite_rewards_survive() -> None:
     groups = [TrajectoryGroup([Trajectory(reward=math.nan, metrics={"x": math.inf})])]
     back = ts.table_to_groups(ts.groups_to_table(groups), "memory")
     assert math.isnan(back[0].trajectories[0].reward) and back[0].trajectories[0].metrics["x"] == math.inf
+
+
+def test_a_file_overwritten_after_it_was_recorded_is_refused(
+    object_store: ObjectStore, tmp_path: Path
+) -> None:
+    groups = sample_groups()
+    ref = ts.upload_groups(object_store, groups, "run-late", 1).ref
+    assert [len(g.trajectories) for g in ts.read_ref_groups(object_store, ref)] == [
+        len(g.trajectories) for g in groups
+    ]
+    late = ts.upload_groups(object_store, groups[:1], "run-late", 1).ref  # a late attempt, same key
+    assert late.uri == ref.uri and late.sha256 != ref.sha256
+    with pytest.raises(CorruptTrajectoriesError, match="overwritten after it was written"):
+        ts.read_ref(object_store, ref)
+    local = ts.write_groups(groups, tmp_path / "t.parquet").ref
+    assert same(ts.read_ref_groups(None, local), groups)
+    (tmp_path / "t.parquet").write_bytes((tmp_path / "t.parquet").read_bytes()[:-1] + b"\0")
+    with pytest.raises(CorruptTrajectoriesError, match=local.sha256[:12]):
+        ts.read_ref(None, local)
