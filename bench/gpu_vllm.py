@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from base_models.resolve import SMOLLM2_NAME
-from bench.serving import make_adapters, prompts, server_requests
+from bench.serving_throughput import make_adapters, prompts, server_requests
 from schemas.settings import EngineSettings
 from serving.client import ServingClient
 from serving.launchers import VllmServerProcess

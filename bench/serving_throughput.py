@@ -1,6 +1,6 @@
 """Tokens/s of the CPU serving engine against raw batched ``model.generate``, same prompts, same run.
 
-    python bench/serving.py [--dtype fp32 bf16] [--concurrency 32] [--max-tokens 64] [--repeats 2]
+    python bench/serving_throughput.py [--dtype fp32 bf16] [--concurrency 32] [--max-tokens 64] [--repeats 2]
 
 For each dtype: raw ``generate`` on the left-padded batch of chat prompts in this process (sampling at
 temperature 1, exactly ``--max-tokens`` new tokens per row), then the server (a subprocess) answering the
