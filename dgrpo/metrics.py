@@ -13,30 +13,81 @@ from activities.metrics import STEP_COLUMN, read_metrics, record_step, reward_cu
 from activities.object_store import ObjectStore
 from schemas import layout
 from schemas.errors import CorruptCheckpointError
+from schemas.run_state import TrainStepResult
 from schemas.trajectory import TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
 
+SECTIONS = frozenset(
+    {"loss", "time", "data", "discarded", "offpolicy", "throughput", "costs", "train", "val", "test"}
+)
+"""First name components ART leaves unprefixed (its metric sections and splits); others get ``<split>/``."""
+
+
+def qualified(name: str, split: str) -> str:
+    """``name`` as ART logs it under ``split``: kept when it starts with a section (``loss/train``), else
+    prefixed (``turns`` -> ``val/turns``)."""
+    return name if "/" in name and name.split("/", 1)[0] in SECTIONS else f"{split}/{name}"
+
+
 def group_metrics(groups: list[TrajectoryGroup], split: str) -> dict[str, float]:
-    """``<split>/reward`` (mean), ``reward_std``, counts, and the mean of every per-trajectory metric."""
+    """ART's numbers for a batch of groups: ``<split>/reward`` (mean), ``<split>/reward_std_dev`` (the mean
+    of each group's reward std), ``<split>/exception_rate``, the ``data/step_num_*`` counts (``train``;
+    ``<split>/data/...`` for other splits), and the mean of every trajectory and group metric."""
     trajectories = [t for g in groups for t in g.trajectories]
     rewards = [t.reward for t in trajectories if math.isfinite(t.reward)]
-    out: dict[str, float] = {
-        "n_groups": float(len(groups)),
-        "n_trajectories": float(len(trajectories)),
-        "n_exceptions": float(sum(len(g.exceptions) for g in groups)),
-    }
+    exceptions = sum(len(g.exceptions) for g in groups)
+    out: dict[str, float] = {}
     if rewards:
-        out["reward"] = statistics.fmean(rewards)
-        out["reward_std"] = statistics.pstdev(rewards)
+        out[f"{split}/reward"] = statistics.fmean(rewards)
+    stds = [statistics.pstdev([t.reward for t in g.trajectories]) for g in groups if len(g.trajectories) > 1]
+    out[f"{split}/reward_std_dev"] = statistics.fmean(stds) if stds else 0.0
+    if trajectories or exceptions:
+        out[f"{split}/exception_rate"] = exceptions / (len(trajectories) + exceptions)
+    data = {
+        "data/step_num_scenarios": float(len(groups)),
+        "data/step_num_trajectories": float(len(trajectories) + exceptions),
+        "data/step_num_groups_submitted": float(len(groups)),
+    }
+    if split == "train":
+        data["data/step_num_groups_trainable"] = float(sum(trainable(g) for g in groups))
+    out.update(data if split == "train" else {f"{split}/{k}": v for k, v in data.items()})
     values: dict[str, list[float]] = defaultdict(list)
     for t in trajectories:
         for name, value in t.metrics.items():
-            values[name].append(float(value))
+            values[qualified(name, split)].append(float(value))
+    for g in groups:
+        if g.trajectories:
+            for name, value in g.metrics.items():
+                values[f"{split}/group/{name}"].append(float(value))
     for name, vs in values.items():
         out.setdefault(name, statistics.fmean(vs))
-    return {f"{split}/{name}": value for name, value in out.items()}
+    return out
+
+
+def trainable(group: TrajectoryGroup) -> bool:
+    """A group GRPO can learn from: two or more trajectories whose rewards differ."""
+    return len({t.reward for t in group.trajectories}) > 1
+
+
+def zero_variance_groups(groups: list[TrajectoryGroup]) -> int:
+    """Groups of two or more trajectories whose rewards are all equal (ART discards and counts them)."""
+    return sum(len(g.trajectories) > 1 and not trainable(g) for g in groups)
+
+
+def train_result_metrics(result: TrainStepResult) -> dict[str, float]:
+    """A trained step's numbers under ART's names (``backend.train``'s result metrics)."""
+    metrics = {
+        "data/step_num_trajectories": float(result.n_trajectories),
+        "discarded/step/zero_variance_groups": float(result.n_groups_zero_variance),
+    }
+    if result.loss is not None:
+        metrics["loss/train"] = result.loss
+    metrics.update({f"time/step_{phase}_s": seconds for phase, seconds in result.seconds.items()})
+    if result.seconds:
+        metrics["time/step_wall_s"] = sum(result.seconds.values())
+    return metrics
 
 
 def record_metrics(

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from activities.rollout_model import DEFAULT_API_KEY, routed_openai_client
 from dgrpo.backends import Backend
 from dgrpo.errors import NotRegisteredError
-from dgrpo.metrics import group_metrics, record_metrics
+from dgrpo.metrics import group_metrics, qualified, record_metrics
 from schemas.config import NAME_PATTERN
 from schemas.errors import RunSpecError
 from schemas.trajectory import Trajectory, TrajectoryGroup
@@ -132,14 +132,15 @@ class Model:
         """Record ``<split>/...`` numbers at ``step`` (default: the current step); returns them.
 
         ``trajectories`` may be groups, or trajectories (one group); ``metrics`` are added as given
-        (a name without ``/`` gets the split's prefix), e.g. ``backend.train``'s result metrics.
+        (prefixed with the split unless they start with one of ART's sections, as ``loss/train`` does),
+        e.g. ``backend.train``'s result metrics.
         """
         backend = self._require_backend()
         row: dict[str, float] = {}
         if trajectories is not None:
             row.update(group_metrics(_as_groups(trajectories), split))
         for name, value in (metrics or {}).items():
-            row[name if "/" in name else f"{split}/{name}"] = float(value)
+            row[qualified(name, split)] = float(value)
         if not row:
             raise ValueError("model.log got neither trajectories nor metrics; nothing to record")
         at = await self.get_step() if step is None else step

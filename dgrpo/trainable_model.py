@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,14 @@ from dgrpo.errors import (
     NotRegisteredError,
     UnsupportedArtOption,
 )
-from dgrpo.metrics import group_metrics, record_metrics, select_checkpoints_to_delete
+from dgrpo.metrics import (
+    group_metrics,
+    record_metrics,
+    select_checkpoints_to_delete,
+    train_result_metrics,
+    trainable,
+    zero_variance_groups,
+)
 from dgrpo.model import Model, check_config
 from schemas import layout
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
@@ -209,17 +215,23 @@ class TrainableModel(Model):
         config: TrainConfig | None = None,
         _config: Mapping[str, Any] | None = None,
         verbose: bool = False,
-    ) -> TrainStepResult:
+    ) -> TrainStepResult | None:
         """Train one GRPO step on the groups; returns once the new adapter is served.
 
-        ``_config`` takes ART's ``dev.TrainConfig`` keys that dgrpo has (``epsilon``, ``epsilon_high``,
-        ``scale_rewards``) and refuses the others; ``verbose`` is accepted (the workers log each stage).
+        As in ART, a batch with nothing to learn from (no groups, every rollout failed, or every group's
+        rewards equal) is skipped: its numbers are logged at the current step, which does not advance, and
+        ``None`` is returned. ``_config`` takes ART's ``dev.TrainConfig`` keys that dgrpo has (``epsilon``,
+        ``epsilon_high``, ``scale_rewards``) and refuses the others; ``verbose`` is accepted (the workers
+        log each stage).
         """
         config = self.step_config(config, train_config_fields("model.train(_config=...)", _config or {}))
         groups = check_trainable(list(trajectory_groups))
         backend = self._require_backend()
-        client = await backend.temporal_client()
         store = backend.object_store()
+        if not any(trainable(g) for g in groups):
+            await asyncio.to_thread(self._log_skipped, store, groups)
+            return None
+        client = await backend.temporal_client()
         step = self._step + 1
         handle = client.get_workflow_handle(self.train_workflow_id(step), result_type=TrainStepResult)
         if await _status(handle) in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED):
@@ -229,18 +241,38 @@ class TrainableModel(Model):
         else:
             ref = await asyncio.to_thread(upload_groups, store, groups, self.run_id, step)
             # Recorded before training, so a client that dies in train() still leaves the step's numbers.
-            metrics = {**group_metrics(groups, "train"), "reward_mean": ref.reward_mean or math.nan}
-            metrics["reward_std"] = ref.reward_std or 0.0
             await asyncio.to_thread(
-                record_metrics, store, self.run_id, self.name, step, metrics, self._title()
+                record_metrics,
+                store,
+                self.run_id,
+                self.name,
+                step,
+                group_metrics(groups, "train"),
+                self._title(),
             )
             result = await self._run_train_step(client, ref, config, step)
-            if result.loss is not None:
-                await asyncio.to_thread(
-                    record_metrics, store, self.run_id, self.name, step, {"loss": result.loss}
-                )
+            await asyncio.to_thread(
+                record_metrics, store, self.run_id, self.name, step, train_result_metrics(result)
+            )
         self._step, self._served = result.step, result.adapter
         return result
+
+    def _log_skipped(self, store: ObjectStore, groups: list[TrajectoryGroup]) -> None:
+        """ART's skipped step: say why, and record the batch's numbers at the step that stays current."""
+        zero_variance = zero_variance_groups(groups)
+        log.warning(
+            "step %d: skipping training: no group of the %d has rewards that differ (%d with equal rewards, "
+            "%d without two finished rollouts); the step does not advance",
+            self._step + 1,
+            len(groups),
+            zero_variance,
+            len(groups) - zero_variance,
+        )
+        metrics = {
+            **group_metrics(groups, "train"),
+            "discarded/step/zero_variance_groups": float(zero_variance),
+        }
+        record_metrics(store, self.run_id, self.name, self._step, metrics)
 
     def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
         """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's
@@ -315,9 +347,10 @@ class TrainableModel(Model):
 
 
 def check_trainable(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
-    """Refuse input that cannot train, saying what to fix."""
-    if not groups:
-        raise EmptyGroupsError("model.train got no trajectory groups; gather at least one group of rollouts")
+    """Refuse input that cannot train, saying what to fix (where ART would silently train on nothing).
+
+    No groups, or groups whose rollouts all failed, pass: ``train`` skips them, as ART does.
+    """
     for i, group in enumerate(groups):
         if not isinstance(group, TrajectoryGroup):
             raise EmptyGroupsError(f"group {i} is a {type(group).__name__}, not a TrajectoryGroup")
@@ -326,17 +359,13 @@ def check_trainable(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
                 f"group {i} still has {group.pending} rollout(s) to run: await it, or use "
                 "`await dgrpo.gather_trajectory_groups(...)`, before model.train"
             )
-    if not any(group.trajectories for group in groups):
-        raise EmptyGroupsError(
-            f"the {len(groups)} group(s) hold no trajectories (every rollout raised?); nothing to train on"
-        )
     if any(h.choices() for g in groups for t in g.trajectories for h in t.additional_histories):
         raise NoTrainableChoiceError(
             "a trajectory's additional_histories hold sampled choices, which dgrpo does not train yet "
             "(only messages_and_choices is); give each history its own trajectory in the group instead"
         )
     choices = [c for g in groups for t in g.trajectories for c in t.choices()]
-    if not any(c.token_ids for c in choices):
+    if any(g.trajectories for g in groups) and not any(c.token_ids for c in choices):
         what = "no Choice objects" if not choices else "choices without token ids"
         raise NoTrainableChoiceError(
             f"the trajectories hold {what}, so there is nothing to train on. Call the model through "
