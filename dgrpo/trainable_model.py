@@ -35,7 +35,6 @@ from dgrpo.errors import (
 )
 from dgrpo.metrics import (
     group_metrics,
-    record_metrics,
     select_checkpoints_to_delete,
     train_result_metrics,
     trainable,
@@ -229,7 +228,7 @@ class TrainableModel(Model):
         backend = self._require_backend()
         store = backend.object_store()
         if not any(trainable(g) for g in groups):
-            await asyncio.to_thread(self._log_skipped, store, groups)
+            await asyncio.to_thread(self._log_skipped, groups)
             return None
         client = await backend.temporal_client()
         step = self._step + 1
@@ -241,23 +240,13 @@ class TrainableModel(Model):
         else:
             ref = await asyncio.to_thread(upload_groups, store, groups, self.run_id, step)
             # Recorded before training, so a client that dies in train() still leaves the step's numbers.
-            await asyncio.to_thread(
-                record_metrics,
-                store,
-                self.run_id,
-                self.name,
-                step,
-                group_metrics(groups, "train"),
-                self._title(),
-            )
+            await asyncio.to_thread(self._record, step, group_metrics(groups, "train"), self._title())
             result = await self._run_train_step(client, ref, config, step)
-            await asyncio.to_thread(
-                record_metrics, store, self.run_id, self.name, step, train_result_metrics(result)
-            )
+            await asyncio.to_thread(self._record, step, train_result_metrics(result))
         self._step, self._served = result.step, result.adapter
         return result
 
-    def _log_skipped(self, store: ObjectStore, groups: list[TrajectoryGroup]) -> None:
+    def _log_skipped(self, groups: list[TrajectoryGroup]) -> None:
         """ART's skipped step: say why, and record the batch's numbers at the step that stays current."""
         zero_variance = zero_variance_groups(groups)
         log.warning(
@@ -272,7 +261,7 @@ class TrainableModel(Model):
             **group_metrics(groups, "train"),
             "discarded/step/zero_variance_groups": float(zero_variance),
         }
-        record_metrics(store, self.run_id, self.name, self._step, metrics)
+        self._record(self._step, metrics)
 
     def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
         """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's
