@@ -1,6 +1,6 @@
-"""The client's metrics, in the run's metrics Parquet (the one the metrics activity keeps for ``TrainingRun``):
-one row per step, so ``model.train``'s and ``model.log``'s numbers sit next to each other; and the choice of
-which checkpoints ``delete_checkpoints`` removes."""
+"""The client's metrics under ART's names, in the run's metrics Parquet (the one the metrics activity keeps
+for ``TrainingRun``): one row per step, so ``model.train``'s and ``model.log``'s numbers sit next to each
+other. Which checkpoints ``delete_checkpoints`` removes is activities/retention.py's (TrainingRun's too)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ import math
 import statistics
 from collections import defaultdict
 
-from activities.metrics import STEP_COLUMN, read_metrics, record_step, reward_curve_png
+from activities.metrics import record_step, reward_curve_png
 from activities.object_store import ObjectStore
 from schemas import layout
-from schemas.errors import CorruptCheckpointError
 from schemas.run_state import TrainStepResult
 from schemas.trajectory import TrajectoryGroup
 
@@ -103,44 +102,3 @@ def record_metrics(
     if curve_title is not None:
         store.put_bytes(layout.reward_curve_key(run_id), reward_curve_png(rows, curve_title))
     log.info("step %d: %s", step, ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
-
-
-def metrics_by_step(store: ObjectStore, run_id: str) -> dict[int, dict[str, float]]:
-    """Every number recorded per step: the metrics Parquet, then the checkpoints' manifest metadata."""
-    by_step: dict[int, dict[str, float]] = defaultdict(dict)
-    for row in read_metrics(store, run_id):
-        for name, value in row.items():
-            if isinstance(value, float) and math.isfinite(value):
-                by_step[int(row[STEP_COLUMN])][name] = value
-    for step in store.checkpoint_steps(run_id):
-        try:
-            manifest, _ = store.read_manifest(layout.checkpoint_prefix(run_id, step))
-        except CorruptCheckpointError:
-            continue
-        for name, meta in manifest.metadata.items():
-            if isinstance(meta, int | float) and not isinstance(meta, bool):
-                by_step[step].setdefault(name, float(meta))
-    return dict(by_step)
-
-
-def complete_checkpoint_steps(store: ObjectStore, run_id: str) -> list[int]:
-    """Steps with a manifested checkpoint (a deleted one may leave an empty prefix behind on some stores)."""
-    return [
-        s for s in store.checkpoint_steps(run_id) if store.is_complete(layout.checkpoint_prefix(run_id, s))
-    ]
-
-
-def select_checkpoints_to_delete(store: ObjectStore, run_id: str, metric: str, keep_last: int) -> list[int]:
-    """Steps to delete: all but the newest ``keep_last`` and the one with the highest ``metric``."""
-    steps = complete_checkpoint_steps(store, run_id)
-    keep = set(steps[-keep_last:]) if keep_last > 0 else set()
-    recorded = metrics_by_step(store, run_id)
-    scored = {s: m[metric] for s, m in recorded.items() if metric in m and s in steps}
-    if scored:
-        keep.add(max(scored, key=lambda s: (scored[s], s)))
-    else:
-        known = sorted({name for m in recorded.values() for name in m})
-        log.warning(
-            "no checkpoint has metric %r (recorded: %s); keeping the newest %d", metric, known, keep_last
-        )
-    return [s for s in steps if s not in keep]

@@ -21,6 +21,7 @@ from temporalio.exceptions import FailureError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.object_store import ObjectStore
+from activities.retention import delete_checkpoints, select_checkpoints_to_delete
 from activities.rollout_model import discover_base_model, own_server_api_key
 from activities.trajectory_store import upload_groups
 from dgrpo.art_config import lora_from_internal_config, train_config_fields
@@ -35,7 +36,6 @@ from dgrpo.errors import (
 )
 from dgrpo.metrics import (
     group_metrics,
-    select_checkpoints_to_delete,
     train_result_metrics,
     trainable,
     zero_variance_groups,
@@ -318,11 +318,7 @@ class TrainableModel(Model):
         doomed = await asyncio.to_thread(
             select_checkpoints_to_delete, store, self.run_id, best_checkpoint_metric, keep_last
         )
-        for step in doomed:
-            prefix = layout.checkpoint_prefix(self.run_id, step)
-            # Manifest first: a half-deleted checkpoint must never look complete.
-            await asyncio.to_thread(store.delete_prefix, prefix + layout.MANIFEST_NAME)
-            await asyncio.to_thread(store.delete_prefix, prefix)
+        await asyncio.to_thread(delete_checkpoints, store, self.run_id, doomed)
         return doomed
 
     # ---- helpers ----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from schemas.activities import JudgeInput, MetricsInput, RolloutsInput
+    from schemas.activities import JudgeInput, MetricsInput, RetentionInput, RolloutsInput
     from schemas.config import RunSpec
     from schemas.errors import CONFIG_ERROR
     from schemas.layout import adapter_name
@@ -36,6 +36,7 @@ from workflows.stages import (
     JUDGE,
     METRICS,
     RESAMPLES_WITHOUT_SIGNAL,
+    RETAIN_CHECKPOINTS,
     ROLLOUTS,
     NoLearningSignal,
     StageFailed,
@@ -224,6 +225,7 @@ class TrainingRun:
         state.step, state.checkpoint, state.adapter = target, result.checkpoint, result.adapter
         state.history = [*state.history, summary][-MAX_HISTORY:]
         await self._log_metrics(summary, scored)
+        await self._retain_checkpoints()
         return prefetch
 
     def _on_chain_phase(self, phase: str) -> None:
@@ -338,6 +340,28 @@ class TrainingRun:
             )
         except StageFailed as err:
             workflow.logger.warning("metrics for step %d not logged: %s", summary.step, err.message)
+
+    async def _retain_checkpoints(self) -> None:
+        """Delete checkpoints beyond ``spec.checkpoints`` (after the step's metrics, which may pick the best);
+        never the newest (``keep_last`` >= 1) nor the one being served. Best effort, like metrics."""
+        spec, state = self._require_spec(), self._state
+        if spec.checkpoints.keep_last is None:
+            return
+        served = [state.checkpoint.step] if state.checkpoint is not None else []
+        try:
+            await run_stage(
+                RETAIN_CHECKPOINTS,
+                RetentionInput(
+                    run_id=spec.run_id,
+                    keep_last=spec.checkpoints.keep_last,
+                    keep_best_metric=spec.checkpoints.keep_best_metric,
+                    protect=sorted({state.step, *served}),
+                ),
+                task_queue=spec.task_queues.control,
+                step=state.step,
+            )
+        except StageFailed as err:
+            workflow.logger.warning("checkpoint retention after step %d failed: %s", state.step, err.message)
 
 
 def step_metrics(summary: StepSummary, n_groups: int, dropped_stale_groups: int) -> dict[str, float]:

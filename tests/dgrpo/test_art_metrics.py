@@ -8,7 +8,7 @@ import pytest
 
 import dgrpo as art
 from activities.object_store import ObjectStore
-from dgrpo.metrics import metrics_by_step
+from activities.retention import metrics_by_step
 from tests.wandb_records import history
 
 

@@ -16,8 +16,8 @@ import openai
 import pytest
 
 import dgrpo as art
+from activities.retention import metrics_by_step
 from dgrpo.local import LocalBackend
-from dgrpo.metrics import metrics_by_step
 from dgrpo.utils import iterate_dataset
 from examples.arithmetic import scenarios, score_answer
 
