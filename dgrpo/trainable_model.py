@@ -179,6 +179,12 @@ class TrainableModel(Model):
             raise BackendError(f"{handle.id} could not serve {self.run_id}: {_innermost(err)}") from err
         self._step, self._served = served.step, served.adapter
 
+    def use_served(self, step: int, adapter: str) -> None:
+        """Route the model to ``adapter``, the newest step a ``TrainingRun`` of this model served (what
+        ``PipelineTrainer`` evaluates)."""
+        self._require_backend()
+        self._step, self._served = step, adapter
+
     @property
     def warm_start(self) -> bool:
         """``base_model`` is a LoRA adapter directory (seen from this machine): step 0 is that adapter."""
