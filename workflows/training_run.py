@@ -343,11 +343,13 @@ class TrainingRun:
 
     async def _retain_checkpoints(self) -> None:
         """Delete checkpoints beyond ``spec.checkpoints`` (after the step's metrics, which may pick the best);
-        never the newest (``keep_last`` >= 1) nor the one being served. Best effort, like metrics."""
+        never the newest (``keep_last`` >= 1), the one being served, nor the policy that pipelined rollouts
+        of a later step are sampling (a restarted server reloads it). Best effort, like metrics."""
         spec, state = self._require_spec(), self._state
         if spec.checkpoints.keep_last is None:
             return
         served = [state.checkpoint.step] if state.checkpoint is not None else []
+        sampling = [policy for step, policy in self._policy_by_step.items() if step > state.step]
         try:
             await run_stage(
                 RETAIN_CHECKPOINTS,
@@ -355,7 +357,7 @@ class TrainingRun:
                     run_id=spec.run_id,
                     keep_last=spec.checkpoints.keep_last,
                     keep_best_metric=spec.checkpoints.keep_best_metric,
-                    protect=sorted({state.step, *served}),
+                    protect=sorted({state.step, *served, *sampling}),
                 ),
                 task_queue=spec.task_queues.control,
                 step=state.step,

@@ -79,3 +79,17 @@ async def test_retention_runs_after_each_step_and_protects_the_served_checkpoint
         (2, "train/reward", [3]),
     ]
     assert all(r.run_id == spec.run_id for r in stubs.retained)
+
+
+async def test_pipelined_retention_also_protects_the_policy_still_sampling(
+    client: Client, task_queue: str
+) -> None:
+    stubs = WithRetention()
+    spec = make_spec(
+        task_queue, f"keep-p-{task_queue}", steps=3, mode="pipelined", checkpoints={"keep_last": 1}
+    )
+    async with running(stubs, client, task_queue):
+        final = await (await start(client, spec)).result()
+    assert final.phase == "done" and final.step == 3
+    # After step n, step n+1's rollouts are still sampling policy n-1: its checkpoint stays too.
+    assert [r.protect for r in stubs.retained] == [[0, 1], [1, 2], [3]]
