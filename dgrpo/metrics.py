@@ -77,10 +77,9 @@ def zero_variance_groups(groups: list[TrajectoryGroup]) -> int:
 
 def train_result_metrics(result: TrainStepResult) -> dict[str, float]:
     """A trained step's numbers under ART's names (``backend.train``'s result metrics)."""
-    metrics = {
-        "data/step_num_trajectories": float(result.n_trajectories),
-        "discarded/step/zero_variance_groups": float(result.n_groups_zero_variance),
-    }
+    # (Not result.n_trajectories, the trajectories kept: ART's data/step_num_trajectories counts all
+    # submitted, which group_metrics records.)
+    metrics = {"discarded/step/zero_variance_groups": float(result.n_groups_zero_variance)}
     if result.loss is not None:
         metrics["loss/train"] = result.loss
     metrics.update({f"time/step_{phase}_s": seconds for phase, seconds in result.seconds.items()})
