@@ -2,9 +2,10 @@
 
 - ``runs/<run>/metrics.parquet``: one row per step, a column per metric; a retried step's values replace
   the earlier ones (``record_step``, which the ART-style client's ``model.log`` writes through too).
-- W&B with ``train/step`` as the x-axis (so a retried step may log again): offline unless
+- W&B with ART's ``training_step`` as the x-axis (so a retried step may log again): offline unless
   ``WANDB_API_KEY`` is set in the worker's environment. W&B failing never fails the step.
-- ``runs/<run>/reward_curve.png``: reward mean (with a ±std band) per step, redrawn every step; also
+- ``runs/<run>/reward_curve.png``: ``train/reward`` (with a ±``train/reward_std_dev`` band) per step,
+  redrawn every step; also
   written to ``<local_dir>/<run>/reward_curve.png`` when the activity has a local dir
   (default ``$DGRPO_HOME/runs`` when ``DGRPO_HOME`` is set).
 """
@@ -36,7 +37,10 @@ from schemas.settings import ENV_HOME
 log = logging.getLogger(__name__)
 
 STEP_COLUMN = "step"
-WANDB_STEP = "train/step"
+WANDB_STEP = "training_step"
+"""ART's W&B x-axis."""
+REWARD = "train/reward"
+REWARD_STD = "train/reward_std_dev"
 WANDB_TIMEOUT_S = 60.0
 
 
@@ -86,16 +90,16 @@ def record_step(
 
 
 def reward_curve_png(rows: list[dict[str, Any]], title: str) -> bytes:
-    """A PNG of reward mean (±std) per step."""
+    """A PNG of ``train/reward`` (±``train/reward_std_dev``) per step."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     points = [
-        (int(r[STEP_COLUMN]), float(r["reward_mean"]), float(r.get("reward_std") or 0.0))
+        (int(r[STEP_COLUMN]), float(r[REWARD]), float(r.get(REWARD_STD) or 0.0))
         for r in rows
-        if r.get("reward_mean") is not None and math.isfinite(float(r["reward_mean"]))
+        if r.get(REWARD) is not None and math.isfinite(float(r[REWARD]))
     ]
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
     if points:

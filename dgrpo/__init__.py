@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from activities.judge import ruler_score_group
-    from dgrpo import dev, local, rewards, trajectories, types, utils
+    from dgrpo import dev, local, pipeline_trainer, rewards, trajectories, types, utils
     from dgrpo.backends import Backend, TemporalBackend
     from dgrpo.batches import trajectory_group_batches
     from dgrpo.errors import (
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from dgrpo.gather import gather_trajectories, gather_trajectory_groups
     from dgrpo.local import LocalBackend
     from dgrpo.model import Model
+    from dgrpo.pipeline_trainer import PipelineTrainer, make_group_rollout_fn
     from dgrpo.retries import retry
     from dgrpo.trainable_model import TrainableModel, TrainStepFailed
     from dgrpo.types import LocalTrainResult, Messages, MessagesAndChoices, Tools, TrainConfig, TrainResult
@@ -48,6 +49,8 @@ _EXPORTS = {
     "Model": "dgrpo.model",
     "TrainableModel": "dgrpo.trainable_model",
     "TrainStepFailed": "dgrpo.trainable_model",
+    "PipelineTrainer": "dgrpo.pipeline_trainer",
+    "make_group_rollout_fn": "dgrpo.pipeline_trainer",
     "gather_trajectory_groups": "dgrpo.gather",
     "gather_trajectories": "dgrpo.gather",
     "trajectory_group_batches": "dgrpo.batches",
@@ -74,7 +77,7 @@ _EXPORTS = {
     "TrajectoryGroup": "schemas.trajectory",
 }
 
-_SUBMODULES = ("dev", "local", "rewards", "trajectories", "types", "utils")
+_SUBMODULES = ("dev", "local", "pipeline_trainer", "rewards", "trajectories", "types", "utils")
 """ART's submodules a program reaches as attributes (``art.dev.InternalModelConfig``, ``art.utils...``)."""
 
 __all__ = [
@@ -92,6 +95,7 @@ __all__ = [
     "ModelConflictError",
     "NoTrainableChoiceError",
     "NotRegisteredError",
+    "PipelineTrainer",
     "RunSpec",
     "TemporalBackend",
     "TooManyRolloutErrors",
@@ -107,6 +111,8 @@ __all__ = [
     "gather_trajectories",
     "gather_trajectory_groups",
     "local",
+    "make_group_rollout_fn",
+    "pipeline_trainer",
     "retry",
     "rewards",
     "ruler_score_group",

@@ -14,22 +14,10 @@ from typing import Any
 from dgrpo import local_backend
 from dgrpo.art_config import train_config_fields
 from dgrpo.errors import NotRegisteredError
+from dgrpo.metrics import group_metrics, train_result_metrics, zero_variance_groups
 from dgrpo.trainable_model import TrainableModel
 from dgrpo.types import LocalTrainResult
-from schemas.run_state import TrainStepResult
 from schemas.trajectory import TrajectoryGroup
-
-
-def train_result_metrics(result: TrainStepResult) -> dict[str, float]:
-    """A step's training numbers under ART's names, for ``model.log(metrics=...)``."""
-    metrics = {
-        "data/step_num_trajectories": float(result.n_trajectories),
-        "data/step_num_groups_zero_variance": float(result.n_groups_zero_variance),
-    }
-    if result.loss is not None:
-        metrics["loss"] = result.loss
-    metrics.update({f"time/step_{phase}_s": seconds for phase, seconds in result.seconds.items()})
-    return metrics
 
 
 class LocalBackend(local_backend.LocalBackend):
@@ -65,10 +53,14 @@ class LocalBackend(local_backend.LocalBackend):
             **art_options,
         }
         config = model.step_config(None, train_config_fields("backend.train", options))
-        result = await model.train(trajectory_groups, config)
-        return LocalTrainResult(
-            step=result.step, metrics=train_result_metrics(result), checkpoint_path=result.checkpoint.uri
-        )
+        groups = list(trajectory_groups)
+        result = await model.train(groups, config)
+        if result is None:  # nothing to learn from: skipped as in ART, the step stays
+            skipped = {"discarded/step/zero_variance_groups": float(zero_variance_groups(groups))}
+            return LocalTrainResult(step=await model.get_step(), metrics=skipped)
+        data = {k: v for k, v in group_metrics(groups, "train").items() if k.startswith("data/")}
+        metrics = {**data, **train_result_metrics(result)}
+        return LocalTrainResult(step=result.step, metrics=metrics, checkpoint_path=result.checkpoint.uri)
 
     def __enter__(self) -> LocalBackend:
         return self  # started by the first ``register``

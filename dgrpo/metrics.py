@@ -1,6 +1,6 @@
-"""The client's metrics, in the run's metrics Parquet (the one the metrics activity keeps for ``TrainingRun``):
-one row per step, so ``model.train``'s and ``model.log``'s numbers sit next to each other; and the choice of
-which checkpoints ``delete_checkpoints`` removes."""
+"""The client's metrics under ART's names, in the run's metrics Parquet (the one the metrics activity keeps
+for ``TrainingRun``): one row per step, so ``model.train``'s and ``model.log``'s numbers sit next to each
+other. Which checkpoints ``delete_checkpoints`` removes is activities/retention.py's (TrainingRun's too)."""
 
 from __future__ import annotations
 
@@ -9,34 +9,83 @@ import math
 import statistics
 from collections import defaultdict
 
-from activities.metrics import STEP_COLUMN, read_metrics, record_step, reward_curve_png
+from activities.metrics import record_step, reward_curve_png
 from activities.object_store import ObjectStore
 from schemas import layout
-from schemas.errors import CorruptCheckpointError
+from schemas.run_state import TrainStepResult
 from schemas.trajectory import TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
 
+SECTIONS = frozenset(
+    {"loss", "time", "data", "discarded", "offpolicy", "throughput", "costs", "train", "val", "test"}
+)
+"""First name components ART leaves unprefixed (its metric sections and splits); others get ``<split>/``."""
+
+
+def qualified(name: str, split: str) -> str:
+    """``name`` as ART logs it under ``split``: kept when it starts with a section (``loss/train``), else
+    prefixed (``turns`` -> ``val/turns``)."""
+    return name if "/" in name and name.split("/", 1)[0] in SECTIONS else f"{split}/{name}"
+
+
 def group_metrics(groups: list[TrajectoryGroup], split: str) -> dict[str, float]:
-    """``<split>/reward`` (mean), ``reward_std``, counts, and the mean of every per-trajectory metric."""
+    """ART's numbers for a batch of groups: ``<split>/reward`` (mean), ``<split>/reward_std_dev`` (the mean
+    of each group's reward std), ``<split>/exception_rate``, the ``data/step_num_*`` counts (``train``;
+    ``<split>/data/...`` for other splits), and the mean of every trajectory and group metric."""
     trajectories = [t for g in groups for t in g.trajectories]
     rewards = [t.reward for t in trajectories if math.isfinite(t.reward)]
-    out: dict[str, float] = {
-        "n_groups": float(len(groups)),
-        "n_trajectories": float(len(trajectories)),
-        "n_exceptions": float(sum(len(g.exceptions) for g in groups)),
-    }
+    exceptions = sum(len(g.exceptions) for g in groups)
+    out: dict[str, float] = {}
     if rewards:
-        out["reward"] = statistics.fmean(rewards)
-        out["reward_std"] = statistics.pstdev(rewards)
+        out[f"{split}/reward"] = statistics.fmean(rewards)
+    stds = [statistics.pstdev([t.reward for t in g.trajectories]) for g in groups if len(g.trajectories) > 1]
+    out[f"{split}/reward_std_dev"] = statistics.fmean(stds) if stds else 0.0
+    if trajectories or exceptions:
+        out[f"{split}/exception_rate"] = exceptions / (len(trajectories) + exceptions)
+    data = {
+        "data/step_num_scenarios": float(len(groups)),
+        "data/step_num_trajectories": float(len(trajectories) + exceptions),
+        "data/step_num_groups_submitted": float(len(groups)),
+    }
+    if split == "train":
+        data["data/step_num_groups_trainable"] = float(sum(trainable(g) for g in groups))
+    out.update(data if split == "train" else {f"{split}/{k}": v for k, v in data.items()})
     values: dict[str, list[float]] = defaultdict(list)
     for t in trajectories:
         for name, value in t.metrics.items():
-            values[name].append(float(value))
+            values[qualified(name, split)].append(float(value))
+    for g in groups:
+        if g.trajectories:
+            for name, value in g.metrics.items():
+                values[f"{split}/group/{name}"].append(float(value))
     for name, vs in values.items():
         out.setdefault(name, statistics.fmean(vs))
-    return {f"{split}/{name}": value for name, value in out.items()}
+    return out
+
+
+def trainable(group: TrajectoryGroup) -> bool:
+    """A group GRPO can learn from: two or more trajectories whose rewards differ."""
+    return len({t.reward for t in group.trajectories}) > 1
+
+
+def zero_variance_groups(groups: list[TrajectoryGroup]) -> int:
+    """Groups of two or more trajectories whose rewards are all equal (ART discards and counts them)."""
+    return sum(len(g.trajectories) > 1 and not trainable(g) for g in groups)
+
+
+def train_result_metrics(result: TrainStepResult) -> dict[str, float]:
+    """A trained step's numbers under ART's names (``backend.train``'s result metrics)."""
+    # (Not result.n_trajectories, the trajectories kept: ART's data/step_num_trajectories counts all
+    # submitted, which group_metrics records.)
+    metrics = {"discarded/step/zero_variance_groups": float(result.n_groups_zero_variance)}
+    if result.loss is not None:
+        metrics["loss/train"] = result.loss
+    metrics.update({f"time/step_{phase}_s": seconds for phase, seconds in result.seconds.items()})
+    if result.seconds:
+        metrics["time/step_wall_s"] = sum(result.seconds.values())
+    return metrics
 
 
 def record_metrics(
@@ -52,44 +101,3 @@ def record_metrics(
     if curve_title is not None:
         store.put_bytes(layout.reward_curve_key(run_id), reward_curve_png(rows, curve_title))
     log.info("step %d: %s", step, ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
-
-
-def metrics_by_step(store: ObjectStore, run_id: str) -> dict[int, dict[str, float]]:
-    """Every number recorded per step: the metrics Parquet, then the checkpoints' manifest metadata."""
-    by_step: dict[int, dict[str, float]] = defaultdict(dict)
-    for row in read_metrics(store, run_id):
-        for name, value in row.items():
-            if isinstance(value, float) and math.isfinite(value):
-                by_step[int(row[STEP_COLUMN])][name] = value
-    for step in store.checkpoint_steps(run_id):
-        try:
-            manifest, _ = store.read_manifest(layout.checkpoint_prefix(run_id, step))
-        except CorruptCheckpointError:
-            continue
-        for name, meta in manifest.metadata.items():
-            if isinstance(meta, int | float) and not isinstance(meta, bool):
-                by_step[step].setdefault(name, float(meta))
-    return dict(by_step)
-
-
-def complete_checkpoint_steps(store: ObjectStore, run_id: str) -> list[int]:
-    """Steps with a manifested checkpoint (a deleted one may leave an empty prefix behind on some stores)."""
-    return [
-        s for s in store.checkpoint_steps(run_id) if store.is_complete(layout.checkpoint_prefix(run_id, s))
-    ]
-
-
-def select_checkpoints_to_delete(store: ObjectStore, run_id: str, metric: str, keep_last: int) -> list[int]:
-    """Steps to delete: all but the newest ``keep_last`` and the one with the highest ``metric``."""
-    steps = complete_checkpoint_steps(store, run_id)
-    keep = set(steps[-keep_last:]) if keep_last > 0 else set()
-    recorded = metrics_by_step(store, run_id)
-    scored = {s: m[metric] for s, m in recorded.items() if metric in m and s in steps}
-    if scored:
-        keep.add(max(scored, key=lambda s: (scored[s], s)))
-    else:
-        known = sorted({name for m in recorded.values() for name in m})
-        log.warning(
-            "no checkpoint has metric %r (recorded: %s); keeping the newest %d", metric, known, keep_last
-        )
-    return [s for s in steps if s not in keep]

@@ -7,21 +7,28 @@ A model's records live under ``runs/<project>-<name>/`` in the object store, lik
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import re
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from openai import AsyncOpenAI
 from pydantic import BaseModel
 
+from activities.metrics import WandbSink
 from activities.rollout_model import DEFAULT_API_KEY, routed_openai_client
 from dgrpo.backends import Backend
 from dgrpo.errors import NotRegisteredError
-from dgrpo.metrics import group_metrics, record_metrics
+from dgrpo.metrics import group_metrics, qualified, record_metrics
+from schemas.activities import MetricsInput
 from schemas.config import NAME_PATTERN
 from schemas.errors import RunSpecError
 from schemas.trajectory import Trajectory, TrajectoryGroup
 from serving.client import openai_base_url
+
+log = logging.getLogger(__name__)
 
 
 class Model:
@@ -61,6 +68,7 @@ class Model:
         self._client: AsyncOpenAI | None = None
         self._backend: Backend | None = None
         self._step = 0
+        self._wandb: WandbSink | None = None
 
     @property
     def run_id(self) -> str:
@@ -132,19 +140,51 @@ class Model:
         """Record ``<split>/...`` numbers at ``step`` (default: the current step); returns them.
 
         ``trajectories`` may be groups, or trajectories (one group); ``metrics`` are added as given
-        (a name without ``/`` gets the split's prefix), e.g. ``backend.train``'s result metrics.
+        (prefixed with the split unless they start with one of ART's sections, as ``loss/train`` does),
+        e.g. ``backend.train``'s result metrics.
         """
-        backend = self._require_backend()
+        self._require_backend()  # before any work: an unregistered model says so
         row: dict[str, float] = {}
         if trajectories is not None:
             row.update(group_metrics(_as_groups(trajectories), split))
         for name, value in (metrics or {}).items():
-            row[name if "/" in name else f"{split}/{name}"] = float(value)
+            row[qualified(name, split)] = float(value)
         if not row:
             raise ValueError("model.log got neither trajectories nor metrics; nothing to record")
         at = await self.get_step() if step is None else step
-        await asyncio.to_thread(record_metrics, backend.object_store(), self.run_id, self.name, at, row)
+        await asyncio.to_thread(self._record, at, row)
         return row
+
+    def _record(self, step: int, metrics: dict[str, float], curve_title: str | None = None) -> None:
+        """Into the run's metrics Parquet, and W&B when ``report_metrics`` asks for it (ART's rule)."""
+        record_metrics(
+            self._require_backend().object_store(), self.run_id, self.name, step, metrics, curve_title
+        )
+        if not self.reports_to_wandb():
+            return
+        if self._wandb is None:
+            self._wandb = WandbSink(Path(self.base_path) / "wandb")
+        inp = MetricsInput(
+            run_id=self.run_id, project=self.project, model_name=self.name, step=step, metrics=metrics
+        )
+        try:
+            self._wandb.log(inp)
+        except Exception as err:  # W&B is a convenience: the Parquet row is already written
+            log.warning(
+                "W&B logging for %s step %d failed: %s: %s", self.run_id, step, type(err).__name__, err
+            )
+
+    def reports_to_wandb(self) -> bool:
+        """As in ART: ``report_metrics`` names ``"wandb"``, or is None and ``WANDB_API_KEY`` is set (without a
+        key the run is written offline, under ``<base_path>/wandb/<run id>/``)."""
+        if self.report_metrics is None:
+            return "WANDB_API_KEY" in os.environ
+        return "wandb" in self.report_metrics
+
+    def finish_wandb(self) -> None:
+        """Finish the model's W&B run (dgrpo only; ART leaves it to the process's exit)."""
+        if self._wandb is not None:
+            self._wandb.close()
 
     def _require_backend(self) -> Backend:
         if self._backend is None:

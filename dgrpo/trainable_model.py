@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from temporalio.exceptions import FailureError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.object_store import ObjectStore
+from activities.retention import delete_checkpoints, select_checkpoints_to_delete
 from activities.rollout_model import discover_base_model, own_server_api_key
 from activities.trajectory_store import upload_groups
 from dgrpo.art_config import lora_from_internal_config, train_config_fields
@@ -34,7 +34,12 @@ from dgrpo.errors import (
     NotRegisteredError,
     UnsupportedArtOption,
 )
-from dgrpo.metrics import group_metrics, record_metrics, select_checkpoints_to_delete
+from dgrpo.metrics import (
+    group_metrics,
+    train_result_metrics,
+    trainable,
+    zero_variance_groups,
+)
 from dgrpo.model import Model, check_config
 from schemas import layout
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
@@ -174,6 +179,12 @@ class TrainableModel(Model):
             raise BackendError(f"{handle.id} could not serve {self.run_id}: {_innermost(err)}") from err
         self._step, self._served = served.step, served.adapter
 
+    def use_served(self, step: int, adapter: str) -> None:
+        """Route the model to ``adapter``, the newest step a ``TrainingRun`` of this model served (what
+        ``PipelineTrainer`` evaluates)."""
+        self._require_backend()
+        self._step, self._served = step, adapter
+
     @property
     def warm_start(self) -> bool:
         """``base_model`` is a LoRA adapter directory (seen from this machine): step 0 is that adapter."""
@@ -209,17 +220,23 @@ class TrainableModel(Model):
         config: TrainConfig | None = None,
         _config: Mapping[str, Any] | None = None,
         verbose: bool = False,
-    ) -> TrainStepResult:
+    ) -> TrainStepResult | None:
         """Train one GRPO step on the groups; returns once the new adapter is served.
 
-        ``_config`` takes ART's ``dev.TrainConfig`` keys that dgrpo has (``epsilon``, ``epsilon_high``,
-        ``scale_rewards``) and refuses the others; ``verbose`` is accepted (the workers log each stage).
+        As in ART, a batch with nothing to learn from (no groups, every rollout failed, or every group's
+        rewards equal) is skipped: its numbers are logged at the current step, which does not advance, and
+        ``None`` is returned. ``_config`` takes ART's ``dev.TrainConfig`` keys that dgrpo has (``epsilon``,
+        ``epsilon_high``, ``scale_rewards``) and refuses the others; ``verbose`` is accepted (the workers
+        log each stage).
         """
         config = self.step_config(config, train_config_fields("model.train(_config=...)", _config or {}))
         groups = check_trainable(list(trajectory_groups))
         backend = self._require_backend()
-        client = await backend.temporal_client()
         store = backend.object_store()
+        if not any(trainable(g) for g in groups):
+            await asyncio.to_thread(self._log_skipped, groups)
+            return None
+        client = await backend.temporal_client()
         step = self._step + 1
         handle = client.get_workflow_handle(self.train_workflow_id(step), result_type=TrainStepResult)
         if await _status(handle) in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED):
@@ -229,18 +246,28 @@ class TrainableModel(Model):
         else:
             ref = await asyncio.to_thread(upload_groups, store, groups, self.run_id, step)
             # Recorded before training, so a client that dies in train() still leaves the step's numbers.
-            metrics = {**group_metrics(groups, "train"), "reward_mean": ref.reward_mean or math.nan}
-            metrics["reward_std"] = ref.reward_std or 0.0
-            await asyncio.to_thread(
-                record_metrics, store, self.run_id, self.name, step, metrics, self._title()
-            )
+            await asyncio.to_thread(self._record, step, group_metrics(groups, "train"), self._title())
             result = await self._run_train_step(client, ref, config, step)
-            if result.loss is not None:
-                await asyncio.to_thread(
-                    record_metrics, store, self.run_id, self.name, step, {"loss": result.loss}
-                )
+            await asyncio.to_thread(self._record, step, train_result_metrics(result))
         self._step, self._served = result.step, result.adapter
         return result
+
+    def _log_skipped(self, groups: list[TrajectoryGroup]) -> None:
+        """ART's skipped step: say why, and record the batch's numbers at the step that stays current."""
+        zero_variance = zero_variance_groups(groups)
+        log.warning(
+            "step %d: skipping training: no group of the %d has rewards that differ (%d with equal rewards, "
+            "%d without two finished rollouts); the step does not advance",
+            self._step + 1,
+            len(groups),
+            zero_variance,
+            len(groups) - zero_variance,
+        )
+        metrics = {
+            **group_metrics(groups, "train"),
+            "discarded/step/zero_variance_groups": float(zero_variance),
+        }
+        self._record(self._step, metrics)
 
     def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
         """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's
@@ -297,11 +324,7 @@ class TrainableModel(Model):
         doomed = await asyncio.to_thread(
             select_checkpoints_to_delete, store, self.run_id, best_checkpoint_metric, keep_last
         )
-        for step in doomed:
-            prefix = layout.checkpoint_prefix(self.run_id, step)
-            # Manifest first: a half-deleted checkpoint must never look complete.
-            await asyncio.to_thread(store.delete_prefix, prefix + layout.MANIFEST_NAME)
-            await asyncio.to_thread(store.delete_prefix, prefix)
+        await asyncio.to_thread(delete_checkpoints, store, self.run_id, doomed)
         return doomed
 
     # ---- helpers ----------------------------------------------------------------------------------
@@ -315,9 +338,10 @@ class TrainableModel(Model):
 
 
 def check_trainable(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
-    """Refuse input that cannot train, saying what to fix."""
-    if not groups:
-        raise EmptyGroupsError("model.train got no trajectory groups; gather at least one group of rollouts")
+    """Refuse input that cannot train, saying what to fix (where ART would silently train on nothing).
+
+    No groups, or groups whose rollouts all failed, pass: ``train`` skips them, as ART does.
+    """
     for i, group in enumerate(groups):
         if not isinstance(group, TrajectoryGroup):
             raise EmptyGroupsError(f"group {i} is a {type(group).__name__}, not a TrajectoryGroup")
@@ -326,17 +350,13 @@ def check_trainable(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
                 f"group {i} still has {group.pending} rollout(s) to run: await it, or use "
                 "`await dgrpo.gather_trajectory_groups(...)`, before model.train"
             )
-    if not any(group.trajectories for group in groups):
-        raise EmptyGroupsError(
-            f"the {len(groups)} group(s) hold no trajectories (every rollout raised?); nothing to train on"
-        )
     if any(h.choices() for g in groups for t in g.trajectories for h in t.additional_histories):
         raise NoTrainableChoiceError(
             "a trajectory's additional_histories hold sampled choices, which dgrpo does not train yet "
             "(only messages_and_choices is); give each history its own trajectory in the group instead"
         )
     choices = [c for g in groups for t in g.trajectories for c in t.choices()]
-    if not any(c.token_ids for c in choices):
+    if any(g.trajectories for g in groups) and not any(c.token_ids for c in choices):
         what = "no Choice objects" if not choices else "choices without token ids"
         raise NoTrainableChoiceError(
             f"the trajectories hold {what}, so there is nothing to train on. Call the model through "

@@ -65,6 +65,9 @@ async def main(args: argparse.Namespace) -> int:
             result = await model.train(
                 train_groups, config=dgrpo.TrainConfig(learning_rate=args.learning_rate)
             )
+            if result is None:
+                console.print(f"step {step}: every group's rewards were equal; nothing to learn, skipped")
+                continue
             console.print(
                 f"step {result.step}: reward {sum(rewards) / max(len(rewards), 1):.3f} over {len(rewards)} "
                 f"rollouts, loss {result.loss if result.loss is not None else float('nan'):.4f}, "

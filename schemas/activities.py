@@ -32,6 +32,7 @@ class ActivityName(StrEnum):
     PUBLISH = "publish"
     PUBLISH_INITIAL = "publish_initial"
     LATEST_CHECKPOINT = "latest_checkpoint"
+    RETAIN_CHECKPOINTS = "retain_checkpoints"
 
 
 # --- inference queue -------------------------------------------------------------------------
@@ -115,6 +116,16 @@ class AdvantagesResult(_Strict):
     n_groups: int = Field(ge=0)
     n_groups_zero_variance: int = Field(ge=0)
     """Groups dropped because every reward was equal (no learning signal)."""
+
+
+class RetentionInput(_Strict):
+    """Delete a run's checkpoints but the newest ``keep_last``, the best by ``keep_best_metric`` and
+    ``protect`` (the one being served)."""
+
+    run_id: Name
+    keep_last: int = Field(ge=1)
+    keep_best_metric: str | None = Field(None, pattern=r"^[A-Za-z0-9_./-]{1,128}$")
+    protect: list[int] = Field(default_factory=list)
 
 
 class MetricsInput(_Strict):

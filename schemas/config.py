@@ -168,6 +168,24 @@ class MetricsSpec(_Strict):
     """Log to W&B (offline unless ``WANDB_API_KEY`` is set in the worker's environment)."""
 
 
+class CheckpointsSpec(_Strict):
+    """Which published checkpoints a run keeps in the store (ART's ``delete_checkpoints``, after every step)."""
+
+    keep_last: int | None = Field(None, ge=1, le=100_000)
+    """Keep the newest N checkpoints and delete older ones after each step; None keeps every checkpoint."""
+    keep_best_metric: str | None = Field(None, pattern=r"^[A-Za-z0-9_./-]{1,128}$")
+    """Also keep the checkpoint with the highest value of this metric (e.g. ``train/reward``); needs keep_last."""
+
+    @model_validator(mode="after")
+    def _check_best(self) -> CheckpointsSpec:
+        if self.keep_best_metric is not None and self.keep_last is None:
+            raise ValueError(
+                "keep_best_metric only matters when old checkpoints are deleted: set keep_last too "
+                "(e.g. keep_last = 3), or leave keep_best_metric out"
+            )
+        return self
+
+
 class RunSpec(_Strict):
     """A whole GRPO training run: the input of the ``TrainingRun`` workflow."""
 
@@ -202,6 +220,8 @@ class RunSpec(_Strict):
     """Task queues the workers listen on."""
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     """Metrics sinks."""
+    checkpoints: CheckpointsSpec = Field(default_factory=CheckpointsSpec)
+    """Checkpoint retention (default: keep them all)."""
     continue_as_new_every: int = Field(5, ge=1)
     """Steps per workflow run before continue-as-new keeps history bounded."""
     seed: int = Field(0, ge=0)

@@ -98,6 +98,7 @@ def control_activities(
     from activities.advantages import AdvantagesActivities
     from activities.judge import JudgeActivities, JudgeEndpoints
     from activities.metrics import MetricsActivities
+    from activities.retention import RetentionActivities
 
     env = JudgeEndpoints.from_env()  # a flag replaces its variable
     endpoints = JudgeEndpoints(
@@ -108,6 +109,7 @@ def control_activities(
         AdvantagesActivities(store).compute_advantages,
         JudgeActivities(store, judge_url, endpoints).judge,
         *MetricsActivities(store).all(),
+        *RetentionActivities(store).all(),
     ]
 
 

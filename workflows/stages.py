@@ -62,6 +62,7 @@ LATEST_CHECKPOINT = Stage(ActivityName.LATEST_CHECKPOINT, timedelta(minutes=2), 
 RELOAD = Stage(ActivityName.RELOAD, timedelta(minutes=15), max_attempts=10)
 SERVING_CONTROL = Stage(ActivityName.SERVING_CONTROL, timedelta(minutes=10), max_attempts=5)
 METRICS = Stage(ActivityName.METRICS, timedelta(minutes=2), max_attempts=3)
+RETAIN_CHECKPOINTS = Stage(ActivityName.RETAIN_CHECKPOINTS, timedelta(minutes=10), max_attempts=3)
 
 RETRAINS_AFTER_LOST_WORKER = 3
 """Times a step is trained again because the worker holding its adapter vanished before publishing."""

@@ -16,7 +16,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from schemas.activities import JudgeInput, MetricsInput, RolloutsInput
+    from schemas.activities import JudgeInput, MetricsInput, RetentionInput, RolloutsInput
     from schemas.config import RunSpec
     from schemas.errors import CONFIG_ERROR
     from schemas.layout import adapter_name
@@ -36,6 +36,7 @@ from workflows.stages import (
     JUDGE,
     METRICS,
     RESAMPLES_WITHOUT_SIGNAL,
+    RETAIN_CHECKPOINTS,
     ROLLOUTS,
     NoLearningSignal,
     StageFailed,
@@ -223,7 +224,8 @@ class TrainingRun:
         # The step advances only now: its adapter is served.
         state.step, state.checkpoint, state.adapter = target, result.checkpoint, result.adapter
         state.history = [*state.history, summary][-MAX_HISTORY:]
-        await self._log_metrics(summary)
+        await self._log_metrics(summary, scored)
+        await self._retain_checkpoints()
         return prefetch
 
     def _on_chain_phase(self, phase: str) -> None:
@@ -317,22 +319,11 @@ class TrainingRun:
             state.prefetched_policy = policy_step
         return scored
 
-    async def _log_metrics(self, summary: StepSummary) -> None:
+    async def _log_metrics(self, summary: StepSummary, scored: TrajectoriesRef) -> None:
         """Best effort: a metrics sink that is down never fails the run."""
         spec = self._require_spec()
         self._phase = "metrics"
-        metrics: dict[str, float] = {
-            "reward_mean": summary.reward_mean if summary.reward_mean is not None else float("nan"),
-            "reward_std": summary.reward_std if summary.reward_std is not None else float("nan"),
-            "n_trajectories": float(summary.n_trajectories),
-            "n_exceptions": float(summary.n_exceptions),
-            "n_groups_zero_variance": float(summary.n_groups_zero_variance),
-            "policy_step": float(summary.policy_step),
-            "dropped_stale_groups": float(self._state.dropped_stale_groups),
-        }
-        if summary.loss is not None:
-            metrics["loss"] = summary.loss
-        metrics.update({f"seconds/{k}": v for k, v in summary.seconds.items()})
+        metrics = step_metrics(summary, scored.n_groups, self._state.dropped_stale_groups)
         try:
             await run_stage(
                 METRICS,
@@ -349,3 +340,55 @@ class TrainingRun:
             )
         except StageFailed as err:
             workflow.logger.warning("metrics for step %d not logged: %s", summary.step, err.message)
+
+    async def _retain_checkpoints(self) -> None:
+        """Delete checkpoints beyond ``spec.checkpoints`` (after the step's metrics, which may pick the best);
+        never the newest (``keep_last`` >= 1), the one being served, nor the policy that pipelined rollouts
+        of a later step are sampling (a restarted server reloads it). Best effort, like metrics."""
+        spec, state = self._require_spec(), self._state
+        if spec.checkpoints.keep_last is None:
+            return
+        served = [state.checkpoint.step] if state.checkpoint is not None else []
+        sampling = [policy for step, policy in self._policy_by_step.items() if step > state.step]
+        try:
+            await run_stage(
+                RETAIN_CHECKPOINTS,
+                RetentionInput(
+                    run_id=spec.run_id,
+                    keep_last=spec.checkpoints.keep_last,
+                    keep_best_metric=spec.checkpoints.keep_best_metric,
+                    protect=sorted({state.step, *served, *sampling}),
+                ),
+                task_queue=spec.task_queues.control,
+                step=state.step,
+            )
+        except StageFailed as err:
+            workflow.logger.warning("checkpoint retention after step %d failed: %s", state.step, err.message)
+
+
+def step_metrics(summary: StepSummary, n_groups: int, dropped_stale_groups: int) -> dict[str, float]:
+    """A step's numbers under ART's metric names (``train/reward``, ``data/...``, ``loss/...``, ``time/...``).
+
+    ``train/reward_std_dev`` is the std of all the step's rewards (ART averages each group's std; the
+    workflow only sees the step's summary).
+    """
+    rollouts = summary.n_trajectories + summary.n_exceptions
+    nan = float("nan")
+    metrics: dict[str, float] = {
+        "train/reward": summary.reward_mean if summary.reward_mean is not None else nan,
+        "train/reward_std_dev": summary.reward_std if summary.reward_std is not None else nan,
+        "train/exception_rate": summary.n_exceptions / rollouts if rollouts else nan,
+        "data/step_num_scenarios": float(n_groups),
+        "data/step_num_groups_submitted": float(n_groups),
+        "data/step_num_groups_trainable": float(n_groups - summary.n_groups_zero_variance),
+        "data/step_num_trajectories": float(rollouts),
+        "data/step_num_resamples": float(summary.resampled),
+        "discarded/step/zero_variance_groups": float(summary.n_groups_zero_variance),
+        "discarded/cum/stale_groups": float(dropped_stale_groups),
+        "offpolicy/policy_age_steps": float(summary.step - 1 - summary.policy_step),
+    }
+    if summary.loss is not None:
+        metrics["loss/train"] = summary.loss
+    for phase, seconds in summary.seconds.items():
+        metrics["time/step_wall_s" if phase == "step" else f"time/step_{phase}_s"] = seconds
+    return metrics

@@ -2,8 +2,9 @@
 
 Multi-turn rollouts append each ``completion.choices[0]`` (an openai ``Choice``) and send
 ``traj.messages()`` back; a non-trainable ``art.Model`` baseline is logged as ``val``; step 1 trains with
-ART 0.5's ``backend.train`` + ``model.log(metrics=...)``, step 2 with ``model.train``. The numbers are
-read back from the run's metrics Parquet, not just found to exist.
+ART 0.5's ``backend.train`` + ``model.log(metrics=...)``, step 2 with ``model.train``; before step 1,
+batches with nothing to learn from (equal rewards, none, all failed) are skipped as ART skips them. The
+numbers are read back from the run's metrics Parquet, not just found to exist.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import openai
 import pytest
 
 import dgrpo as art
+from activities.retention import metrics_by_step
 from dgrpo.local import LocalBackend
-from dgrpo.metrics import metrics_by_step
 from dgrpo.utils import iterate_dataset
 from examples.arithmetic import scenarios, score_answer
 
@@ -74,6 +75,17 @@ async def program(home: Path) -> dict[str, Any]:
             )
             seen.setdefault("groups", []).append(groups)
             if batch.step == 0:
+                # Batches with nothing to learn from are skipped, as in ART: logged, the step stays.
+                flat = [
+                    art.TrajectoryGroup([t.model_copy(update={"reward": 1.0}) for t in g]) for g in groups
+                ]
+                seen["skipped"] = await backend.train(model, flat, learning_rate=2e-4)
+                seen["skipped_empty"] = await model.train([])
+                seen["skipped_failed"] = await model.train(
+                    [art.TrajectoryGroup([ValueError("rollout raised")])]
+                )
+                seen["step_after_skips"] = await model.get_step()
+                seen["records_after_skips"] = metrics_by_step(backend.object_store(), model.run_id)
                 result = await backend.train(model, groups, learning_rate=2e-4)
                 await model.log(groups, metrics=result.metrics, step=result.step, split="train")
                 seen["result"] = result
@@ -99,15 +111,26 @@ async def test_an_art_program_trains_two_steps_and_logs(tmp_path: Path) -> None:
         assert [c.token_ids is not None for c in traj.choices()] == [True, True]
         assert [m["role"] for m in traj.messages()] == ["system", "user", "assistant", "user", "assistant"]
 
+    skipped = seen["skipped"]
+    assert (skipped.step, skipped.checkpoint_path) == (0, None)
+    assert skipped.metrics["discarded/step/zero_variance_groups"] == 2
+    assert (seen["skipped_empty"], seen["skipped_failed"], seen["step_after_skips"]) == (None, None, 0)
+    # The last skipped batch (every rollout failed) is what step 0's train row shows.
+    assert seen["records_after_skips"][0]["train/exception_rate"] == 1.0
+    assert seen["records_after_skips"][0]["data/step_num_groups_trainable"] == 0
+
     result = seen["result"]
     assert result.step == 1 and result.checkpoint_path.endswith("/checkpoints/000001/")
-    assert result.metrics["loss"] == result.metrics["loss"]  # a number, not NaN
+    assert result.metrics["loss/train"] == result.metrics["loss/train"]  # a number, not NaN
     assert (seen["step"], seen["served"]) == (2, "agent@2")
 
     step1 = seen["records"][1]
     rewards = [t.reward for g in first for t in g]
     assert step1["train/reward"] == pytest.approx(statistics.fmean(rewards))
-    assert step1["train/loss"] == pytest.approx(result.metrics["loss"])
+    assert step1["loss/train"] == pytest.approx(result.metrics["loss/train"])
+    assert step1["train/reward_std_dev"] == pytest.approx(
+        statistics.fmean(statistics.pstdev([t.reward for t in g]) for g in first)
+    )
     assert step1["data/step_num_trajectories"] == result.metrics["data/step_num_trajectories"] > 0
     assert step1["train/turns"] == 2
     assert "train/reward" in seen["records"][2]

@@ -27,7 +27,7 @@ from example_runner import run_example, spawn_example, tail
 from temporalio.client import Client, WorkflowExecutionStatus
 
 import dgrpo
-from dgrpo.metrics import complete_checkpoint_steps, metrics_by_step
+from activities.retention import complete_checkpoint_steps, metrics_by_step
 from schemas import layout
 from schemas.run_state import TrainStepResult
 from workers.stack import EmbeddedStack

@@ -30,11 +30,12 @@ async def test_train_before_register() -> None:
         await model().get_step()
 
 
-async def test_empty_groups() -> None:
-    with pytest.raises(dgrpo.EmptyGroupsError, match="no trajectory groups"):
-        await model().train([])
-    with pytest.raises(dgrpo.EmptyGroupsError, match="hold no trajectories"):
-        await model().train([dgrpo.TrajectoryGroup([ValueError("every rollout raised")])])
+def test_empty_and_all_failed_batches_are_left_for_train_to_skip() -> None:
+    # As in ART, train skips these (and logs it; see test_art_program) rather than refusing them.
+    from dgrpo.trainable_model import check_trainable
+
+    failed = [dgrpo.TrajectoryGroup([ValueError("every rollout raised")])]
+    assert check_trainable([]) == [] and check_trainable(failed) == failed
 
 
 async def test_groups_not_yet_awaited() -> None:

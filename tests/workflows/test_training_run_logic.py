@@ -80,7 +80,8 @@ async def test_sync_run_orders_the_stages_and_answers_status(client: Client, tas
     assert per_step == ["rollouts", "compute_advantages", "train", "publish", "reload", "metrics"]
     assert stubs.names("publish_initial") == [0] and stubs.names("reload")[0] == 0
     assert "judge" not in per_step  # judge.kind == "rollout": the rollout's own reward is the score
-    assert [m.metrics["reward_mean"] for m in stubs.metrics] == pytest.approx([0.0, 0.1, 0.2])
+    assert [m.metrics["train/reward"] for m in stubs.metrics] == pytest.approx([0.0, 0.1, 0.2])
+    assert [m.metrics["offpolicy/policy_age_steps"] for m in stubs.metrics] == [0.0, 0.0, 0.0]
 
 
 async def test_judge_and_shared_mode_wrap_training_in_sleep_and_wake(client: Client, task_queue: str) -> None:

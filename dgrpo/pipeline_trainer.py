@@ -1,0 +1,297 @@
+"""``PipelineTrainer`` (ART 0.5's asynchronous trainer) as a durable, pipelined ``TrainingRun`` workflow.
+
+    trainer = PipelineTrainer(model, backend, make_group_rollout_fn(rollout, n=4), scenarios, None,
+                              eval_fn=evaluate, min_batch_size=2, max_steps=10)
+    await trainer.train()
+
+ART runs rollouts, training and evals as asyncio stages in this process. Here ``train()`` starts (or, when
+it is already running, joins) the ``TrainingRun`` of ``<project>-<name>`` in mode ``pipelined``: the
+inference workers roll out step n+1 while the trainer trains step n, groups older than
+``max_steps_off_policy`` policy versions are dropped, and a crash of this process, a worker or a server
+costs a retry, not the run. A finished or failed run is started again and continues after its newest
+checkpoint (so a higher ``max_steps`` trains further). ``eval_fn`` runs here, at the steps ART would run
+it, and its trajectories are logged as ``val``.
+
+The workers import the rollout by its path, so it must be a module-level ``async def`` in a module the
+inference worker's operator allows (``DGRPO_TASK_MODULES``), called ``rollout(model, scenario)`` with each
+scenario as a dict; the pieces of ART's signature that cannot cross to a worker are refused with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from temporalio.client import WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+
+from dgrpo.backends import Backend
+from dgrpo.errors import UnsupportedArtOption
+from dgrpo.trainable_model import TrainableModel
+from schemas.config import RunSpec, TaskSpec, TrainConfig
+from schemas.run_state import RunStatus
+from schemas.trajectory import Trajectory, TrajectoryGroup
+
+log = logging.getLogger(__name__)
+
+MAX_INLINE_SCENARIOS_BYTES = 512 * 1024
+"""Scenarios travel in the workflow's input (Temporal refuses payloads over 2 MB); more go in a file."""
+POLL_S = 2.0
+"""How often ``train()`` asks the run for its step (to run ``eval_fn`` at the right steps)."""
+
+EvalResult = Sequence[Trajectory | TrajectoryGroup] | Mapping[str, Sequence[Trajectory | TrajectoryGroup]]
+EvalFn = Callable[[TrainableModel, int, Any], Awaitable[EvalResult]]
+
+
+@dataclass(frozen=True)
+class GroupRolloutFn:
+    """ART's ``make_group_rollout_fn(single_rollout_fn, n)``: ``n`` rollouts of one scenario form a group.
+
+    Called here it is ART's group rollout; ``PipelineTrainer`` reads ``single`` and ``n`` from it instead
+    (the workers run ``single`` ``n`` times per scenario).
+    """
+
+    single: Callable[..., Awaitable[Trajectory]]
+    n: int
+
+    async def __call__(self, model: TrainableModel, scenario: Any, config: Any) -> TrajectoryGroup:
+        results = await asyncio.gather(
+            *(self.single(model, scenario, config) for _ in range(self.n)), return_exceptions=True
+        )
+        return TrajectoryGroup(results)
+
+
+def make_group_rollout_fn(
+    single_rollout_fn: Callable[..., Awaitable[Trajectory]], n: int = 4
+) -> GroupRolloutFn:
+    """ART's helper: a group rollout that runs ``single_rollout_fn`` ``n`` times on one scenario."""
+    if n < 2:
+        raise UnsupportedArtOption(
+            f"make_group_rollout_fn(n={n}): GRPO compares a group's rollouts; use n >= 2"
+        )
+    return GroupRolloutFn(single_rollout_fn, n)
+
+
+class PipelineTrainer:
+    """ART's ``PipelineTrainer(model, backend, rollout_fn, scenarios, config, eval_fn=...)``; ``train()``
+    runs it as a durable pipelined ``TrainingRun``."""
+
+    def __init__(
+        self,
+        model: TrainableModel,
+        backend: Backend,
+        rollout_fn: GroupRolloutFn,
+        scenarios: Iterable[dict[str, Any]] | str,
+        config: Any,
+        eval_fn: EvalFn | None = None,
+        *,
+        num_rollout_workers: int = 16,
+        min_batch_size: int = 4,
+        max_batch_size: int | None = None,
+        max_steps_off_policy: int | None = 4,
+        learning_rate: float = 1e-5,
+        loss_fn: str | None = None,
+        max_steps: int | None = None,
+        eval_every_n_steps: int = 20,
+        eval_at_start: bool = True,
+        save_checkpoint: bool = True,
+        resume: bool = True,
+        **art_options: Any,
+    ) -> None:
+        refuse_unsupported(save_checkpoint=save_checkpoint, resume=resume, **art_options)
+        if eval_every_n_steps < 0:
+            raise ValueError("eval_every_n_steps must be >= 0")
+        if not isinstance(rollout_fn, GroupRolloutFn):
+            raise UnsupportedArtOption(
+                "PipelineTrainer's rollouts run on the inference workers one trajectory at a time: pass "
+                "rollout_fn=make_group_rollout_fn(single_rollout_fn, n=...) (from dgrpo.pipeline_trainer), "
+                f"not the group function {getattr(rollout_fn, '__name__', rollout_fn)!r}"
+            )
+        self.model = model
+        self.backend = backend
+        self.rollout_fn = rollout_fn
+        self.rollout_path = rollout_path(rollout_fn.single, config)
+        self.scenarios = scenario_list(scenarios)
+        self.config = config
+        self.eval_fn = eval_fn
+        self.num_rollout_workers = num_rollout_workers
+        self.groups_per_step = max_batch_size or min_batch_size
+        self.max_staleness = max_steps_off_policy if max_steps_off_policy is not None else 1_000_000
+        self.train_config = TrainConfig(learning_rate=learning_rate, importance_sampling=loss_kind(loss_fn))
+        self.max_steps = max_steps
+        self.eval_every_n_steps = eval_every_n_steps
+        self.eval_at_start = eval_at_start
+
+    def run_spec(self) -> RunSpec:
+        """The ``TrainingRun`` this trainer starts: the model's run id, mode ``pipelined``."""
+        if self.max_steps is not None:
+            steps = self.max_steps
+        elif isinstance(self.scenarios, list):
+            steps = math.ceil(
+                len(self.scenarios) / self.groups_per_step
+            )  # one pass, as ART stops when they end
+        else:
+            raise UnsupportedArtOption(
+                "scenarios given as a path or 'module:function' have no length here: pass max_steps=..."
+            )
+        return RunSpec(
+            run_id=self.model.run_id,
+            model=self.model.spec,
+            task=TaskSpec(
+                rollout=self.rollout_path,
+                scenarios=self.scenarios,
+                rollout_concurrency=self.num_rollout_workers * self.rollout_fn.n,
+            ),
+            steps=steps,
+            groups_per_step=self.groups_per_step,
+            group_size=self.rollout_fn.n,
+            train=self.train_config,
+            mode="pipelined",
+            max_staleness=self.max_staleness,
+            task_queues=self.backend.task_queues,
+        )
+
+    async def train(self, *, handle_signals: bool = True) -> RunStatus:
+        """Start (or join) the run and wait for it, running ``eval_fn`` at its steps; returns its status."""
+        spec = self.run_spec()
+        await self.backend.start()
+        client = await self.backend.temporal_client()
+        handle: WorkflowHandle[Any, RunStatus] = await client.start_workflow(
+            "TrainingRun",
+            spec,
+            id=spec.run_id,
+            task_queue=spec.task_queues.control,
+            result_type=RunStatus,
+            # One run per model: a running one is joined; a finished one continues after its newest checkpoint.
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        log.info(
+            "PipelineTrainer: TrainingRun %s (run %s), %d steps", handle.id, handle.result_run_id, spec.steps
+        )
+        finished = asyncio.ensure_future(handle.result())
+        evaluated: set[int] = set()
+        try:
+            while not finished.done():
+                await asyncio.wait({finished}, timeout=POLL_S)
+                if self.eval_fn is not None and not finished.done():
+                    status = await handle.query("status", result_type=RunStatus)
+                    await self._maybe_eval(status, evaluated, final=False)
+        finally:
+            if not finished.done():
+                finished.cancel()  # this process stops waiting; the run goes on without it
+        status = finished.result()
+        if self.eval_fn is not None:
+            await self._maybe_eval(status, evaluated, final=True)
+        return status
+
+    async def _maybe_eval(self, status: RunStatus, evaluated: set[int], final: bool) -> None:
+        step = status.step
+        due = (
+            (self.eval_at_start and not evaluated)
+            or final
+            or (self.eval_every_n_steps > 0 and step > 0 and step % self.eval_every_n_steps == 0)
+        )
+        if not due or step in evaluated or status.adapter is None:
+            return
+        evaluated.add(step)
+        assert self.eval_fn is not None
+        self.model.use_served(step, status.adapter)
+        results = await self.eval_fn(self.model, step, self.config)
+        splits = results if isinstance(results, Mapping) else {"val": results}
+        for split, items in splits.items():
+            await self.model.log(as_groups(items), split=split, step=step)
+
+
+def as_groups(items: Sequence[Trajectory | TrajectoryGroup]) -> list[TrajectoryGroup]:
+    """An eval's result as groups: its groups, and its loose trajectories as one more group."""
+    loose = [i for i in items if isinstance(i, Trajectory)]
+    groups = [i for i in items if isinstance(i, TrajectoryGroup)]
+    return [*groups, TrajectoryGroup(loose)] if loose else groups
+
+
+def rollout_path(fn: Callable[..., Any], config: Any) -> str:
+    """``module:function`` of a rollout the workers can import and call as ``fn(model, scenario)``."""
+    name = getattr(fn, "__qualname__", "")
+    if not inspect.iscoroutinefunction(fn) or "<" in name or "." in name:
+        raise UnsupportedArtOption(
+            f"the rollout {name or fn!r} must be a module-level `async def` (the inference workers import it "
+            "by its path), not a lambda, a nested function or a method"
+        )
+    params = inspect.signature(fn).parameters
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError:
+        raise UnsupportedArtOption(
+            f"the inference workers call {name}(model, scenario): they cannot pass this process's config. "
+            "Give its third parameter a default, or move those settings into the scenarios"
+        ) from None
+    if config is not None and len(params) > 2:
+        raise UnsupportedArtOption(
+            f"{name} takes a config, but the inference workers call {name}(model, scenario) and cannot pass "
+            "this process's config to it: pass config=None (put those settings in the scenarios), or drop "
+            "the parameter (eval_fn still gets config)"
+        )
+    return f"{fn.__module__}:{name}"
+
+
+def scenario_list(scenarios: Iterable[dict[str, Any]] | str) -> list[dict[str, Any]] | str:
+    """The scenarios as the run spec carries them: a list of JSON objects, or a path the workers read."""
+    if isinstance(scenarios, str):
+        return scenarios
+    if isinstance(scenarios, AsyncIterator):
+        raise UnsupportedArtOption(
+            "a durable run needs its scenarios up front (a retried step must see the same ones): pass a list, "
+            "or a .jsonl path / 'module:function' the inference workers read"
+        )
+    items = list(scenarios)
+    bad = next((i for i, s in enumerate(items) if not isinstance(s, dict)), None)
+    if bad is not None:
+        raise UnsupportedArtOption(
+            f"scenario {bad} is a {type(items[bad]).__name__}: the inference workers receive scenarios as JSON "
+            "objects, so give dicts (e.g. `scenario.model_dump(mode='json')`) and read them as dicts"
+        )
+    size = len(json.dumps(items))
+    if size > MAX_INLINE_SCENARIOS_BYTES:
+        raise UnsupportedArtOption(
+            f"the scenarios are {size} bytes of JSON, more than a workflow input should carry "
+            f"({MAX_INLINE_SCENARIOS_BYTES}): write them to a .jsonl file under the inference worker's "
+            "directory and pass its path as scenarios"
+        )
+    return items
+
+
+def loss_kind(loss_fn: str | None) -> Any:
+    """ART's ``loss_fn`` as ``TrainConfig.importance_sampling``."""
+    if loss_fn is None:
+        return TrainConfig().importance_sampling
+    kinds = {"cispo": "cispo", "ppo": "ppo_clip"}
+    if loss_fn not in kinds:
+        raise UnsupportedArtOption(f"loss_fn={loss_fn!r}: dgrpo trains with 'cispo' or 'ppo'")
+    return kinds[loss_fn]
+
+
+def refuse_unsupported(*, save_checkpoint: bool, resume: bool, **art_options: Any) -> None:
+    """ART's other keywords: accepted where they change nothing here, refused (saying why) otherwise."""
+    if not save_checkpoint:
+        raise UnsupportedArtOption(
+            "save_checkpoint=False: every step of a durable run publishes its checkpoint (resume needs it)"
+        )
+    if not resume:
+        raise UnsupportedArtOption(
+            "resume=False: a run always continues after its newest checkpoint; start fresh under another "
+            "model name, or delete the old run's checkpoints"
+        )
+    harmless = {"log_interval_seconds", "status_ewa_alpha", "total_scenarios", "queue_maxsize"}
+    unknown = sorted(set(art_options) - harmless)
+    if unknown:
+        raise UnsupportedArtOption(
+            f"PipelineTrainer({', '.join(unknown)}=...) has no equivalent in the durable TrainingRun; "
+            "leave it out (docs/art-compat.md)"
+        )

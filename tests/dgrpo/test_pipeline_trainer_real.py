@@ -1,0 +1,55 @@
+"""ART's ``PipelineTrainer`` on the real stack and SmolLM2-135M: two pipelined durable steps of the
+arithmetic task, with ``eval_fn`` run here and logged as ``val`` next to the run's ``train`` numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dgrpo as art
+from activities.retention import metrics_by_step
+from dgrpo.local import LocalBackend
+from dgrpo.pipeline_trainer import PipelineTrainer, make_group_rollout_fn
+from examples.arithmetic import rollout, scenarios
+
+pytestmark = pytest.mark.slow
+
+
+async def evaluate(model: art.TrainableModel, step: int, config: Any) -> list[art.TrajectoryGroup]:
+    group = art.TrajectoryGroup(rollout(model, scenarios()[40]) for _ in range(2))
+    return await art.gather_trajectory_groups([group], pbar_desc=f"eval {step}")
+
+
+async def test_pipeline_trainer_trains_two_pipelined_steps_and_evaluates(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    try:
+        with LocalBackend(path=home) as backend:
+            model = art.TrainableModel(
+                name="pipe", project="art-pipeline", base_model="smollm2-135m-instruct"
+            )
+            await model.register(backend)
+            trainer = PipelineTrainer(
+                model,
+                backend,
+                make_group_rollout_fn(rollout, n=3),
+                scenarios()[:4],
+                None,
+                eval_fn=evaluate,
+                min_batch_size=2,
+                learning_rate=2e-4,
+            )
+            status = await trainer.train()
+            step = await model.get_step()
+            records = metrics_by_step(backend.object_store(), model.run_id)
+    finally:
+        LocalBackend(path=home).stop_all()
+    assert (status.mode, status.step, status.phase, step) == ("pipelined", 2, "done", 2)
+    assert [h.step for h in status.history] == [1, 2]
+    for s in (1, 2):  # TrainingRun's numbers under ART's names
+        assert records[s]["data/step_num_trajectories"] == 6
+        assert 0.0 <= records[s]["train/reward"] <= 1.0
+    # eval_fn ran at the start and at the end (ART's eval_at_start, and the final step)
+    assert records[0]["val/data/step_num_trajectories"] == 2 and "val/reward" in records[0]
+    assert records[2]["val/data/step_num_trajectories"] == 2 and "val/reward" in records[2]

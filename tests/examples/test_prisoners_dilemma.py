@@ -1,0 +1,61 @@
+"""examples/prisoners_dilemma.py (ART's example, ported): its payoff rules, and two real training steps of
+SmolLM2-135M on the CPU with its three ``model.log`` splits read back from the run's metrics Parquet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from activities.object_store import ObjectStore
+from activities.retention import metrics_by_step
+from dgrpo.local import LocalBackend
+from examples import prisoners_dilemma as pd
+from workers.stack import EmbeddedStack
+
+
+@pytest.mark.parametrize(
+    ("content", "move"),
+    [
+        ("I will cooperate.", "cooperate"),
+        ("Cooperate at first, then DEFECT", "defect"),
+        ("I'd rather not say", "none"),
+        (None, "none"),
+    ],
+)
+def test_a_move_is_the_answers_last_action_word(content: str | None, move: str) -> None:
+    assert pd.action(content) == move
+
+
+def test_payoffs_as_in_art() -> None:
+    assert pd.payoffs("cooperate", "cooperate") == (3, 3)
+    assert pd.payoffs("cooperate", "defect") == (0, 5)
+    assert pd.payoffs("defect", "defect") == (1, 1)
+    assert pd.payoffs("none", "defect") == (0, 5)  # ART's defaults when a player gave no move
+    assert pd.payoffs("cooperate", "none") == (3, 0)
+
+
+@pytest.mark.slow
+async def test_it_trains_two_steps_and_logs_every_split(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "home"
+    argv = ["--home", str(home), "--steps", "2", "--rounds", "2", "--games", "2", "--max-tokens", "12"]
+    try:
+        assert await pd.main(pd.parse_args([*argv, "--learning-rate", "2e-4"])) == 0
+    finally:
+        LocalBackend(path=home).stop_all()
+    assert "001 is at step 2" in capsys.readouterr().out
+    stack = EmbeddedStack(home)  # the stored run, read back (no workers, no model)
+    stack.start()
+    try:
+        records = metrics_by_step(ObjectStore(stack.s3_settings), "prisoners-dilemma-001")
+    finally:
+        stack.stop()
+    for step in (0, 1):  # model.log at the step the games were played with
+        assert records[step]["versus-self/data/step_num_trajectories"] == 4  # 2 games, 2 players
+        assert records[step]["versus-base/data/step_num_trajectories"] == 2
+        assert 0 <= records[step]["base-model/reward"] <= 5 * 2
+    for step in (1, 2):  # model.train's numbers for the step it produced
+        assert records[step]["data/step_num_trajectories"] == 6
+        assert "loss/train" in records[step]
