@@ -235,7 +235,9 @@ def summarize(
     rewards = [t.reward for g in groups for t in g.trajectories if math.isfinite(t.reward)]
     try:
         mean, std = (statistics.fmean(rewards), statistics.pstdev(rewards)) if rewards else (None, None)
-    except OverflowError:  # rewards near float's limit (the rollouts activity refuses them; a file may hold them)
+    except (
+        OverflowError
+    ):  # rewards near float's limit (the rollouts activity refuses them; a file may hold them)
         mean, std = None, None
     return TrajectoriesRef(
         ref=ref,
