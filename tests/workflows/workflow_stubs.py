@@ -26,6 +26,7 @@ from schemas.activities import (
     PublishInput,
     ReloadInput,
     ReloadResult,
+    RetentionInput,
     RolloutsInput,
     ServingControlInput,
     TrainInput,
@@ -60,6 +61,7 @@ class ScriptedActivities:
     checkpoints: dict[str, dict[int, CheckpointRef]] = field(default_factory=lambda: defaultdict(dict))
     published: list[tuple[str, int]] = field(default_factory=list)
     metrics: list[MetricsInput] = field(default_factory=list)
+    retained: list[RetentionInput] = field(default_factory=list)
     rollout_failure: Failure | None = None
     train_failure: Failure | None = None
     train_gates: dict[int, asyncio.Event] = field(default_factory=dict)
@@ -191,6 +193,12 @@ class ScriptedActivities:
     async def serving_control(self, inp: ServingControlInput) -> None:
         self.calls.append((inp.action, -1))
 
+    @activity.defn(name=ActivityName.RETAIN_CHECKPOINTS)
+    async def retain_checkpoints(self, inp: RetentionInput) -> list[int]:
+        self.calls.append(("retain_checkpoints", max(inp.protect)))
+        self.retained.append(inp)
+        return []
+
     @activity.defn(name=ActivityName.METRICS)
     async def metrics_activity(self, inp: MetricsInput) -> None:
         self.calls.append(("metrics", inp.step))
@@ -208,6 +216,7 @@ class ScriptedActivities:
             self.reload,
             self.serving_control,
             self.metrics_activity,
+            self.retain_checkpoints,
         ]
         return [
             Worker(
