@@ -1,7 +1,7 @@
 """The ``model`` a user's rollout function receives, in ART's shape, and the client-side routing behind it.
 
 A rollout function asks for ``model=model.name``; the server only knows the served names (the base
-model's, or an adapter's ``<name>@<step>``). ``routed_openai_client`` closes that gap on the client
+model's, or an adapter's ``<run id>@<step>``). ``routed_openai_client`` closes that gap on the client
 side, in an httpx transport, so the very same rollout function runs in the ART-style client loop and in
 the workflow's rollouts activity:
 
@@ -154,7 +154,7 @@ class RolloutModel:
     inference_base_url: str
     """The OpenAI-compatible base URL (ending in ``/v1``) of the inference server."""
     served_model: str
-    """The served name requests are routed to: ``<name>@<step>`` or the base model's served name."""
+    """The served name requests are routed to: ``<run id>@<step>`` or the base model's served name."""
     step: int = 0
     """The policy step whose adapter answers (0: the base model or the starting adapter)."""
     base_model: str = ""

@@ -72,8 +72,8 @@ def _heartbeat(*details: Any) -> None:
         activity.heartbeat(*details)
 
 
-def _adapter_step(model_name: str, name: str) -> int | None:
-    match = re.fullmatch(re.escape(model_name) + r"@(\d+)", name)
+def _adapter_step(run_id: str, name: str) -> int | None:
+    match = re.fullmatch(re.escape(run_id) + r"@(\d+)", name)
     return int(match.group(1)) if match else None
 
 
@@ -144,14 +144,14 @@ class ServingActivities:
 
     @activity.defn(name=ActivityName.RELOAD)
     async def reload(self, input: ReloadInput) -> ReloadResult:
-        """Download checkpoint ``input.checkpoint`` (sha256-verified), load it as ``<model>@<step>`` on every
+        """Download checkpoint ``input.checkpoint`` (sha256-verified), load it as ``<run id>@<step>`` on every
         server (replacing one of that name loaded from another run's checkpoint), then evict this model's adapters beyond the newest ``keep_adapters`` that no lease holds."""
         refusal = self.refusal(input)
         if refusal is not None:
             raise ApplicationError(f"this inference worker cannot serve the run: {refusal}", type=CONFIG_ERROR,
                                    non_retryable=True)  # fmt: skip
         ref = input.checkpoint
-        name = adapter_name(input.model_name, ref.step)
+        name = adapter_name(ref.run_id, ref.step)
         local = self.local_dir(ref.run_id, ref.step)
         _heartbeat("download", name)
         try:
@@ -186,10 +186,10 @@ class ServingActivities:
                 ) from err
             log.info("%s %s on %s", "loaded" if loaded else "already had", name, client.base_url)
         self.served[name] = local
-        unloaded = await self._evict(input.model_name, keep=input.serving.keep_adapters, current=name)
+        unloaded = await self._evict(ref.run_id, keep=input.serving.keep_adapters, current=name)
         for evicted in unloaded:
             self.served.pop(evicted, None)
-            step = _adapter_step(input.model_name, evicted)
+            step = _adapter_step(ref.run_id, evicted)
             if step is not None:
                 shutil.rmtree(self.local_dir(ref.run_id, step), ignore_errors=True)
         return ReloadResult(
@@ -206,14 +206,14 @@ class ServingActivities:
                 await client.load_adapter(name, str(local))
         return sorted(self.served)
 
-    async def _evict(self, model_name: str, keep: int, current: str) -> list[str]:
-        """Unload this model's adapters older than the newest ``keep``; never ``current`` or a held one."""
+    async def _evict(self, run_id: str, keep: int, current: str) -> list[str]:
+        """Unload this run's adapters older than the newest ``keep``; never ``current`` or a held one."""
         unloaded: set[str] = set()
         held = self.leases.held() | {current}
         for client in self.clients:
             loaded = await client.adapters()
             steps = sorted(
-                ((step, n) for n in loaded if (step := _adapter_step(model_name, n)) is not None),
+                ((step, n) for n in loaded if (step := _adapter_step(run_id, n)) is not None),
                 reverse=True,
             )
             for _, evict in steps[keep:]:

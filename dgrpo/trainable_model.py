@@ -157,7 +157,7 @@ class TrainableModel(Model):
             self._step, self._served = 0, self._base_served
             return
         if checkpoint is not None:
-            adapter = layout.adapter_name(self.name, checkpoint.step)
+            adapter = layout.adapter_name(self.run_id, checkpoint.step)
             if adapter in await _served_models(url):
                 self._step, self._served = checkpoint.step, adapter
                 return
@@ -202,7 +202,7 @@ class TrainableModel(Model):
             return self._served
         if step == 0 and not self.warm_start:
             return self._base_served
-        return layout.adapter_name(self.name, step)
+        return layout.adapter_name(self.run_id, step)
 
     async def get_step(self) -> int:
         """The newest trained (and served) step; 0 before the first ``train``."""

@@ -75,7 +75,7 @@ class ReloadInput(_Strict):
 
 class ReloadResult(_Strict):
     adapter: AdapterName
-    """The name the adapter is now served under (``<name>@<step>``)."""
+    """The name the adapter is now served under (``<run id>@<step>``)."""
     servers: list[str]
     """Base URLs of the servers that loaded it."""
     unloaded: list[str] = Field(default_factory=list)

@@ -80,7 +80,7 @@ class ModelSpec(_Strict):
     """The model being trained, named as in ART."""
 
     name: str = Field(pattern=NAME_PATTERN)
-    """The trainable model's name; served adapters answer to ``<name>@<step>``."""
+    """The trainable model's name; ``model=<name>`` requests are routed to the served adapter, ``<run id>@<step>``."""
     project: str = Field("default", pattern=NAME_PATTERN)
     """Groups runs for metrics (W&B project)."""
     base_model: str = Field(min_length=1)

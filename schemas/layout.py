@@ -70,9 +70,10 @@ def model_key(run_id: str) -> str:
     return f"runs/{run_id}/model.json"
 
 
-def adapter_name(model_name: str, step: int) -> str:
-    """The name a served adapter answers to: ``<model>@<step>``."""
-    return f"{model_name}@{step}"
+def adapter_name(run_id: str, step: int) -> str:
+    """The name a served adapter answers to: ``<run id>@<step>``. Named by the run, not the model, so two runs
+    that train models of one name on one server never serve each other's adapters."""
+    return f"{run_id}@{step}"
 
 
 def worker_task_queue(trainer_queue: str, worker_id: str) -> str:

@@ -61,7 +61,7 @@ class RunState(_Strict):
     checkpoint: CheckpointRef | None = None
     """The served checkpoint (None until step 0 is published)."""
     adapter: str | None = None
-    """The served adapter name (``<model>@<step>``)."""
+    """The served adapter name (``<run id>@<step>``)."""
     history: list[StepSummary] = Field(default_factory=list)
     dropped_stale_groups: int = Field(0, ge=0)
     """Pipelined mode: groups dropped because their policy was older than ``max_staleness``."""
@@ -144,4 +144,4 @@ class ServeModelResult(_Strict):
     step: int
     checkpoint: CheckpointRef
     adapter: str
-    """The served name of ``checkpoint`` (``<model>@<step>``)."""
+    """The served name of ``checkpoint`` (``<run id>@<step>``)."""

@@ -284,7 +284,7 @@ class TrainingRun:
                 run_id=spec.run_id,
                 step=target,
                 model_name=spec.model.name,
-                adapter=adapter_name(spec.model.name, policy_step) if state.adapter else None,
+                adapter=adapter_name(spec.run_id, policy_step) if state.adapter else None,
                 policy_step=policy_step,
                 task=spec.task,
                 groups_per_step=spec.groups_per_step,

@@ -63,7 +63,7 @@ async def reload(
 async def test_reload_serves_each_step_and_keeps_the_newest_and_the_leased(
     cpu_server: str, object_store: ObjectStore, adapter_dir: Path, tmp_path: Path
 ) -> None:
-    model, run_id = f"agent-{uuid.uuid4().hex[:6]}", "run-reload"
+    model, run_id = "agent", f"run-reload-{uuid.uuid4().hex[:6]}"
     acts = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path)
     client = ServingClient(cpu_server)
     beats: list[Any] = []
@@ -71,10 +71,13 @@ async def test_reload_serves_each_step_and_keeps_the_newest_and_the_leased(
     for step in (1, 2, 3):
         ref = publish(object_store, adapter_dir, run_id, step)
         results.append(await reload(acts, model, ref, keep=2, beats=beats))
-    assert [r.adapter for r in results] == [f"{model}@1", f"{model}@2", f"{model}@3"]
+    assert [r.adapter for r in results] == [f"{run_id}@1", f"{run_id}@2", f"{run_id}@3"]
     assert results[0].servers == [client.base_url]
-    assert results[2].unloaded == [f"{model}@1"]
-    assert {n for n in await client.adapters() if n.startswith(model)} == {f"{model}@2", f"{model}@3"}
+    assert results[2].unloaded == [f"{run_id}@1"]
+    assert {n for n in await client.adapters() if n.startswith(f"{run_id}@")} == {
+        f"{run_id}@2",
+        f"{run_id}@3",
+    }
     assert (
         not (tmp_path / run_id / "000001").exists()
         and (tmp_path / run_id / "000003" / "adapter_config.json").is_file()
@@ -82,42 +85,49 @@ async def test_reload_serves_each_step_and_keeps_the_newest_and_the_leased(
     assert any(b[0] == "load" for b in beats)
     # a retried reload is a no-op
     again = await reload(acts, model, publish(object_store, adapter_dir, run_id, 3), keep=2)
-    assert again.adapter == f"{model}@3" and again.unloaded == []
+    assert again.adapter == f"{run_id}@3" and again.unloaded == []
     # keep=1: step 4 evicts step 3 but not the leased step 2
-    with acts.leases.hold(f"{model}@2"):
+    with acts.leases.hold(f"{run_id}@2"):
         fourth = await reload(acts, model, publish(object_store, adapter_dir, run_id, 4), keep=1)
-    assert fourth.unloaded == [f"{model}@3"]
-    assert {n for n in await client.adapters() if n.startswith(model)} == {f"{model}@2", f"{model}@4"}
+    assert fourth.unloaded == [f"{run_id}@3"]
+    assert {n for n in await client.adapters() if n.startswith(f"{run_id}@")} == {
+        f"{run_id}@2",
+        f"{run_id}@4",
+    }
     sdk = openai.AsyncOpenAI(base_url=client.openai_base_url, api_key="unused", max_retries=0)
     response = await sdk.chat.completions.create(
-        model=f"{model}@4", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        model=f"{run_id}@4", messages=[{"role": "user", "content": "hi"}], max_tokens=3
     )
     assert response.choices[0].message.content is not None
-    for name in (f"{model}@2", f"{model}@4"):
+    for name in (f"{run_id}@2", f"{run_id}@4"):
         await client.unload_adapter(name)
 
 
-async def test_reload_replaces_the_same_name_loaded_from_another_runs_checkpoint(
+async def test_two_runs_of_one_model_name_serve_their_own_adapters(
     cpu_server: str, object_store: ObjectStore, adapter_dir: Path, tmp_path: Path
 ) -> None:
-    """Two runs that share a model name on one server: each reload serves its own run's weights."""
-    model = f"agent-{uuid.uuid4().hex[:6]}"
+    """Adapters are named by the run: two runs that share a model name on one server never serve, nor
+    evict, each other's."""
+    model, suffix = "agent", uuid.uuid4().hex[:6]
     acts = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path)
     client = ServingClient(cpu_server)
-    first = await reload(acts, model, publish(object_store, adapter_dir, "run-a", 1))
-    assert (await client.adapters())[first.adapter] == str(tmp_path / "run-a" / "000001")
-    second = await reload(acts, model, publish(object_store, adapter_dir, "run-b", 1))
-    assert second.adapter == first.adapter
-    assert (await client.adapters())[first.adapter] == str(tmp_path / "run-b" / "000001")
-    await client.unload_adapter(first.adapter)
+    first = await reload(acts, model, publish(object_store, adapter_dir, f"run-a-{suffix}", 1), keep=1)
+    second = await reload(acts, model, publish(object_store, adapter_dir, f"run-b-{suffix}", 1), keep=1)
+    assert (first.adapter, second.adapter) == (f"run-a-{suffix}@1", f"run-b-{suffix}@1")
+    loaded = await client.adapters()
+    assert loaded[first.adapter] == str(tmp_path / f"run-a-{suffix}" / "000001")
+    assert loaded[second.adapter] == str(tmp_path / f"run-b-{suffix}" / "000001")
+    assert second.unloaded == []
+    for name in (first.adapter, second.adapter):
+        await client.unload_adapter(name)
 
 
 async def test_reload_refuses_corrupt_checkpoints(
     cpu_server: str, object_store: ObjectStore, adapter_dir: Path, tmp_path: Path
 ) -> None:
-    model = f"agent-{uuid.uuid4().hex[:6]}"
+    model, run_id = "agent", f"run-corrupt-{uuid.uuid4().hex[:6]}"
     acts = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path)
-    ref = publish(object_store, adapter_dir, "run-corrupt", 1)
+    ref = publish(object_store, adapter_dir, run_id, 1)
     wrong_manifest = ref.model_copy(update={"manifest_sha256": "0" * 64})
     with pytest.raises(ApplicationError) as stale:
         await reload(acts, model, wrong_manifest)
@@ -129,7 +139,7 @@ async def test_reload_refuses_corrupt_checkpoints(
         await reload(acts, model, ref)
     assert corrupt.value.type == CORRUPT_CHECKPOINT and corrupt.value.non_retryable
     assert "does not match its manifest" in corrupt.value.message
-    assert not [n for n in await ServingClient(cpu_server).adapters() if n.startswith(model)]
+    assert not [n for n in await ServingClient(cpu_server).adapters() if n.startswith(f"{run_id}@")]
 
 
 async def test_reload_reports_an_adapter_the_server_cannot_load(
@@ -183,7 +193,8 @@ async def test_reload_on_a_real_temporal_worker(
     client = await connect_client(address=stack.temporal_address)
     acts = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path)
     model = f"agent-{uuid.uuid4().hex[:6]}"
-    good = publish(object_store, adapter_dir, "run-temporal", 1)
+    run_id = f"run-temporal-{uuid.uuid4().hex[:6]}"
+    good = publish(object_store, adapter_dir, run_id, 1)
     bad = good.model_copy(update={"manifest_sha256": "f" * 64})
     async with Worker(
         client,
@@ -200,7 +211,7 @@ async def test_reload_on_a_real_temporal_worker(
             result_type=ReloadResult,
             execution_timeout=timedelta(minutes=5),
         )
-        assert result.adapter == f"{model}@1"
+        assert result.adapter == f"{run_id}@1"
         with pytest.raises(WorkflowFailureError) as failed:  # corrupt: not retried, fails at once
             await client.execute_workflow(
                 ReloadThenNap.run,
@@ -212,8 +223,8 @@ async def test_reload_on_a_real_temporal_worker(
             )
     assert "reload failed" in str(failed.value.cause) and CORRUPT_CHECKPOINT in repr(failed.value.cause)
     served = ServingClient(cpu_server)
-    assert f"{model}@1" in await served.adapters() and not await served.is_sleeping()
-    await served.unload_adapter(f"{model}@1")
+    assert f"{run_id}@1" in await served.adapters() and not await served.is_sleeping()
+    await served.unload_adapter(f"{run_id}@1")
 
 
 @pytest.mark.parametrize(
@@ -244,7 +255,7 @@ async def test_reload_refuses_a_run_its_engine_cannot_serve(
         )
     assert caught.value.type == CONFIG_ERROR and caught.value.non_retryable
     assert "cannot serve the run" in caught.value.message and named in caught.value.message
-    assert not [n for n in await ServingClient(cpu_server).adapters() if n.startswith(model)]
+    assert not [n for n in await ServingClient(cpu_server).adapters() if n.startswith("run-refused@")]
     assert not (tmp_path / "run-refused").exists()  # refused before downloading anything
 
 
@@ -254,7 +265,8 @@ async def test_reload_serves_a_run_within_the_engine_settings(
     model = f"fits-{uuid.uuid4().hex[:6]}"
     engine = EngineSettings(max_lora_rank=16, max_loras=3)
     acts = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path, engine=engine)
-    ref = publish(object_store, adapter_dir, "run-fits", 1)
+    run_id = f"run-fits-{uuid.uuid4().hex[:6]}"
+    ref = publish(object_store, adapter_dir, run_id, 1)
     inp = ReloadInput(
         model_name=model,
         checkpoint=ref,
@@ -264,5 +276,5 @@ async def test_reload_serves_a_run_within_the_engine_settings(
         bucket=object_store.bucket,
     )
     result = await ActivityEnvironment().run(acts.reload, inp)
-    assert result.adapter == f"{model}@1"
+    assert result.adapter == f"{run_id}@1"
     await ServingClient(cpu_server).unload_adapter(result.adapter)

@@ -122,7 +122,7 @@ async def test_an_art_program_trains_two_steps_and_logs(tmp_path: Path) -> None:
     result = seen["result"]
     assert result.step == 1 and result.checkpoint_path.endswith("/checkpoints/000001/")
     assert result.metrics["loss/train"] == result.metrics["loss/train"]  # a number, not NaN
-    assert (seen["step"], seen["served"]) == (2, "agent@2")
+    assert (seen["step"], seen["served"]) == (2, "art-compat-agent@2")
 
     step1 = seen["records"][1]
     rewards = [t.reward for g in first for t in g]

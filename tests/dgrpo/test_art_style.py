@@ -105,7 +105,7 @@ async def art_style_story(tmp_path: Path, home: Path) -> None:
         script.wait()
     assert "step 1: reward" in tail(log, 100_000), tail(log)
     result = await asyncio.wait_for(step2.result(), timeout=600)
-    assert (result.step, result.adapter, result.skipped) == (2, "art@2", False)
+    assert (result.step, result.adapter, result.skipped) == (2, f"{run_id}@2", False)
 
     # 2. The same script against TemporalBackend: that stack and its workers, started separately.
     inference_url = dgrpo.LocalBackend(path=home).inference_url()
@@ -155,7 +155,7 @@ async def art_style_story(tmp_path: Path, home: Path) -> None:
     async with dgrpo.LocalBackend(path=home) as again:
         model = dgrpo.TrainableModel(name="art", project=PROJECT)
         await model.register(again)
-        assert (await model.get_step(), model.get_inference_name()) == (3, "art@3")
+        assert (await model.get_step(), model.get_inference_name()) == (3, f"{PROJECT}-art@3")
         client = await again.temporal_client()
         for step in (1, 2, 3):
             runs = [w async for w in client.list_workflows(f'WorkflowId = "train-{PROJECT}-art-{step:06d}"')]

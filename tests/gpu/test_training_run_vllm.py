@@ -73,7 +73,7 @@ def gpu_spec(run_id: str, queues: TaskQueues, mode: str) -> RunSpec:
     data = json.loads((REPO / "examples" / "run.json").read_text())
     data.update(run_id=run_id, task_queues=queues.model_dump(), metrics={"wandb": False}, mode=mode)
     data.update(steps=STEPS, groups_per_step=GROUPS, group_size=GROUP_SIZE, serving={"engine": "vllm"})
-    data["model"]["name"] = run_id  # served adapters are <model>@<step> on the shared server
+    data["model"]["name"] = run_id
     data["train"] = {"learning_rate": 2e-4}
     return RunSpec.model_validate(data)
 
@@ -107,7 +107,7 @@ def summarize(final: RunStatus, metrics: list[dict[str, Any]]) -> dict[str, Any]
 
 
 def assert_complete(final: RunStatus, store: ObjectStore, spec: RunSpec) -> None:
-    assert final.phase == "done" and final.step == STEPS and final.adapter == f"{spec.model.name}@{STEPS}"
+    assert final.phase == "done" and final.step == STEPS and final.adapter == f"{spec.run_id}@{STEPS}"
     assert [h.step for h in final.history] == list(range(1, STEPS + 1))
     assert all(h.n_trajectories == GROUPS * GROUP_SIZE and h.reward_mean is not None for h in final.history)
     for step in range(STEPS + 1):
@@ -125,7 +125,7 @@ def assert_ratio_near_one(metrics: list[dict[str, Any]]) -> None:
 async def newest_adapter_answers(workers: WorkerProcess, spec: RunSpec) -> None:
     sdk = openai.AsyncOpenAI(base_url=workers.server_urls[0], api_key="unused", max_retries=0)
     reply = await sdk.chat.completions.create(
-        model=f"{spec.model.name}@{STEPS}", messages=[{"role": "user", "content": "2+2?"}], max_tokens=4
+        model=f"{spec.run_id}@{STEPS}", messages=[{"role": "user", "content": "2+2?"}], max_tokens=4
     )
     assert reply.choices[0].finish_reason in ("stop", "length")
 

@@ -63,7 +63,7 @@ async def test_train_step_trains_publishes_serves_and_is_idempotent(client: Clie
         second = await run_step(client, step_input(task_queue, run_id, 2), f"{run_id}-2")
         with pytest.raises(WorkflowFailureError) as err:
             await run_step(client, step_input(task_queue, run_id, 4), f"{run_id}-4")
-    assert (first.step, first.adapter, first.skipped) == (1, "agent-001@1", False)
+    assert (first.step, first.adapter, first.skipped) == (1, f"{run_id}@1", False)
     assert again.skipped and again.checkpoint == first.checkpoint  # a retried call does not train twice
     assert second.checkpoint.step == 2 and second.loss == pytest.approx(0.5)
     assert stubs.names("train") == [1, 2] and stubs.names("reload") == [1, 1, 2]

@@ -68,10 +68,10 @@ async def test_sync_run_orders_the_stages_and_answers_status(client: Client, tas
         during = await handle.query(TrainingRun.status)
         assert (during.step, during.working_on, during.phase) == (1, 2, "train")
         assert during.history[0].step == 1 and during.last_checkpoint is not None
-        assert during.last_checkpoint.step == 1 and during.adapter == "agent-001@1"
+        assert during.last_checkpoint.step == 1 and during.adapter == f"{spec.run_id}@1"
         stubs.train_gates[2].set()
         final = await handle.result()
-    assert final.phase == "done" and final.step == 3 and final.adapter == "agent-001@3"
+    assert final.phase == "done" and final.step == 3 and final.adapter == f"{spec.run_id}@3"
     assert [h.step for h in final.history] == [1, 2, 3]
     assert [h.policy_step for h in final.history] == [0, 1, 2]
     assert [h.reward_mean for h in final.history] == pytest.approx([0.0, 0.1, 0.2])

@@ -60,7 +60,6 @@ def workers(
 def small_spec(run_id: str, queues: TaskQueues, **overrides: Any) -> RunSpec:
     data = json.loads((REPO / "examples" / "run.json").read_text())
     data.update(run_id=run_id, task_queues=queues.model_dump(), metrics={"wandb": False})
-    # One model name per run: served adapters are named <model>@<step> on the shared server.
     data["model"]["name"] = run_id
     data["train"] = {"learning_rate": 2e-4}
     data.update(overrides)
@@ -100,7 +99,7 @@ async def test_a_real_sync_run_terminated_after_step_1_restarts_from_its_checkpo
     assert newest is not None and newest.step == 1
 
     final, seen = await run_and_watch(client, spec)  # the same run id again: resume
-    assert final.phase == "done" and final.step == 3 and final.adapter == f"{spec.model.name}@3"
+    assert final.phase == "done" and final.step == 3 and final.adapter == f"{spec.run_id}@3"
     assert [h.step for h in final.history] == [2, 3]  # step 1 not redone, none skipped
     assert all(h.n_trajectories == 8 and h.reward_mean is not None for h in final.history)
     running = [s for s in seen if s.phase not in ("done", "stopped")]
@@ -177,7 +176,7 @@ async def test_register_serves_a_warm_start_adapter_at_step_0(
         task_queues=queues,
     )
     await model.register(backend)
-    assert (await model.get_step(), model.get_inference_name()) == (0, f"{name}@0")
+    assert (await model.get_step(), model.get_inference_name()) == (0, f"{model.run_id}@0")
     store = backend.object_store()
     served = load(store.get_bytes(checkpoint_prefix(model.run_id, 0) + "adapter_model.safetensors"))
     warm = load((adapter / "adapter_model.safetensors").read_bytes())
@@ -185,8 +184,8 @@ async def test_register_serves_a_warm_start_adapter_at_step_0(
     reply = await model.openai_client().chat.completions.create(
         model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
     )
-    assert reply.model == f"{name}@0"
+    assert reply.model == f"{model.run_id}@0"
     # Registering again (another client, same server) finds it served and runs nothing more.
     again = dgrpo.TrainableModel(name=name, project="it", base_model=str(adapter))
     await again.register(backend)
-    assert again.get_inference_name() == f"{name}@0"
+    assert again.get_inference_name() == f"{model.run_id}@0"

@@ -110,7 +110,7 @@ class ScriptedActivities:
             f = self.rollout_failure
             raise ApplicationError(f.message, type=f.type, non_retryable=f.non_retryable)
         if inp.adapter is not None:
-            assert inp.adapter == adapter_name(inp.model_name, inp.policy_step)
+            assert inp.adapter == adapter_name(inp.run_id, inp.policy_step)
         await asyncio.sleep(self.rollout_seconds)
         n = inp.groups_per_step * inp.group_size
         return TrajectoriesRef(
@@ -187,7 +187,9 @@ class ScriptedActivities:
     @activity.defn(name=ActivityName.RELOAD)
     async def reload(self, inp: ReloadInput) -> ReloadResult:
         self.calls.append(("reload", inp.checkpoint.step))
-        return ReloadResult(adapter=adapter_name(inp.model_name, inp.checkpoint.step), servers=["stub"])
+        return ReloadResult(
+            adapter=adapter_name(inp.checkpoint.run_id, inp.checkpoint.step), servers=["stub"]
+        )
 
     @activity.defn(name=ActivityName.SERVING_CONTROL)
     async def serving_control(self, inp: ServingControlInput) -> None:
