@@ -55,7 +55,9 @@ async def one_step(base_url: str, turns: int) -> tuple[float, int]:
     lengths = await asyncio.gather(
         *(conversation(client, item, turns) for item in items for _ in range(GROUP_SIZE))
     )
-    return time.perf_counter() - started, max(lengths)
+    elapsed = time.perf_counter() - started
+    await client.close()  # inside its event loop: asyncio.run closes the loop next
+    return elapsed, max(lengths)
 
 
 def main() -> None:
