@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 from temporalio.api.enums.v1 import EventType, PendingActivityState
-from temporalio.client import WorkflowHandle
+from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 from schemas.config import TaskQueues
@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 
 
+class MomentPassed(RuntimeError):
+    """The run went past the phase a fault was waiting for."""
+
+
 @dataclass
 class Fault:
     """One injected fault: what was killed, when, and (for a worker) the activity attempt it was running."""
@@ -44,6 +48,8 @@ class Fault:
     target: str
     at: datetime
     activity: str | None = None
+    run_id: str | None = None
+    """The workflow run (of a continue-as-new chain) the activity belongs to."""
     activity_id: str | None = None
     attempt: int | None = None
     outage_s: float | None = None
@@ -127,7 +133,8 @@ class ChaosCluster:
         and start it again at once (it polls again after its start-up)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for pending in await pending_activities(handle):
+            run_id, pendings = await pending_activities(handle)
+            for pending in pendings:
                 if (
                     pending.activity_type.name != activity
                     or pending.state != PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
@@ -138,7 +145,13 @@ class ChaosCluster:
                 if name is None or (datetime.now(UTC) - started).total_seconds() < after_s:
                     continue
                 fault = Fault(
-                    "kill worker", name, datetime.now(UTC), activity, pending.activity_id, pending.attempt
+                    "kill worker",
+                    name,
+                    datetime.now(UTC),
+                    activity,
+                    run_id,
+                    pending.activity_id,
+                    pending.attempt,
                 )
                 self.workers[name].kill()
                 self.faults.append(fault)
@@ -153,6 +166,7 @@ class ChaosCluster:
         fault = Fault("kill worker", name, datetime.now(UTC))
         self.workers[name].kill()
         self.faults.append(fault)
+        log.warning("killed %s", name)
         self.spawn(name)
         return fault
 
@@ -196,12 +210,13 @@ async def unless_done(result: asyncio.Future[Any], injection: Awaitable[object])
     strike.result()
 
 
-async def pending_activities(handle: WorkflowHandle) -> list:  # type: ignore[type-arg]
-    """The run's pending activities (empty while Temporal is unreachable)."""
+async def pending_activities(handle: WorkflowHandle) -> tuple[str, list[Any]]:  # type: ignore[type-arg]
+    """The current run's id and its pending activities (none while Temporal is unreachable)."""
     try:
-        return list((await handle.describe()).raw_description.pending_activities)
+        described = await handle.describe()
     except RPCError:
-        return []
+        return "", []
+    return described.run_id, list(described.raw_description.pending_activities)
 
 
 async def wait_for_phase(handle: WorkflowHandle, phase: str, step: int, timeout_s: float = 600.0) -> None:
@@ -212,34 +227,40 @@ async def wait_for_phase(handle: WorkflowHandle, phase: str, step: int, timeout_
     while time.monotonic() < deadline:
         try:
             status = await handle.query(TrainingRun.status)
-            if status.phase == phase and status.step == step - 1:
-                return
         except Exception as err:  # a restarting worker or server: ask again
             log.debug("status not answered: %s", err)
+        else:
+            if status.phase == phase and status.step == step - 1:
+                return
+            if status.step >= step or status.phase in ("done", "stopped", "failed"):
+                raise MomentPassed(
+                    f"the run is past {phase} of step {step} ({status.phase}, step {status.step})"
+                )
         await asyncio.sleep(0.3)
     raise TimeoutError(f"the run never reached {phase} of step {step} within {timeout_s:.0f}s")
 
 
-async def retry_delays(handle: WorkflowHandle, faults: list[Fault]) -> dict[int, float | None]:
+async def retry_delays(client: Client, workflow_id: str, faults: list[Fault]) -> dict[int, float | None]:
     """For each worker kill (by index in ``faults``): seconds from the kill to the start of the attempt that
     followed, read from the history's ActivityTaskStarted events (None: no later attempt recorded)."""
-    scheduled: dict[int, str] = {}  # event id -> activity id
-    started: list[tuple[str, int, datetime]] = []  # activity id, attempt, when
-    async for event in handle.fetch_history_events():
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            scheduled[event.event_id] = event.activity_task_scheduled_event_attributes.activity_id
-        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            attrs = event.activity_task_started_event_attributes
-            when = event.event_time.ToDatetime(tzinfo=UTC)
-            started.append((scheduled[attrs.scheduled_event_id], attrs.attempt, when))
+    started: list[tuple[str, str, int, datetime]] = []  # run id, activity id, attempt, when
+    for run_id in sorted({f.run_id for f in faults if f.run_id}):
+        scheduled: dict[int, str] = {}  # event id -> activity id
+        async for event in client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history_events():
+            if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                scheduled[event.event_id] = event.activity_task_scheduled_event_attributes.activity_id
+            elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                attrs = event.activity_task_started_event_attributes
+                when = event.event_time.ToDatetime(tzinfo=UTC)
+                started.append((run_id, scheduled[attrs.scheduled_event_id], attrs.attempt, when))
     delays: dict[int, float | None] = {}
     for i, fault in enumerate(faults):
         if fault.kind != "kill worker" or fault.activity_id is None or fault.attempt is None:
             continue
         later = [
             when
-            for activity_id, attempt, when in started
-            if activity_id == fault.activity_id and attempt > fault.attempt
+            for run_id, activity_id, attempt, when in started
+            if (run_id, activity_id) == (fault.run_id, fault.activity_id) and attempt > fault.attempt
         ]
         delays[i] = (min(later) - fault.at).total_seconds() if later else None
     return delays

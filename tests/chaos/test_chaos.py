@@ -2,7 +2,12 @@
 restart, and S3 stopped for 30 s, and leaves exactly what an undisturbed run leaves.
 
 Its own stack (it gets killed), a control worker, 2 inference workers (each with its own CPU server) and 2
-trainers, all real processes on loopback; SmolLM2-135M at tiny sizes.
+trainers, all real processes on loopback; SmolLM2-135M at tiny sizes. Faults, in order: the inference worker
+running step 1's rollouts and the trainer running step 1's train are killed (each restarted at once, as a
+supervisor would); in step 2 the control worker (it holds the workflow; its own activities last under a
+second, so it is killed while the rollouts run elsewhere), then Temporal (down 3 s), then the trainer running
+train, then S3 (down 30 s, while the retry of train runs); in step 3 the worker running rollouts, and the
+control worker again during train. About 5 minutes on 2 CPU cores, most of it the 30 s heartbeat timeouts.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ async def test_a_run_survives_worker_kills_a_temporal_restart_and_an_s3_outage(c
         lambda: cluster.kill_worker_running(handle, "train"),  # step 2: its retry runs into the S3 outage
         lambda: cluster.kill_server("seaweed", down_s=30.0),
         lambda: cluster.kill_worker_running(handle, "rollouts"),  # step 3
+        lambda: wait_for_phase(handle, "train", step=3),
+        lambda: cluster.kill_worker_now("control"),
     ]
     try:
         for strike in faults:
@@ -86,10 +93,15 @@ async def test_a_run_survives_worker_kills_a_temporal_restart_and_an_s3_outage(c
     assert final.phase == "done" and final.step == STEPS
     assert cluster.dead() == []
     assert [h.step for h in final.history] == list(range(1, STEPS + 1))
+    assert all(h.n_trajectories == GROUPS * GROUP_SIZE and h.n_exceptions == 0 for h in final.history)
     kills = [f for f in cluster.faults if f.kind == "kill worker"]
-    assert {f.target.split("-")[0] for f in kills} == {"control", "inference", "trainer"}
-    delays = await retry_delays(handle, cluster.faults)
-    assert all(delay is not None for delay in delays.values()), delays  # every killed attempt was retried
+    assert (
+        sorted(f.target.split("-")[0] for f in kills) == ["control"] * 2 + ["inference"] * 2 + ["trainer"] * 2
+    )
+    delays = await retry_delays(client, spec.run_id, cluster.faults)
+    assert len(delays) == 4 and all(d is not None for d in delays.values()), (
+        delays
+    )  # each killed attempt retried
 
     store = ObjectStore(cluster.stack.s3_settings)
     assert checkpoint_steps(store, spec.run_id) == [step_name(s) for s in range(STEPS + 1)]
