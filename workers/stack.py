@@ -20,6 +20,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
@@ -38,6 +39,9 @@ from host.processes import (
 from schemas import settings as env_names
 from schemas.settings import S3Settings
 from workers.temporal import connect_client
+
+if TYPE_CHECKING:
+    from minio import Minio
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +117,22 @@ def temporal_healthy(address: str) -> bool:
     except Exception as err:
         log.debug("temporal at %s not healthy yet: %s", address, err)
         return False
+
+
+def s3_serves(s3: Minio, bucket: str) -> bool:
+    """The bucket exists and a stored object reads back: a restarted weed answers before its volumes load."""
+    if not s3.bucket_exists(bucket):
+        return False
+    for obj in s3.list_objects(bucket, recursive=True):
+        if obj.size and obj.object_name is not None:
+            response = s3.get_object(bucket, obj.object_name, offset=0, length=1)
+            try:
+                response.read()
+            finally:
+                response.close()
+                response.release_conn()
+            break
+    return True
 
 
 class EmbeddedStack:
@@ -254,7 +274,9 @@ class EmbeddedStack:
                 "s3": last.s3_port,
                 **last.weed_ports,
             }
-        self.stop()  # a half-dead stack (one process gone) is restarted whole
+        kept = self._live_half(last)
+        if kept is None:
+            self.stop()
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         taken: set[int] = set()
         temporal_port = self._pick("temporal", recorded.get("temporal"), DEFAULT_TEMPORAL_PORT, taken)
@@ -271,8 +293,19 @@ class EmbeddedStack:
             taken.add(weed_ports[flag])
         self.credentials()
 
-        temporal = self._spawn("temporal", self._temporal_args(temporal_port, ui_port))
-        seaweed = self._spawn("seaweed", self._weed_args(s3_port, weed_ports))
+        if (
+            kept is not None and last is not None
+        ):  # the live half keeps its ports, the dead one gets its own back
+            temporal_port, ui_port = last.temporal_port, last.ui_port
+            s3_port, weed_ports = last.s3_port, last.weed_ports
+        if kept == "temporal" and last is not None:
+            temporal = last.temporal
+        else:
+            temporal = self._spawn("temporal", self._temporal_args(temporal_port, ui_port))
+        if kept == "seaweed" and last is not None:
+            seaweed = last.seaweed
+        else:
+            seaweed = self._spawn("seaweed", self._weed_args(s3_port, weed_ports))
         state = StackState(
             home=str(self.home),
             temporal=temporal,
@@ -292,6 +325,21 @@ class EmbeddedStack:
         write_atomic(self.state_path, state.model_dump_json(indent=2))
         log.info("stack up: temporal %s, s3 %s", state.temporal_address, state.s3_endpoint)
         return state
+
+    def _live_half(self, last: StackState | None) -> str | None:
+        """``"temporal"`` or ``"seaweed"`` when only that half of a crashed stack still runs and answers: it
+        is kept (workflows and uploads in flight are not disturbed) and only the dead half is restarted."""
+        if last is None or self.requested != {"temporal": None, "ui": None, "s3": None}:
+            return None
+        temporal_up = alive(last.temporal) and port_answers(last.temporal_port)
+        seaweed_up = alive(last.seaweed) and port_answers(last.s3_port)
+        if temporal_up and not seaweed_up:
+            terminate([last.seaweed], 10.0)  # alive but not answering: restarted all the same
+            return "temporal"
+        if seaweed_up and not temporal_up:
+            terminate([last.temporal], 10.0)
+            return "seaweed"
+        return None
 
     def _temporal_args(self, port: int, ui_port: int | None) -> list[str]:
         args = [find_binary("temporal"), "server", "start-dev", "--ip", HOST, "--port", str(port)]
@@ -336,7 +384,7 @@ class EmbeddedStack:
                 temporal_ok = temporal_healthy(state.temporal_address)
             if not s3_ok and port_answers(state.s3_port):
                 try:
-                    s3_ok = s3.bucket_exists(state.bucket)
+                    s3_ok = s3_serves(s3, state.bucket)
                 except Exception as err:
                     log.debug("s3 not ready yet: %s", err)
             if temporal_ok and s3_ok:
