@@ -36,10 +36,12 @@ from temporalio.exceptions import ApplicationError
 from activities.advantages import check_rewards
 from activities.object_store import ObjectStore
 from activities.rollout_model import RolloutModel, discover_base_model, own_server_api_key
+from activities.serving import ServingActivities
 from activities.trajectory_store import upload_groups
 from schemas.activities import ActivityName, RolloutsInput
 from schemas.config import TaskSpec
 from schemas.errors import ROLLOUT_FAILED, DgrpoError, RunSpecError, TaskImportError
+from schemas.layout import adapter_name
 from schemas.refs import TrajectoriesRef
 from schemas.settings import ENV_TASK_MODULES, env_list
 from schemas.trajectory import Choice, ExceptionRecord, Trajectory, TrajectoryGroup
@@ -323,7 +325,9 @@ async def run_groups(
 
 class RolloutActivities:
     """The inference worker's rollouts activity, bound to its server(s), the object store and the task
-    modules its operator allows (``task_modules``, default ``task_modules_from_env()``)."""
+    modules its operator allows (``task_modules``, default ``task_modules_from_env()``). ``serving``: the
+    worker's serving activities, which load the pinned adapter where a server lacks it (its reload ran on
+    another inference worker, or this server was restarted)."""
 
     def __init__(
         self,
@@ -333,6 +337,7 @@ class RolloutActivities:
         base_served_name: str | None = None,
         api_key: str | None = None,
         task_modules: Sequence[str] | None = None,
+        serving: ServingActivities | None = None,
     ) -> None:
         urls = [inference_urls] if isinstance(inference_urls, str) else list(inference_urls)
         if not urls:
@@ -342,6 +347,7 @@ class RolloutActivities:
         self.base_served_name = base_served_name
         self.api_key = api_key or own_server_api_key()
         self.task_modules = tuple(task_modules) if task_modules is not None else task_modules_from_env()
+        self.serving = serving
 
     async def served_base_name(self) -> str:
         """The base model's served name (asked of the first server once, unless given)."""
@@ -359,6 +365,8 @@ class RolloutActivities:
         indices = pick_scenarios(len(scenarios), input.groups_per_step, input.scenario_offset, input.seed)
         picked = [(i, scenarios[i]) for i in indices]
         base_name = await self.served_base_name()
+        if self.serving is not None and input.adapter == adapter_name(input.run_id, input.policy_step):
+            await self.serving.ensure_adapter(input.run_id, input.policy_step)
         models = [
             RolloutModel(
                 name=input.model_name,

@@ -37,6 +37,7 @@ from schemas import layout
 from schemas.activities import ActivityName, ReloadInput, ReloadResult, ServingControlInput
 from schemas.errors import CONFIG_ERROR, CORRUPT_LOCAL_COPY, DgrpoError
 from schemas.layout import adapter_name
+from schemas.refs import CheckpointRef
 from schemas.settings import EngineSettings, dgrpo_home
 from serving.client import ServingClient, ServingError
 
@@ -152,6 +153,37 @@ class ServingActivities:
                                    non_retryable=True)  # fmt: skip
         ref = input.checkpoint
         name = adapter_name(ref.run_id, ref.step)
+        local = await self._download_and_load(self.clients, name, ref)
+        self.served[name] = local
+        unloaded = await self._evict(ref.run_id, keep=input.serving.keep_adapters, current=name)
+        for evicted in unloaded:
+            self.served.pop(evicted, None)
+            step = _adapter_step(ref.run_id, evicted)
+            if step is not None:
+                shutil.rmtree(self.local_dir(ref.run_id, step), ignore_errors=True)
+        return ReloadResult(
+            adapter=name, servers=[c.base_url for c in self.clients], unloaded=sorted(unloaded)
+        )
+
+    async def ensure_adapter(self, run_id: str, step: int) -> str:
+        """Serve ``<run id>@<step>`` on every server, loading the run's published checkpoint where it is
+        missing: the step's reload ran on another inference worker, or this one's server was restarted."""
+        name = adapter_name(run_id, step)
+        missing = [c for c in self.clients if name not in await c.adapters()]
+        if missing:
+            prefix = layout.checkpoint_prefix(run_id, step)
+            try:
+                _, sha = await asyncio.to_thread(self.store.read_manifest, prefix)
+            except DgrpoError as err:
+                raise application_error(err) from err
+            ref = CheckpointRef(run_id=run_id, step=step, uri=self.store.uri(prefix), manifest_sha256=sha)
+            self.served[name] = await self._download_and_load(missing, name, ref)
+        return name
+
+    async def _download_and_load(
+        self, clients: Sequence[ServingClient], name: str, ref: CheckpointRef
+    ) -> Path:
+        """Download ``ref`` (sha256-verified) and load it as ``name`` on ``clients``; its local copy."""
         local = self.local_dir(ref.run_id, ref.step)
         _heartbeat("download", name)
         try:
@@ -160,7 +192,7 @@ class ServingActivities:
         except DgrpoError as err:  # a corrupt or overwritten checkpoint, an unreachable or refusing store
             raise application_error(err) from err
         sha256 = {e.path: e.sha256 for e in manifest.files if e.path.startswith(ADAPTER_FILE_PREFIX)}
-        for client in self.clients:
+        for client in clients:
             _heartbeat("load", name, client.base_url)
             # The same name loaded from another directory is another run's adapter (two runs that share a
             # model name and a server): this step's checkpoint replaces it. A retry finds its own path.
@@ -185,16 +217,7 @@ class ServingActivities:
                     non_retryable=True,
                 ) from err
             log.info("%s %s on %s", "loaded" if loaded else "already had", name, client.base_url)
-        self.served[name] = local
-        unloaded = await self._evict(ref.run_id, keep=input.serving.keep_adapters, current=name)
-        for evicted in unloaded:
-            self.served.pop(evicted, None)
-            step = _adapter_step(ref.run_id, evicted)
-            if step is not None:
-                shutil.rmtree(self.local_dir(ref.run_id, step), ignore_errors=True)
-        return ReloadResult(
-            adapter=name, servers=[c.base_url for c in self.clients], unloaded=sorted(unloaded)
-        )
+        return local
 
     async def restore(self) -> list[str]:
         """Load every adapter this worker was serving again (a restarted server starts with none)."""

@@ -120,7 +120,8 @@ def inference_activities(
 
     urls = list(server_urls)
     serving = serving or ServingActivities(urls, store, engine=opts.engine)
-    return [RolloutActivities(urls, store, task_modules=opts.task_modules).rollouts, *serving.all()]
+    rollouts = RolloutActivities(urls, store, task_modules=opts.task_modules, serving=serving)
+    return [rollouts.rollouts, *serving.all()]
 
 
 async def build_workers(

@@ -278,3 +278,19 @@ async def test_reload_serves_a_run_within_the_engine_settings(
     result = await ActivityEnvironment().run(acts.reload, inp)
     assert result.adapter == f"{run_id}@1"
     await ServingClient(cpu_server).unload_adapter(result.adapter)
+
+
+async def test_ensure_adapter_loads_a_published_step_its_server_lacks(
+    cpu_server: str, object_store: ObjectStore, adapter_dir: Path, tmp_path: Path
+) -> None:
+    """What rollouts pinned to a step do on an inference worker whose server never ran that step's reload."""
+    run_id = f"run-ensure-{uuid.uuid4().hex[:6]}"
+    publish(object_store, adapter_dir, run_id, 2)
+    acts = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path)
+    client = ServingClient(cpu_server)
+    assert f"{run_id}@2" not in await client.adapters()
+    name = await acts.ensure_adapter(run_id, 2)
+    assert name == f"{run_id}@2" and (await client.adapters())[name] == str(tmp_path / run_id / "000002")
+    assert acts.served == {name: tmp_path / run_id / "000002"}  # restored too if this server restarts
+    assert await acts.ensure_adapter(run_id, 2) == name  # served already: nothing loaded again
+    await client.unload_adapter(name)
