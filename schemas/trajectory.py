@@ -178,13 +178,14 @@ Entry = Choice | Message | SdkModel
 ``Choice`` or message) kept as given and converted by ``as_entry`` where it is read or stored."""
 
 
-class History(_Strict):
-    """Another conversation of the same rollout (a sub-agent, a summariser), as ART's ``History``."""
+class _Conversation(_Strict):
+    """Messages and sampled choices in order, and the tools offered: what a trajectory and each of its
+    additional histories hold alike."""
 
     messages_and_choices: list[Entry] = Field(default_factory=list)
-    """Chat messages and sampled choices of this conversation, in order."""
+    """Chat messages (context) and the policy's sampled choices (trainable), in order."""
     tools: list[dict[str, Any]] | None = None
-    """OpenAI tool definitions offered in this conversation, if any."""
+    """OpenAI tool definitions offered to the model, if any."""
 
     @field_serializer("messages_and_choices")
     def _serialize_entries(self, items: list[Any]) -> list[Any]:
@@ -195,17 +196,17 @@ class History(_Strict):
         return _entries_messages(self.messages_and_choices)
 
     def choices(self) -> list[Choice]:
-        """The sampled choices, in order."""
+        """The trainable choices, in order (openai ``Choice`` objects appended later included)."""
         return _entries_choices(self.messages_and_choices)
 
 
-class Trajectory(_Strict):
+class History(_Conversation):
+    """Another conversation of the same rollout (a sub-agent, a summariser), as ART's ``History``."""
+
+
+class Trajectory(_Conversation):
     """One rollout of an agent: what it saw, what it sampled, and how it was scored."""
 
-    messages_and_choices: list[Entry] = Field(default_factory=list)
-    """Chat messages (context) and the policy's sampled choices (trainable), in order."""
-    tools: list[dict[str, Any]] | None = None
-    """OpenAI tool definitions offered to the model, if any."""
     additional_histories: list[History] = Field(default_factory=list)
     """Other conversations of this rollout (ART's sub-agent histories); not trained by dgrpo yet."""
     reward: float = 0.0
@@ -220,18 +221,6 @@ class Trajectory(_Strict):
     """The training step whose adapter sampled the choices (None when unknown)."""
     start_time: datetime = Field(default_factory=datetime.now, exclude=True)
     """When the rollout began (``finish()`` measures from here); not stored."""
-
-    @field_serializer("messages_and_choices")
-    def _serialize_entries(self, items: list[Any]) -> list[Any]:
-        return [e.model_dump() if isinstance(e, Choice) else e for e in map(as_entry, items)]
-
-    def messages(self) -> list[dict[str, Any]]:
-        """The plain OpenAI message list: choices replaced by their assistant message."""
-        return _entries_messages(self.messages_and_choices)
-
-    def choices(self) -> list[Choice]:
-        """The trainable choices, in order (openai ``Choice`` objects appended later included)."""
-        return _entries_choices(self.messages_and_choices)
 
     def log(self, message: str) -> None:
         """Keep a free-text note with the trajectory."""
