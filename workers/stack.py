@@ -266,38 +266,20 @@ class EmbeddedStack:
             self.state = existing
             return existing
         last = self._recorded_state()  # left behind by a crashed stack
-        recorded: dict[str, int | None] = {}
-        if last is not None:
-            recorded = {
-                "temporal": last.temporal_port,
-                "ui": last.ui_port,
-                "s3": last.s3_port,
-                **last.weed_ports,
-            }
         kept = self._live_half(last)
         if kept is None:
             self.stop()
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
-        taken: set[int] = set()
-        temporal_port = self._pick("temporal", recorded.get("temporal"), DEFAULT_TEMPORAL_PORT, taken)
-        taken.add(temporal_port)
-        ui_port: int | None = None
-        if self.ui:
-            ui_port = self._pick("ui", recorded.get("ui"), DEFAULT_UI_PORT, taken)
-            taken.add(ui_port)
-        s3_port = self._pick("s3", recorded.get("s3"), DEFAULT_S3_PORT, taken)
-        taken.add(s3_port)
-        weed_ports: dict[str, int] = {}
-        for flag in WEED_PORT_FLAGS:
-            weed_ports[flag] = self._pick(flag, recorded.get(flag), None, taken)
-            taken.add(weed_ports[flag])
-        self.credentials()
-
         if (
             kept is not None and last is not None
         ):  # the live half keeps its ports, the dead one gets its own back
-            temporal_port, ui_port = last.temporal_port, last.ui_port
-            s3_port, weed_ports = last.s3_port, last.weed_ports
+            temporal_port, ui_port, s3_port, weed_ports = (
+                last.temporal_port, last.ui_port, last.s3_port, last.weed_ports
+            )  # fmt: skip
+        else:
+            temporal_port, ui_port, s3_port, weed_ports = self._ports(last)
+        self.credentials()
+
         if kept == "temporal" and last is not None:
             temporal = last.temporal
         else:
@@ -325,6 +307,31 @@ class EmbeddedStack:
         write_atomic(self.state_path, state.model_dump_json(indent=2))
         log.info("stack up: temporal %s, s3 %s", state.temporal_address, state.s3_endpoint)
         return state
+
+    def _ports(self, last: StackState | None) -> tuple[int, int | None, int, dict[str, int]]:
+        """Temporal, UI, S3 and weed's other ports for a new stack: those ``last`` recorded where free."""
+        recorded: dict[str, int | None] = {}
+        if last is not None:
+            recorded = {
+                "temporal": last.temporal_port,
+                "ui": last.ui_port,
+                "s3": last.s3_port,
+                **last.weed_ports,
+            }
+        taken: set[int] = set()
+        temporal_port = self._pick("temporal", recorded.get("temporal"), DEFAULT_TEMPORAL_PORT, taken)
+        taken.add(temporal_port)
+        ui_port: int | None = None
+        if self.ui:
+            ui_port = self._pick("ui", recorded.get("ui"), DEFAULT_UI_PORT, taken)
+            taken.add(ui_port)
+        s3_port = self._pick("s3", recorded.get("s3"), DEFAULT_S3_PORT, taken)
+        taken.add(s3_port)
+        weed_ports: dict[str, int] = {}
+        for flag in WEED_PORT_FLAGS:
+            weed_ports[flag] = self._pick(flag, recorded.get(flag), None, taken)
+            taken.add(weed_ports[flag])
+        return temporal_port, ui_port, s3_port, weed_ports
 
     def _live_half(self, last: StackState | None) -> str | None:
         """``"temporal"`` or ``"seaweed"`` when only that half of a crashed stack still runs and answers: it
