@@ -20,22 +20,27 @@ import dgrpo as art
 from activities.retention import metrics_by_step
 from dgrpo.local import LocalBackend
 from dgrpo.utils import iterate_dataset
-from examples.arithmetic import scenarios, score_answer
+from examples.arithmetic import EXAMPLE_TURN, scenarios, score_answer
 
 pytestmark = pytest.mark.slow
 
 
 # ---- the program (as an ART user writes it) ---------------------------------------------------------
 @art.retry(exceptions=(openai.APIConnectionError,))
-async def rollout(model: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
+async def rollout(model: art.Model, scenario: dict[str, Any], seed: int) -> art.Trajectory:
     traj = art.Trajectory(
-        messages_and_choices=[{"role": "system", "content": "Answer with the number only."}], reward=0
+        messages_and_choices=[{"role": "system", "content": "Answer with the number only."}, *EXAMPLE_TURN],
+        reward=0,
     )
     scores = []
-    for a, b in ((scenario["a"], scenario["b"]), (scenario["b"], 1)):
+    for turn, (a, b) in enumerate(((scenario["a"], scenario["b"]), (scenario["b"], 1))):
         traj.messages_and_choices.append({"role": "user", "content": f"What is {a} + {b}?"})
         completion = await model.openai_client().chat.completions.create(
-            model=model.get_inference_name(), messages=traj.messages(), max_tokens=4, temperature=1.0
+            model=model.get_inference_name(),
+            messages=traj.messages(),
+            max_tokens=8,
+            temperature=1.0,
+            seed=seed * 2 + turn,
         )
         choice = completion.choices[0]
         traj.messages_and_choices.append(choice)
@@ -59,7 +64,7 @@ async def program(home: Path) -> dict[str, Any]:
         )
         await baseline.register(backend)
         val = await art.gather_trajectory_groups(
-            [art.TrajectoryGroup(rollout(baseline, s) for _ in range(2)) for s in scenarios()[:1]],
+            [art.TrajectoryGroup(rollout(baseline, s, seed) for seed in range(2)) for s in scenarios()[:1]],
             pbar_desc="val",
         )
         await baseline.log(val, split="val")
@@ -69,7 +74,10 @@ async def program(home: Path) -> dict[str, Any]:
             if batch.step >= 2:
                 break
             groups = await art.gather_trajectory_groups(
-                (art.TrajectoryGroup(rollout(model, s) for _ in range(3)) for s in batch.items),
+                (
+                    art.TrajectoryGroup(rollout(model, s, 100 * batch.step + seed) for seed in range(3))
+                    for s in batch.items
+                ),
                 pbar_desc="gather",
                 max_exceptions=0.5,
             )
@@ -109,7 +117,8 @@ async def test_an_art_program_trains_two_steps_and_logs(tmp_path: Path) -> None:
     first = seen["groups"][0]
     for traj in (t for g in first for t in g):
         assert [c.token_ids is not None for c in traj.choices()] == [True, True]
-        assert [m["role"] for m in traj.messages()] == ["system", "user", "assistant", "user", "assistant"]
+        roles = [m["role"] for m in traj.messages()]
+        assert roles == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
 
     skipped = seen["skipped"]
     assert (skipped.step, skipped.checkpoint_path) == (0, None)
