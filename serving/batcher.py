@@ -28,7 +28,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from base_models.resolve import pad_token_id
-from serving.prefix_cache import CachedSequence, PrefixCache
+from serving.prefix_cache import BLOCK, CachedSequence, PrefixCache
 from serving.sampling import RowSampler, SamplingParams, sample_step
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,8 @@ BASE_ADAPTER = "__base__"
 """peft's name for 'no adapter' in a mixed batch."""
 PREFILL_TOKENS = 16384
 """Padded prompt tokens per prefill forward; larger admissions are split."""
+Hit = tuple[CachedSequence, int] | None
+"""A prefix cache hit: the kept sequence and how many of the prompt's first tokens it holds."""
 
 
 @dataclass(frozen=True)
@@ -298,25 +300,20 @@ class GenerationEngine:
         admitted, self._waiting = self._waiting[:free], self._waiting[free:]
         if self.prefix_cache is not None:
             self._prefill_shared_prompts(admitted, self.prefix_cache)
-        admitted.sort(key=lambda r: len(r.request.prompt_ids))
-        chunks: list[list[_Row]] = [[]]
-        for row in admitted:
-            if chunks[-1] and (len(chunks[-1]) + 1) * len(row.request.prompt_ids) > PREFILL_TOKENS:
-                chunks.append([])
-            chunks[-1].append(row)
-        for chunk in chunks:
+        for chunk in _chunks([(row, self._cached_prefix(row)) for row in admitted]):
             try:
                 self._prefill(chunk)
             except Exception as err:  # fails these requests only; the running batch is untouched
                 log.exception("prefill of %d requests failed", len(chunk))
-                for row in chunk:
+                for row, _ in chunk:
                     if not row.future.done():
                         row.future.set_exception(err)
 
-    def _prefill(self, rows: list[_Row]) -> None:
+    def _prefill(self, chunk: list[tuple[_Row, Hit]]) -> None:
         """Forward the rows' prompts (past what the prefix cache holds of them), sample their first tokens
         and merge them into the running batch."""
-        hits = [self._cached_prefix(r) for r in rows]
+        rows = [row for row, _ in chunk]
+        hits = [hit for _, hit in chunk]
         reused = [hit[1] if hit else 0 for hit in hits]
         suffixes = [r.request.prompt_ids[n:] for r, n in zip(rows, reused, strict=True)]
         past, width = max(reused), max(len(t) for t in suffixes)
@@ -340,11 +337,12 @@ class GenerationEngine:
         logits = self._forward(ids, mask, positions, cache, rows)
         sampler = RowSampler.build([r.request.params for r in rows], self.eos_ids, self._generator)
         batch = _Batch(rows, cache, mask, mask.sum(-1), ids[:, -1].clone(), sampler)
+        self._keep_prompts(batch, suffixes)
         self._step(batch, logits)
         if batch.rows:
             self._merge(batch)
 
-    def _cached_prefix(self, row: _Row) -> tuple[CachedSequence, int] | None:
+    def _cached_prefix(self, row: _Row) -> Hit:
         if self.prefix_cache is None:
             return None
         return self.prefix_cache.lookup(row.request.adapter, row.request.prompt_ids)
@@ -373,13 +371,23 @@ class GenerationEngine:
                 )
             )  # fmt: skip
 
-    def _keep(self, batch: _Batch, i: int) -> None:
-        """Keep finished row ``i``'s keys and values in the prefix cache (its prompt and all it sampled but
-        the last token, which was never forwarded)."""
+    def _keep_prompts(self, batch: _Batch, suffixes: list[list[int]]) -> None:
+        """Keep the prompts just prefilled that the cache did not hold (a block or more of new tokens), so a
+        request for the same prompt arriving while these rows still decode (a group's rollouts trickling in
+        over HTTP) forwards only its last token, as the next turn of a conversation does."""
+        seen: set[tuple[str | None, tuple[int, ...]]] = set()
+        for i, (row, suffix) in enumerate(zip(batch.rows, suffixes, strict=True)):
+            key = (row.request.adapter, tuple(row.request.prompt_ids))
+            if len(suffix) > BLOCK and key not in seen:
+                seen.add(key)
+                self._keep(batch, i, row.request.prompt_ids)
+
+    def _keep(self, batch: _Batch, i: int, tokens: list[int]) -> None:
+        """Keep row ``i``'s keys and values for ``tokens`` (every token of the row forwarded so far) in the
+        prefix cache."""
         if self.prefix_cache is None:
             return
         row = batch.rows[i]
-        tokens = row.request.prompt_ids + row.tokens[:-1]
         columns = batch.mask[i].nonzero().squeeze(-1)
         if len(columns) != len(tokens):  # never expected; a wrong cache would be worse than none
             log.warning("not caching a row: %d cached positions for %d tokens", len(columns), len(tokens))
@@ -432,8 +440,8 @@ class GenerationEngine:
             row.top.append(step.top[i])
             if not self._finish(row, int(batch.lengths[i]) + 1):
                 keep.append(i)
-            else:
-                self._keep(batch, i)
+            else:  # its prompt and all it sampled but the last token, which was never forwarded
+                self._keep(batch, i, row.request.prompt_ids + row.tokens[:-1])
         if len(keep) < len(batch.rows):
             _select(batch, keep)
 
@@ -464,7 +472,25 @@ class GenerationEngine:
         return True
 
 
-def _fill_past(cache: DynamicCache, hits: list[tuple[CachedSequence, int] | None], past: int) -> None:
+def _chunks(admitted: list[tuple[_Row, Hit]]) -> list[list[tuple[_Row, Hit]]]:
+    """Admitted rows in prefill batches: by the tokens each must forward (its prompt past its cache hit),
+    at most ``PREFILL_TOKENS`` padded tokens a batch, and a new batch where a row must forward more than
+    twice the batch's first, so a short suffix (a cache hit) is not padded to a long one (a miss)."""
+
+    def forwarded(item: tuple[_Row, Hit]) -> int:
+        row, hit = item
+        return len(row.request.prompt_ids) - (hit[1] if hit else 0)
+
+    chunks: list[list[tuple[_Row, Hit]]] = [[]]
+    for item in sorted(admitted, key=forwarded):
+        chunk, n = chunks[-1], forwarded(item)
+        if chunk and ((len(chunk) + 1) * n > PREFILL_TOKENS or n > 2 * forwarded(chunk[0]) + BLOCK):
+            chunks.append(chunk := [])
+        chunk.append(item)
+    return [chunk for chunk in chunks if chunk]
+
+
+def _fill_past(cache: DynamicCache, hits: list[Hit], past: int) -> None:
     """Put each hit's first n keys and values, left-padded to ``past`` columns, into the empty ``cache``."""
     template = next(hit[0] for hit in hits if hit is not None)
     for layer, (keys, values) in enumerate(zip(template.keys, template.values, strict=True)):

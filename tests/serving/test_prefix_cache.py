@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 from collections.abc import Iterator
 
 import pytest
@@ -9,7 +11,7 @@ import torch
 from transformers import AutoTokenizer
 
 from base_models.resolve import ensure_smollm2
-from serving.batcher import GenerationEngine, GenerationRequest
+from serving.batcher import GenerationEngine, GenerationRequest, Hit, _chunks, _Row
 from serving.prefix_cache import BLOCK, CachedSequence, PrefixCache
 from serving.sampling import SamplingParams
 
@@ -127,3 +129,41 @@ async def test_a_groups_shared_prompt_is_prefilled_once_with_the_same_distributi
         )
         assert same >= 1
         assert max(abs(x - y) for x, y in zip(a.logprobs[:same], b.logprobs[:same], strict=False)) < 1e-4
+
+
+async def test_a_request_arriving_while_its_prompt_decodes_finds_it_kept(
+    engines: tuple[GenerationEngine, GenerationEngine], tokenizer: object
+) -> None:
+    """A group's rollouts reach the server one HTTP request at a time: the first one's prompt is kept as
+    soon as it is prefilled, so the next forwards only its last token while the first is still decoding."""
+    plain, cached = engines
+    assert cached.prefix_cache is not None
+    cached.prefix_cache.clear()
+    prompt = chat_ids(
+        tokenizer, [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+    )
+    long = GenerationRequest(prompt, None, SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True))
+    [first] = cached.submit([long])
+    while len(cached.prefix_cache) == 0:  # noqa: ASYNC110 (the engine thread sets no event to await)
+        await asyncio.sleep(0.005)
+    reused = cached.prefix_cache.reused_tokens
+    [second] = await cached.generate([GenerationRequest(prompt, None, GREEDY)])
+    assert not first.done()  # still decoding: what the second request found is the first one's prompt
+    assert cached.prefix_cache.reused_tokens - reused == len(prompt) - 1
+    [expected] = await plain.generate([GenerationRequest(prompt, None, GREEDY)])
+    assert second.token_ids == expected.token_ids
+    first.result(timeout=600)
+
+
+def test_cache_hits_and_misses_are_prefilled_in_separate_batches() -> None:
+    """A row that forwards one token is not padded to the width of a row that forwards its whole prompt."""
+    hit = (sequence(list(range(300))), 300)
+    rows = [_row(301), _row(40), _row(301, hit=hit), _row(45), _row(301, hit=hit)]
+    chunks = _chunks(rows)
+    forwarded = [[len(r.request.prompt_ids) - (h[1] if h else 0) for r, h in c] for c in chunks]
+    assert forwarded == [[1, 1], [40, 45], [301]]
+
+
+def _row(length: int, hit: Hit = None) -> tuple[_Row, Hit]:
+    request = GenerationRequest(list(range(length)), None, GREEDY)
+    return _Row(request, concurrent.futures.Future()), hit
