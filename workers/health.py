@@ -66,13 +66,17 @@ async def check(role: str, queue: str, host: str, max_age_s: float) -> str | Non
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workers.health", description=__doc__)
     parser.add_argument("role", choices=sorted(POLLED_TYPE))
     parser.add_argument("--queue", help="the task queue the worker polls (default: the role's default queue)")
     parser.add_argument("--max-age-s", type=float, default=MAX_AGE_S, help="seconds since its last poll")
     parser.add_argument("--timeout-s", type=float, default=10.0, help="give up on Temporal after this long")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     queue = args.queue or TaskQueues().model_dump()[args.role]
     try:
         problem = asyncio.run(
