@@ -66,6 +66,11 @@ async def check(role: str, queue: str, host: str, max_age_s: float) -> str | Non
     return None
 
 
+def default_queue(role: str) -> str:
+    """The task queue a ``dgrpo worker ROLE`` polls unless its flags name another."""
+    return str(TaskQueues().model_dump()[role])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workers.health", description=__doc__)
     parser.add_argument("role", choices=sorted(POLLED_TYPE))
@@ -77,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    queue = args.queue or TaskQueues().model_dump()[args.role]
+    queue = args.queue or default_queue(args.role)
     try:
         problem = asyncio.run(
             asyncio.wait_for(check(args.role, queue, socket.gethostname(), args.max_age_s), args.timeout_s)

@@ -130,6 +130,9 @@ def check_compose(raw: dict[str, Any], documented: set[str]) -> list[str]:
 def check_credentials(raw: dict[str, Any]) -> list[str]:
     problems = []
     for name, svc in (raw.get("services") or {}).items():
+        if isinstance(svc.get("environment"), list):
+            problems.append(f"service {name}: give environment as KEY: value, so it can be checked")
+            continue
         for key, value in (svc.get("environment") or {}).items():
             if CREDENTIAL.search(key) and not FROM_VARIABLE.match(str(value)):
                 problems.append(
@@ -157,20 +160,23 @@ def check_service(
     services = rendered["services"]
     if "image" not in svc and "build" not in svc:
         problems.append(f"{where}: neither image nor build")
-    for dep, how in (svc.get("depends_on") or {}).items() if isinstance(svc.get("depends_on"), dict) else []:
+    depends = svc.get("depends_on") or {}
+    if isinstance(depends, list):
+        problems.append(f"{where}: depends_on must give each dependency condition: service_healthy")
+        depends = {}
+    for dep, how in depends.items():
         if dep not in services:
             problems.append(f"{where}: depends on {dep}, which is no service")
         elif how.get("condition") != "service_healthy" or "healthcheck" not in services[dep]:
             problems.append(
                 f"{where}: must wait for {dep} with condition service_healthy (and {dep} needs a healthcheck)"
             )
-    if isinstance(svc.get("depends_on"), list):
-        problems.append(f"{where}: depends_on must give each dependency condition: service_healthy")
     for volume in svc.get("volumes", []):
         source = str(volume).split(":")[0]
         if not source.startswith(("/", ".")) and source not in (rendered.get("volumes") or {}):
             problems.append(f"{where}: volume {source!r} is not declared under top-level volumes")
-    env = {str(k): str(v) for k, v in (svc.get("environment") or {}).items()}
+    environment = svc.get("environment") or {}
+    env = {str(k): str(v) for k, v in environment.items()} if isinstance(environment, dict) else {}
     for key, value in env.items():
         problems += contract.check_address(key, value, ports, where)
     worker = contract.Command([])

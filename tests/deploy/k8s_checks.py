@@ -30,6 +30,8 @@ API_VERSIONS = {
     "StatefulSet": "apps/v1",
 }
 WORKLOADS = ("Deployment", "StatefulSet")
+OWN_IMAGE_PREFIX = "dgrpo-"
+"""deploy/docker/'s images, as the manifests name them (kustomize points them at a registry)."""
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 Obj = dict[str, Any]
@@ -183,6 +185,8 @@ def check_container(w: Obj, c: Obj, where: str, docs: list[Obj], services: dict[
     worker = contract.Command([])
     if c.get("command"):
         worker = contract.read_command(list(c["command"]) + list(c.get("args", [])), where, problems)
+    elif contract.image_repo(c["image"]).startswith(OWN_IMAGE_PREFIX):
+        problems.append(f"{where}: an image of this project states its command (`dgrpo worker ROLE ...`)")
     role = contract.worker_role(worker)
     if role is not None:
         problems += contract.check_worker_env(env, where)

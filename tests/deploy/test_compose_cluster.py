@@ -60,6 +60,10 @@ COMPOSE_DEFECTS: dict[str, tuple[Callable[[Raw], Any], str]] = {
         lambda r: set_env(r, "temporal", POSTGRES_PWD="${POSTGRES_PASSWORD:-temporal}"),
         "service temporal: POSTGRES_PWD is a literal",
     ),
+    "environment as a list": (
+        lambda r: replace(r, "postgres", environment=["POSTGRES_PASSWORD=hunter2"]),
+        "service postgres: give environment as KEY: value",
+    ),
     "undocumented variable": (
         lambda r: replace(r, "control", image="${DGRPO_REGISTRY}/dgrpo-cpu"),
         "${DGRPO_REGISTRY} is used but env.example does not list it",

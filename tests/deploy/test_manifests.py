@@ -113,6 +113,10 @@ K8S_DEFECTS: dict[str, tuple[Callable[[Docs], Any], str]] = {
         lambda d: container(d, "control").update(command=["dgrpo", "worker", "controller"]),
         "invalid choice: 'controller'",
     ),
+    "worker without a command": (
+        lambda d: container(d, "trainer").pop("command"),
+        "an image of this project states its command",
+    ),
     "command not of this project": (
         lambda d: container(d, "control").update(command=["celery", "worker"]),
         "`celery worker` runs nothing this project provides",

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from dgrpo.cli import build_parser
 from schemas import settings
-from schemas.config import TaskQueues
 from workers import health
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +33,7 @@ REQUIRED_ENV = (
 )
 """What a worker in a cluster cannot start without (``S3Settings.from_env`` refuses to)."""
 
-ADDRESS_ENV = ("DGRPO_TEMPORAL_ADDRESS", "DGRPO_S3_ENDPOINT", "POSTGRES_SEEDS")
+ADDRESS_ENV = (settings.ENV_TEMPORAL_ADDRESS, settings.ENV_S3_ENDPOINT, "POSTGRES_SEEDS")
 """Variables whose value is ``host[:port]`` of another service of the cluster."""
 
 WORKER_GRACE_S = 60
@@ -117,6 +116,7 @@ def worker_role(cmd: Command) -> str | None:
 
 
 def worker_queue(cmd: Command, role: str) -> str:
+    """The queue a parsed ``dgrpo worker ROLE`` polls (its ``--ROLE-queue``)."""
     assert cmd.args is not None
     return str(vars(cmd.args)[f"{role}_queue"])
 
@@ -148,8 +148,7 @@ def check_probe(probe: list[str], worker: Command, image: str, where: str) -> li
                 problems.append(f"{where}: probes a worker, but the container runs no `dgrpo worker`")
             elif cmd.args.role != role:
                 problems.append(f"{where}: probes role {cmd.args.role}, but the container is a {role} worker")
-            elif (cmd.args.queue or default_queue(role)) != worker_queue(worker, role):
-                queue = cmd.args.queue or default_queue(role)
+            elif (queue := cmd.args.queue or health.default_queue(role)) != worker_queue(worker, role):
                 problems.append(
                     f"{where}: probes queue {queue}, but the worker polls {worker_queue(worker, role)}"
                 )
@@ -162,10 +161,6 @@ def check_probe(probe: list[str], worker: Command, image: str, where: str) -> li
             f"{where}: image {image} has no `{probe[0] if probe else ''}` (it has {sorted(tools)})"
         )
     return problems
-
-
-def default_queue(role: str) -> str:
-    return str(TaskQueues().model_dump()[role])
 
 
 def image_repo(image: str) -> str:
