@@ -1,0 +1,161 @@
+"""deploy/cluster/compose.yaml, checked without Docker: it passes compose_checks.py, and each check is shown to
+fail on a copy with one planted defect."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.deploy import compose_checks as compose
+
+Raw = dict[str, Any]
+
+
+def test_the_compose_cluster_passes_every_check() -> None:
+    raw = compose.load_compose()
+    assert compose.check_compose(raw, compose.documented_variables()) == []
+    services = {"postgres", "temporal", "minio", "control", "inference-0", "inference-1", "trainer-0"}
+    assert set(raw["services"]) >= services
+    assert "start-dev" not in compose.COMPOSE.read_text()  # Temporal's real server, on PostgreSQL
+
+
+def test_a_required_secret_left_unset_is_named() -> None:
+    problems: list[str] = []
+    compose.interpolate(compose.load_compose(), {}, problems)
+    assert any("${POSTGRES_PASSWORD} is required" in p for p in problems), problems
+
+
+def replace(raw: Raw, service: str, **fields: Any) -> None:
+    """Give ``service`` new ``fields`` (a new dict: services share their anchors' objects)."""
+    raw["services"][service] = {**raw["services"][service], **fields}
+
+
+def set_env(raw: Raw, service: str, **env: str) -> None:
+    replace(raw, service, environment={**raw["services"][service]["environment"], **env})
+
+
+def unset_env(raw: Raw, service: str, name: str) -> None:
+    env = dict(raw["services"][service]["environment"])
+    env.pop(name)
+    replace(raw, service, environment=env)
+
+
+def set_gpus(raw: Raw, service: str, *devices: dict[str, Any]) -> None:
+    replace(raw, service, deploy={"resources": {"reservations": {"devices": list(devices)}}})
+
+
+def nvidia(**how: Any) -> dict[str, Any]:
+    return {"driver": "nvidia", "capabilities": ["gpu"], **how}
+
+
+COMPOSE_DEFECTS: dict[str, tuple[Callable[[Raw], Any], str]] = {
+    "literal password": (
+        lambda r: set_env(r, "postgres", POSTGRES_PASSWORD="hunter2"),
+        "service postgres: POSTGRES_PASSWORD is a literal",
+    ),
+    "password with a default": (
+        lambda r: set_env(r, "temporal", POSTGRES_PWD="${POSTGRES_PASSWORD:-temporal}"),
+        "service temporal: POSTGRES_PWD is a literal",
+    ),
+    "environment as a list": (
+        lambda r: replace(r, "postgres", environment=["POSTGRES_PASSWORD=hunter2"]),
+        "service postgres: give environment as KEY: value",
+    ),
+    "undocumented variable": (
+        lambda r: replace(r, "control", image="${DGRPO_REGISTRY}/dgrpo-cpu"),
+        "${DGRPO_REGISTRY} is used but env.example does not list it",
+    ),
+    "port on every interface": (
+        lambda r: replace(r, "temporal", ports=["7233:7233"]),
+        "port '7233:7233' must be published as 127.0.0.1",
+    ),
+    "no healthcheck": (
+        lambda r: r["services"]["postgres"].pop("healthcheck"),
+        "service postgres: no healthcheck",
+    ),
+    "healthcheck tool the image lacks": (
+        lambda r: replace(r, "minio", healthcheck={"test": ["CMD", "curl", "-f", "localhost:9000"]}),
+        "image minio/minio:latest has no `curl`",
+    ),
+    "shell healthcheck": (
+        lambda r: replace(r, "postgres", healthcheck={"test": ["CMD-SHELL", "pg_isready"]}),
+        "must be the [CMD, ...] form",
+    ),
+    "start before healthy": (
+        lambda r: replace(r, "temporal", depends_on={"postgres": {"condition": "service_started"}}),
+        "must wait for postgres with condition service_healthy",
+    ),
+    "depends_on without condition": (
+        lambda r: replace(r, "temporal", depends_on=["postgres"]),
+        "depends_on must give each dependency condition",
+    ),
+    "depends on no service": (
+        lambda r: replace(r, "temporal", depends_on={"db": {"condition": "service_healthy"}}),
+        "depends on db, which is no service",
+    ),
+    "env name no worker reads": (
+        lambda r: set_env(r, "control", DGRPO_TEMPORAL_HOST="temporal"),
+        "service control: sets DGRPO_TEMPORAL_HOST, which no worker reads",
+    ),
+    "required env missing": (
+        lambda r: unset_env(r, "control", "DGRPO_S3_ENDPOINT"),
+        "service control: does not set DGRPO_S3_ENDPOINT",
+    ),
+    "address of no service": (
+        lambda r: set_env(r, "control", DGRPO_S3_ENDPOINT="minio:9999"),
+        "service minio serves ports [9000, 9001], not 9999",
+    ),
+    "unknown worker flag": (
+        lambda r: replace(r, "inference-0", command=["--modle", "m"]),
+        "unrecognized arguments: --modle m",
+    ),
+    "command that is no role": (
+        lambda r: replace(r, "control", command=["scheduler"]),
+        "invalid choice: 'scheduler'",
+    ),
+    "Dockerfile missing": (
+        lambda r: replace(
+            r, "control", build={"context": "../..", "dockerfile": "deploy/docker/control.Dockerfile"}
+        ),
+        "control.Dockerfile does not exist",
+    ),
+    "two workers on one GPU": (
+        lambda r: set_gpus(r, "inference-1", nvidia(device_ids=["${DGRPO_INFERENCE_0_GPU:-0}"])),
+        "GPU 0 is already reserved by service inference-0",
+    ),
+    "GPU by count": (
+        lambda r: set_gpus(r, "trainer-0", nvidia(count=1)),
+        "service trainer-0: a trainer worker reserves its GPU by device_ids",
+    ),
+    "inference without a GPU": (
+        lambda r: set_gpus(r, "inference-1"),
+        "service inference-1: a inference worker reserves its GPU",
+    ),
+    "grace shorter than the worker's": (
+        lambda r: replace(r, "trainer-0", stop_grace_period="10s"),
+        "service trainer-0: stop_grace_period must be at least 60s",
+    ),
+    "healthcheck of another role": (
+        lambda r: replace(
+            r, "trainer-0", healthcheck={"test": ["CMD", "python3", "-m", "workers.health", "control"]}
+        ),
+        "probes role control, but the container is a trainer worker",
+    ),
+    "undeclared volume": (
+        lambda r: replace(r, "postgres", volumes=["pgdata:/var/lib/postgresql/data"]),
+        "volume 'pgdata' is not declared",
+    ),
+    "unknown top-level key": (lambda r: r.update(service={}), "top-level key 'service'"),
+}
+
+
+@pytest.mark.parametrize("defect", sorted(COMPOSE_DEFECTS))
+def test_each_compose_check_refuses_its_planted_defect(defect: str) -> None:
+    plant, complaint = COMPOSE_DEFECTS[defect]
+    raw = copy.deepcopy(compose.load_compose())
+    plant(raw)
+    problems = compose.check_compose(raw, compose.documented_variables())
+    assert any(complaint in p for p in problems), problems

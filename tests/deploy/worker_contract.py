@@ -1,0 +1,180 @@
+"""What a deployed worker container must agree with in the code: the env names it reads, the commands it runs.
+
+Shared by the Kubernetes and compose checks (k8s_checks.py, compose_checks.py). Each function returns the
+problems it finds as sentences naming where (``where``) and what to fix; an empty list means none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from dgrpo.cli import build_parser
+from schemas import settings
+from workers import health
+
+REPO = Path(__file__).resolve().parents[2]
+
+OTHER_ENV = {"WANDB_API_KEY": "activities/metrics.py", "DGRPO_TRAINER_BACKEND": "activities/trainer.py"}
+"""Variables a worker reads that schemas/settings.py does not name, and the module that reads each (W&B's
+key is the library's name; the trainer backend's should move to schemas/settings.py)."""
+
+REQUIRED_ENV = (
+    settings.ENV_TEMPORAL_ADDRESS,  # unset, a worker dials 127.0.0.1, which in a container is itself
+    settings.ENV_S3_ENDPOINT,
+    settings.ENV_S3_ACCESS_KEY,
+    settings.ENV_S3_SECRET_KEY,
+)
+"""What a worker in a cluster cannot start without (``S3Settings.from_env`` refuses to)."""
+
+ADDRESS_ENV = (settings.ENV_TEMPORAL_ADDRESS, settings.ENV_S3_ENDPOINT, "POSTGRES_SEEDS")
+"""Variables whose value is ``host[:port]`` of another service of the cluster."""
+
+WORKER_GRACE_S = 60
+"""SIGTERM to SIGKILL a worker must get: stop polling, then let running activities finish or fail over."""
+
+GPU_ROLES = ("inference", "trainer")
+
+IMAGE_TOOLS = {
+    "postgres": {"pg_isready"},
+    "temporalio/auto-setup": {"temporal"},
+    "minio/minio": {"mc"},
+}
+"""Executables each third-party image ships (its health checks may run only these)."""
+
+MODULE_PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {"workers.health": health.build_parser}
+"""``python -m MODULE`` commands a container may run, with the parser that reads their flags."""
+
+
+def worker_env_names() -> set[str]:
+    """Every variable name a worker reads: schemas/settings.py's ``ENV_*`` and the few others."""
+    ours = {
+        value for name, value in vars(settings).items() if name.startswith("ENV_") and isinstance(value, str)
+    }
+    return ours | set(OTHER_ENV)
+
+
+def console_scripts() -> set[str]:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    return set(pyproject["project"]["scripts"])
+
+
+def parse_with(parser: argparse.ArgumentParser, args: list[str]) -> tuple[argparse.Namespace | None, str]:
+    """``parser``'s reading of ``args``, or None and argparse's complaint."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parser.parse_args(args), ""
+    except SystemExit:
+        return None, err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "bad arguments"
+
+
+@dataclass
+class Command:
+    """A container's command as the code reads it."""
+
+    argv: list[str]
+    program: str = ""
+    """``dgrpo`` or the ``-m`` module."""
+    args: argparse.Namespace | None = None
+
+
+def read_command(argv: list[str], where: str, problems: list[str]) -> Command:
+    """Resolve ``argv`` to a console script or module of this project and parse its flags."""
+    cmd = Command(list(argv))
+    if not argv:
+        problems.append(f"{where}: empty command")
+    elif argv[0] in console_scripts():
+        cmd.program = argv[0]
+        cmd.args, complaint = parse_with(build_parser(), argv[1:])
+        if cmd.args is None:
+            problems.append(f"{where}: `{' '.join(argv)}` is refused by the {argv[0]} CLI: {complaint}")
+    elif argv[0] in ("python", "python3") and len(argv) >= 3 and argv[1] == "-m":
+        cmd.program = argv[2]
+        if argv[2] not in MODULE_PARSERS:
+            problems.append(f"{where}: `python -m {argv[2]}` is not a module of this project's containers")
+        else:
+            cmd.args, complaint = parse_with(MODULE_PARSERS[argv[2]](), argv[3:])
+            if cmd.args is None:
+                problems.append(f"{where}: `{' '.join(argv)}` is refused by {argv[2]}: {complaint}")
+    else:
+        problems.append(f"{where}: `{' '.join(argv)}` runs nothing this project provides")
+    return cmd
+
+
+def worker_role(cmd: Command) -> str | None:
+    """The role of a ``dgrpo worker ROLE`` command, else None."""
+    if cmd.program == "dgrpo" and cmd.args is not None and cmd.args.command == "worker":
+        return str(cmd.args.role)
+    return None
+
+
+def worker_queue(cmd: Command, role: str) -> str:
+    """The queue a parsed ``dgrpo worker ROLE`` polls (its ``--ROLE-queue``)."""
+    assert cmd.args is not None
+    return str(vars(cmd.args)[f"{role}_queue"])
+
+
+def check_worker_env(env: Mapping[str, str | None], where: str) -> list[str]:
+    """Every name is one a worker reads (a judge key counts where the container allows it by name), and the
+    ones it cannot start without are there. ``env``: name -> value (None: from a secret)."""
+    judge_keys = settings.env_list(settings.ENV_JUDGE_KEY_ENVS, {k: v or "" for k, v in env.items()})
+    known = worker_env_names() | set(judge_keys)
+    given = set(env)
+    problems = [
+        f"{where}: sets {name}, which no worker reads (names live in schemas/settings.py)"
+        for name in sorted(given - known)
+    ]
+    problems += [
+        f"{where}: does not set {name}, which a worker needs" for name in REQUIRED_ENV if name not in given
+    ]
+    return problems
+
+
+def check_probe(probe: list[str], worker: Command, image: str, where: str) -> list[str]:
+    """An exec health check runs a real command; a worker's checks the worker's own role and queue."""
+    problems: list[str] = []
+    role = worker_role(worker)
+    if probe and probe[0] in ("python", "python3"):
+        cmd = read_command(probe, where, problems)
+        if cmd.program == "workers.health" and cmd.args is not None:
+            if role is None:
+                problems.append(f"{where}: probes a worker, but the container runs no `dgrpo worker`")
+            elif cmd.args.role != role:
+                problems.append(f"{where}: probes role {cmd.args.role}, but the container is a {role} worker")
+            elif (queue := cmd.args.queue or health.default_queue(role)) != worker_queue(worker, role):
+                problems.append(
+                    f"{where}: probes queue {queue}, but the worker polls {worker_queue(worker, role)}"
+                )
+        return problems
+    tools = IMAGE_TOOLS.get(image_repo(image))
+    if role is not None or tools is None:
+        problems.append(f"{where}: `{' '.join(probe)}` is not a health check known to work in image {image}")
+    elif not probe or probe[0] not in tools:
+        problems.append(
+            f"{where}: image {image} has no `{probe[0] if probe else ''}` (it has {sorted(tools)})"
+        )
+    return problems
+
+
+def image_repo(image: str) -> str:
+    """``minio/minio:latest`` -> ``minio/minio``."""
+    return re.sub(r"(@sha256)?:[^/]+$", "", image)
+
+
+def check_address(name: str, value: str, services: Mapping[str, set[int]], where: str) -> list[str]:
+    """A ``host[:port]`` variable names a service of the cluster, and a port it serves."""
+    if name not in ADDRESS_ENV:
+        return []
+    host, _, port = value.removeprefix("http://").removeprefix("https://").partition(":")
+    if host not in services:
+        return [f"{where}: {name}={value} names {host}, which is no service here ({sorted(services)})"]
+    if port and int(port) not in services[host]:
+        return [f"{where}: {name}={value}: service {host} serves ports {sorted(services[host])}, not {port}"]
+    return []
