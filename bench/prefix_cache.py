@@ -1,10 +1,11 @@
 """Prefix caching on the tool agent's rollouts: one step's rollouts through the real CPU server, cache on vs off.
 
 ``PYTHONPATH=. python bench/prefix_cache.py`` starts ``serving.server`` twice (``--prefix-cache-mb 0`` and the
-default) and times one step of ``examples/tool_agent.py`` conversations, 4 groups x 8 rollouts, at two stages
+default), both up at once and used in turn, and times one step of ``examples/tool_agent.py`` conversations, 4 groups x 8 rollouts, at two stages
 of a run: *early* (one turn: the base model answers without calling the tool) and *late* (three turns: every
 reply is followed by a tool result, as once the agent has learned to call it, so the conversation grows). The
-prompts, tools, sampling and token limits are the example's own; only the number of turns is scripted.
+prompts, tools, sampling and token limits are the example's own; only the number of turns is scripted, and
+each conversation's requests carry a seed so the two sides draw alike.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from serving.launchers import CpuServerProcess
 GROUPS, GROUP_SIZE = 4, 8
 
 
-async def conversation(client: openai.AsyncOpenAI, item: str, turns: int) -> int:
+async def conversation(client: openai.AsyncOpenAI, item: str, turns: int, seed: int) -> int:
     """One rollout of ``turns`` assistant turns; returns the prompt tokens of its last turn."""
     messages: list[dict[str, Any]] = [
         *EXAMPLE_EPISODE,
@@ -36,10 +37,11 @@ async def conversation(client: openai.AsyncOpenAI, item: str, turns: int) -> int
     for turn in range(turns):
         completion = await client.chat.completions.create(
             model=SMOLLM2_NAME,
-            messages=messages,
-            tools=TOOLS,
+            messages=messages,  # type: ignore[arg-type]
+            tools=TOOLS,  # type: ignore[arg-type]
             max_tokens=MAX_TOKENS,
-            temperature=1.0,  # type: ignore[arg-type]
+            temperature=1.0,
+            seed=seed * 8 + turn,
         )
         prompt_tokens = completion.usage.prompt_tokens if completion.usage else 0
         messages.append({"role": "assistant", "content": completion.choices[0].message.content or ""})
@@ -53,7 +55,11 @@ async def one_step(base_url: str, turns: int) -> tuple[float, int]:
     items = [item for item in CATALOG if item != EXAMPLE_ITEM][:GROUPS]
     started = time.perf_counter()
     lengths = await asyncio.gather(
-        *(conversation(client, item, turns) for item in items for _ in range(GROUP_SIZE))
+        *(
+            conversation(client, item, turns, seed=g * GROUP_SIZE + i)
+            for g, item in enumerate(items)
+            for i in range(GROUP_SIZE)
+        )
     )
     elapsed = time.perf_counter() - started
     await client.close()  # inside its event loop: asyncio.run closes the loop next
@@ -66,15 +72,21 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     results: dict[tuple[str, int], tuple[float, int]] = {}
-    for label, megabytes in (("off", 0), ("on", 1024)):
-        server = CpuServerProcess(
-            SMOLLM2_NAME, EngineSettings(prefix_cache_mb=megabytes), threads=args.threads
-        )
-        server.start()
-        try:
-            for turns in (1, 3):
+    servers = {
+        label: CpuServerProcess(SMOLLM2_NAME, EngineSettings(prefix_cache_mb=mb), threads=args.threads)
+        for label, mb in (("off", 0), ("on", 1024))
+    }
+    try:
+        for server in servers.values():
+            server.start()
+        # Both servers stay up and the two sides alternate, so a change in the machine's load between
+        # them shows in both; seeded requests make both sides sample the same conversations.
+        for turns in (1, 3):
+            for label, server in servers.items():
                 results[(label, turns)] = asyncio.run(one_step(server.client.openai_base_url, turns))
-        finally:
+                print(f"{label} turns={turns}: {results[(label, turns)][0]:.1f} s", flush=True)
+    finally:
+        for server in servers.values():
             server.stop()
     print("| stage | turns | last prompt tokens | cache off (s) | cache on (s) | speed-up |")
     print("|---|---:|---:|---:|---:|---:|")
