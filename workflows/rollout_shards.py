@@ -51,9 +51,17 @@ def shard_inputs(step: RolloutsInput, groups_per_shard: int) -> list[RolloutsInp
     ]
 
 
+SHARDS_PATCH = "rollout-shards"
+"""Runs whose history predates shards replay one rollouts activity per step (until they continue as new)."""
+
+
 async def roll_out_step(step: RolloutsInput, groups_per_shard: int, queues: TaskQueues) -> TrajectoriesRef:
     """Roll out ``step`` in shards of at most ``groups_per_shard`` groups; the step's one stored table."""
     shards = shard_inputs(step, groups_per_shard)
+    if len(shards) == 1 or not workflow.patched(SHARDS_PATCH):
+        return await run_stage(
+            ROLLOUTS, step, task_queue=queues.inference, step=step.step, result_type=TrajectoriesRef
+        )
     calls = [
         asyncio.create_task(
             run_stage(
@@ -73,8 +81,6 @@ async def roll_out_step(step: RolloutsInput, groups_per_shard: int, queues: Task
         for call in calls:
             call.cancel()
         raise
-    if len(refs) == 1:
-        return refs[0]
     return await run_stage(
         MERGE_ROLLOUTS,
         MergeRolloutsInput(
