@@ -5,7 +5,10 @@ and called ``group_size`` times per scenario, concurrently (``task.rollout_concu
 under ``task.rollout_timeout_s``. ``model`` is a ``RolloutModel`` whose ``openai_client()`` routes
 ``model=model.name`` to the adapter this step pins. A rollout that raises, hangs or returns something
 other than a ``Trajectory`` is recorded with its group; more than ``task.max_exceptions`` of them fail
-the step. The groups go to ``runs/<run>/steps/<step>/trajectories.parquet`` (a retry overwrites it).
+the step. The groups go to ``runs/<run>/steps/<step>/trajectories.parquet``, or, for one shard of a step
+(``RolloutsInput.shard``), to ``layout.rollout_shard_key`` (a retry overwrites it). Shards of one run on one
+worker share ``task.rollout_concurrency``: it bounds the rollouts the worker runs at once, however many
+shards it took.
 
 Task code is the inference worker's operator's: it is imported only from the packages the worker was
 started with (``dgrpo worker --task-module``, ``$DGRPO_TASK_MODULES``, default ``examples.``), checked
@@ -41,7 +44,7 @@ from activities.trajectory_store import upload_groups
 from schemas.activities import ActivityName, RolloutsInput
 from schemas.config import TaskSpec
 from schemas.errors import ROLLOUT_FAILED, DgrpoError, RunSpecError, TaskImportError
-from schemas.layout import adapter_name
+from schemas.layout import adapter_name, rollout_shard_key
 from schemas.refs import TrajectoriesRef
 from schemas.settings import ENV_TASK_MODULES, env_list
 from schemas.trajectory import Choice, ExceptionRecord, Trajectory, TrajectoryGroup
@@ -260,9 +263,11 @@ async def run_groups(
     picked: Sequence[tuple[int, dict[str, Any]]],
     group_size: int,
     policy_step: int | None = None,
+    semaphore: asyncio.Semaphore | None = None,
 ) -> list[TrajectoryGroup]:
-    """Run ``group_size`` rollouts per picked scenario; fail fast past ``task.max_exceptions`` failures."""
-    semaphore = asyncio.Semaphore(task.rollout_concurrency)
+    """Run ``group_size`` rollouts per picked scenario; fail fast past ``task.max_exceptions`` failures.
+    ``semaphore``: the slots shared with other shards (default: ``task.rollout_concurrency`` of its own)."""
+    semaphore = semaphore or asyncio.Semaphore(task.rollout_concurrency)
     total = len(picked) * group_size
 
     async def one(g: int, i: int) -> tuple[int, int, Trajectory | ExceptionRecord]:
@@ -348,6 +353,11 @@ class RolloutActivities:
         self.api_key = api_key or own_server_api_key()
         self.task_modules = tuple(task_modules) if task_modules is not None else task_modules_from_env()
         self.serving = serving
+        self._slots: dict[tuple[str, int], asyncio.Semaphore] = {}
+
+    def slots(self, run_id: str, concurrency: int) -> asyncio.Semaphore:
+        """The rollout slots a run's shards share on this worker (``task.rollout_concurrency`` of them)."""
+        return self._slots.setdefault((run_id, concurrency), asyncio.Semaphore(concurrency))
 
     async def served_base_name(self) -> str:
         """The base model's served name (asked of the first server once, unless given)."""
@@ -379,16 +389,21 @@ class RolloutActivities:
             for url in self.inference_urls
         ]
         log.info(
-            "rollouts for %s step %d: %d scenarios x %d via %s on %s",
+            "rollouts for %s step %d (shard %d of %d): %d scenarios x %d via %s on %s",
             input.run_id,
             input.step,
+            input.shard + 1,
+            input.shards,
             len(picked),
             input.group_size,
             models[0].served_model,
             self.inference_urls,
         )
         try:
-            groups = await run_groups(fn, input.task, models, picked, input.group_size, input.policy_step)
+            slots = self.slots(input.run_id, input.task.rollout_concurrency)
+            groups = await run_groups(
+                fn, input.task, models, picked, input.group_size, input.policy_step, slots
+            )
         finally:
             for model in models:
                 await model.aclose()
@@ -396,4 +411,5 @@ class RolloutActivities:
             check_rewards(groups, f"rollout {input.task.rollout}")
         except DgrpoError as err:  # nothing is written: a bad reward never reaches the store
             raise ApplicationError(str(err), type=err.failure_type, non_retryable=True) from err
-        return await asyncio.to_thread(upload_groups, self.store, groups, input.run_id, input.step)
+        key = rollout_shard_key(input.run_id, input.step, input.shard) if input.shards > 1 else None
+        return await asyncio.to_thread(upload_groups, self.store, groups, input.run_id, input.step, key=key)

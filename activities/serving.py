@@ -98,6 +98,7 @@ class ServingActivities:
         self.engine = engine or EngineSettings()
         self.served: dict[str, Path] = {}
         """Adapters this worker loaded and has not evicted: name -> verified local copy (for ``restore``)."""
+        self._ensuring = asyncio.Lock()  # shards of one step on this worker: one downloads, the others wait
 
     @property
     def store(self) -> ObjectStore:
@@ -169,15 +170,16 @@ class ServingActivities:
         """Serve ``<run id>@<step>`` on every server, loading the run's published checkpoint where it is
         missing: the step's reload ran on another inference worker, or this one's server was restarted."""
         name = adapter_name(run_id, step)
-        missing = [c for c in self.clients if name not in await c.adapters()]
-        if missing:
-            prefix = layout.checkpoint_prefix(run_id, step)
-            try:
-                _, sha = await asyncio.to_thread(self.store.read_manifest, prefix)
-            except DgrpoError as err:
-                raise application_error(err) from err
-            ref = CheckpointRef(run_id=run_id, step=step, uri=self.store.uri(prefix), manifest_sha256=sha)
-            self.served[name] = await self._download_and_load(missing, name, ref)
+        async with self._ensuring:
+            missing = [c for c in self.clients if name not in await c.adapters()]
+            if missing:
+                prefix = layout.checkpoint_prefix(run_id, step)
+                try:
+                    _, sha = await asyncio.to_thread(self.store.read_manifest, prefix)
+                except DgrpoError as err:
+                    raise application_error(err) from err
+                ref = CheckpointRef(run_id=run_id, step=step, uri=self.store.uri(prefix), manifest_sha256=sha)
+                self.served[name] = await self._download_and_load(missing, name, ref)
         return name
 
     async def _download_and_load(

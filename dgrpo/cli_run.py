@@ -40,6 +40,17 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def at_least_one(text: str) -> int:
+    """An argparse type: a whole number of 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return value
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from workers.worker import main
 
@@ -74,6 +85,7 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
         judge_base_urls=None if args.judge_base_url is None else tuple(args.judge_base_url),
         judge_key_envs=None if args.judge_key_env is None else tuple(args.judge_key_env),
         task_modules=None if args.task_module is None else tuple(args.task_module),
+        max_concurrent_activities=args.max_concurrent_activities,
     )
 
 
@@ -212,6 +224,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="PREFIX",
         help="inference: a package task.rollout/task.scenarios may be imported from (repeat; default "
         "$DGRPO_TASK_MODULES, else examples.)",
+    )
+    worker.add_argument(
+        "--max-concurrent-activities",
+        type=at_least_one,
+        metavar="N",
+        help="inference: rollout shards and reloads run at once (default Temporal's 100); a small N leaves "
+        "a step's other shards to the other inference workers",
     )
     worker.add_argument("--ready-file", help=argparse.SUPPRESS)
     worker.set_defaults(func=cmd_worker)

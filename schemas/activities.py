@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.config import JudgeConfig, ModelSpec, ServingSpec, TaskSpec, TrainConfig
 from schemas.refs import AdapterName, CheckpointRef, Name, ObjectRef, TrajectoriesRef
@@ -23,6 +23,7 @@ class ActivityName(StrEnum):
     """The name each activity registers under and the workflows call it by, defined once."""
 
     ROLLOUTS = "rollouts"
+    MERGE_ROLLOUTS = "merge_rollouts"
     RELOAD = "reload"
     SERVING_CONTROL = "serving_control"
     JUDGE = "judge"
@@ -39,7 +40,8 @@ class ActivityName(StrEnum):
 
 
 class RolloutsInput(_Strict):
-    """Run ``group_size`` rollouts for each of ``groups_per_step`` scenarios and store them."""
+    """Run ``group_size`` rollouts for each of ``groups_per_step`` scenarios and store them: the whole step, or
+    one shard of it (``shard`` of ``shards``)."""
 
     run_id: Name
     step: int = Field(ge=0)
@@ -52,10 +54,21 @@ class RolloutsInput(_Strict):
     """Step of the policy that samples (recorded on every trajectory)."""
     task: TaskSpec
     groups_per_step: int = Field(ge=1)
+    """Scenarios this activity rolls out: the step's, or its shard's share of them."""
     group_size: int = Field(ge=1)
     scenario_offset: int = Field(0, ge=0)
-    """Index of this step's first scenario in the (cycled, seeded-shuffled) scenario list."""
+    """Index of this activity's first scenario in the (cycled, seeded-shuffled) scenario list."""
     seed: int = 0
+    shard: int = Field(0, ge=0)
+    """Which part of the step this is; with ``shards`` > 1 it goes to ``layout.rollout_shard_key``."""
+    shards: int = Field(1, ge=1)
+    """Parts the step's rollouts are split into; 1 writes the step's ``trajectories.parquet`` itself."""
+
+    @model_validator(mode="after")
+    def _check_shard(self) -> RolloutsInput:
+        if self.shard >= self.shards:
+            raise ValueError(f"shard {self.shard} does not exist in a step of {self.shards} shard(s)")
+        return self
 
 
 class ReloadInput(_Strict):
@@ -89,6 +102,17 @@ class ServingControlInput(_Strict):
 
 
 # --- control queue ---------------------------------------------------------------------------
+
+
+class MergeRolloutsInput(_Strict):
+    """Concatenate a step's rollout shards, in order, into its ``trajectories.parquet``."""
+
+    run_id: Name
+    step: int = Field(ge=0)
+    shards: list[TrajectoriesRef] = Field(min_length=1)
+    """Each shard's stored rollouts, in shard order (verified by sha256 when read)."""
+    max_exceptions: int = Field(0, ge=0)
+    """The task's failed rollouts tolerated per step; more across all shards fails the step."""
 
 
 class JudgeInput(_Strict):

@@ -201,6 +201,8 @@ class RunSpec(_Strict):
     """Scenarios per step; each becomes one group."""
     group_size: int = Field(ge=2, le=4096)
     """Rollouts per scenario; GRPO compares them with each other, so at least 2."""
+    groups_per_shard: int = Field(8, ge=1, le=100_000)
+    """Most groups per rollouts activity: a step's groups split into shards that inference workers share."""
     train: TrainConfig = Field(default_factory=TrainConfig)
     """The optimizer and loss settings."""
     judge: JudgeConfig = Field(default_factory=JudgeConfig)

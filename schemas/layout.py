@@ -30,6 +30,11 @@ def trajectories_key(run_id: str, step: int) -> str:
     return step_prefix(run_id, step) + TRAJECTORIES_FILE
 
 
+def rollout_shard_key(run_id: str, step: int, shard: int) -> str:
+    """One shard of a step's rollouts; the shards are merged, in order, into its ``trajectories.parquet``."""
+    return step_prefix(run_id, step) + f"rollouts/shard-{shard:05d}.parquet"
+
+
 def scored_key(run_id: str, step: int) -> str:
     return step_prefix(run_id, step) + SCORED_FILE
 

@@ -1,6 +1,7 @@
 """Worker processes, one per task queue: ``control``, ``inference``, ``trainer``, or ``all`` three in one.
 
-- control: the workflows (``TrainingRun``, ``TrainStep``, ``ServeModel``) and the judge, advantages and metrics activities.
+- control: the workflows (``TrainingRun``, ``TrainStep``, ``ServeModel``) and the merge of rollout shards, judge,
+  advantages and metrics activities.
 - inference: rollouts, reload and sleep/wake, in front of a serving engine: ``server_url`` attaches to a
   running one (vLLM or ours); otherwise ``engine`` (our CPU server, or ``vllm serve``) is started for
   ``model`` on ``serve_port``.
@@ -83,6 +84,9 @@ class WorkerOptions:
     """Variables a run's ``judge.api_key_env`` may name (None: ``$DGRPO_JUDGE_KEY_ENVS``)."""
     task_modules: tuple[str, ...] | None = None
     """Module prefixes task code is imported from (None: ``$DGRPO_TASK_MODULES``, else ``examples.``)."""
+    max_concurrent_activities: int | None = None
+    """Inference: activities (rollout shards, reloads) run at once; None: Temporal's default (100). A small
+    number leaves a step's other shards to the other inference workers."""
 
 
 def _add_cwd_to_path() -> None:
@@ -99,6 +103,7 @@ def control_activities(
     from activities.judge import JudgeActivities, JudgeEndpoints
     from activities.metrics import MetricsActivities
     from activities.retention import RetentionActivities
+    from activities.rollout_shards import ShardActivities
 
     env = JudgeEndpoints.from_env()  # a flag replaces its variable
     endpoints = JudgeEndpoints(
@@ -108,6 +113,7 @@ def control_activities(
     return [
         AdvantagesActivities(store).compute_advantages,
         JudgeActivities(store, judge_url, endpoints).judge,
+        ShardActivities(store).merge_rollouts,
         *MetricsActivities(store).all(),
         *RetentionActivities(store).all(),
     ]
@@ -155,6 +161,7 @@ async def build_workers(
                 task_queue=queues.inference,
                 activities=inference_activities(store, server_urls, opts, serving),
                 interceptors=INTERCEPTORS,
+                max_concurrent_activities=opts.max_concurrent_activities,
             )
         )
     if "trainer" in roles:

@@ -49,6 +49,8 @@ class Stage:
 # Every worker heartbeats each activity from a ticker (workers/heartbeat_ticker.py), whatever the work is
 # doing, so a dead or hung worker is noticed within HEARTBEAT and the activity is retried on another one.
 ROLLOUTS = Stage(ActivityName.ROLLOUTS, timedelta(hours=2), max_attempts=3)
+# A step's shards are merged into its one Parquet on the control queue.
+MERGE_ROLLOUTS = Stage(ActivityName.MERGE_ROLLOUTS, timedelta(minutes=30), max_attempts=5)
 JUDGE = Stage(ActivityName.JUDGE, timedelta(hours=1), max_attempts=5)
 ADVANTAGES = Stage(ActivityName.ADVANTAGES, timedelta(minutes=10), max_attempts=5)
 # OOM retries halve the micro-batch.
@@ -96,8 +98,10 @@ async def run_stage(
     step: int,
     result_type: type[T] | None = None,
     reraise: bool = False,
+    summary: str | None = None,
 ) -> T:
-    """Execute ``stage`` on ``task_queue``; a final failure becomes a ``StageFailed`` with a clear message."""
+    """Execute ``stage`` on ``task_queue``; a final failure becomes a ``StageFailed`` with a clear message.
+    ``summary``: what the UI shows for the call (default ``step <step>``)."""
     try:
         return await workflow.execute_activity(
             stage.name,
@@ -108,7 +112,7 @@ async def run_stage(
             heartbeat_timeout=stage.heartbeat,
             retry_policy=stage.retry_policy(),
             result_type=result_type,
-            summary=f"step {step}",
+            summary=summary or f"step {step}",
         )
     except ActivityError as err:
         if reraise:

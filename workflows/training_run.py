@@ -1,9 +1,10 @@
 """``TrainingRun``: a whole GRPO run as one workflow (continued-as-new every few steps).
 
-Per step: rollouts (inference) -> judge (control) -> advantages (control) -> train (trainer) -> publish
-(trainer, same worker) -> reload (inference) -> metrics (control). The step counter advances once the
-new adapter is served. A fresh start (first run, or the same run id after a terminate or a dead stack)
-finds the newest manifested checkpoint and continues after it; with none, it publishes and serves step 0.
+Per step: rollouts (inference, in shards, merged on control) -> judge (control) -> advantages (control) ->
+train (trainer) -> publish (trainer, same worker) -> reload (inference) -> metrics (control). The step
+counter advances once the new adapter is served. A fresh start (first run, or the same run id after a
+terminate or a dead stack) finds the newest manifested checkpoint and continues after it; with none, it
+publishes and serves step 0.
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ with workflow.unsafe.imports_passed_through():
         TrainStepInput,
     )
 
+from workflows.rollout_shards import roll_out_step
 from workflows.serve_model import serve_newest
 from workflows.stages import (
     JUDGE,
     METRICS,
     RESAMPLES_WITHOUT_SIGNAL,
     RETAIN_CHECKPOINTS,
-    ROLLOUTS,
     NoLearningSignal,
     StageFailed,
     run_stage,
@@ -278,8 +279,7 @@ class TrainingRun:
         if track:
             self._phase = "rollouts"
         started = workflow.now()
-        scored = await run_stage(
-            ROLLOUTS,
+        scored = await roll_out_step(
             RolloutsInput(
                 run_id=spec.run_id,
                 step=target,
@@ -293,9 +293,8 @@ class TrainingRun:
                 # A resample draws other scenarios (the scenario order is seeded).
                 seed=spec.seed + 7919 * resample,
             ),
-            task_queue=spec.task_queues.inference,
-            step=target,
-            result_type=TrajectoriesRef,
+            spec.groups_per_shard,
+            spec.task_queues,
         )
         if spec.judge.kind != "rollout":
             if track:

@@ -8,9 +8,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from temporalio import activity
+
 from schemas.trajectory import Trajectory
 
 NOT_CALLABLE = 3
+
+RUNNING: list[int] = [0, 0]
+"""Rollouts of ``counted`` running now, and the most that ran at once (one process's count)."""
 
 
 def scenarios() -> list[dict[str, Any]]:
@@ -31,6 +36,25 @@ async def ok(model: Any, scenario: dict[str, Any]) -> Trajectory:
         reward=float(scenario["x"]),
         metadata={"served_model": model.served_model, "model_name": model.name},
     )
+
+
+async def flaky(model: Any, scenario: dict[str, Any]) -> Trajectory:
+    """``ok``, except that on a scenario with ``flaky`` the activity's first attempt raises (so, with
+    ``max_exceptions = 0``, that attempt fails and only its shard is tried again)."""
+    if scenario.get("flaky") and activity.info().attempt == 1:
+        raise ConnectionError(f"scripted first-attempt failure for {scenario['id']}")
+    return await ok(model, scenario)
+
+
+async def counted(model: Any, scenario: dict[str, Any]) -> Trajectory:
+    """``ok``, counting in ``RUNNING`` how many run at once (each lasts a little while)."""
+    RUNNING[0] += 1
+    RUNNING[1] = max(RUNNING[1], RUNNING[0])
+    try:
+        await asyncio.sleep(0.05)
+        return await ok(model, scenario)
+    finally:
+        RUNNING[0] -= 1
 
 
 async def wrong_type(model: Any, scenario: dict[str, Any]) -> dict[str, Any]:

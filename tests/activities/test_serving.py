@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -289,8 +290,10 @@ async def test_ensure_adapter_loads_a_published_step_its_server_lacks(
     acts = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path)
     client = ServingClient(cpu_server)
     assert f"{run_id}@2" not in await client.adapters()
-    name = await acts.ensure_adapter(run_id, 2)
-    assert name == f"{run_id}@2" and (await client.adapters())[name] == str(tmp_path / run_id / "000002")
+    # Two shards of the step on this worker at once: one downloads and loads, the other finds it loaded.
+    name, same = await asyncio.gather(acts.ensure_adapter(run_id, 2), acts.ensure_adapter(run_id, 2))
+    assert name == same == f"{run_id}@2"
+    assert (await client.adapters())[name] == str(tmp_path / run_id / "000002")
     assert acts.served == {name: tmp_path / run_id / "000002"}  # restored too if this server restarts
     assert await acts.ensure_adapter(run_id, 2) == name  # served already: nothing loaded again
     await client.unload_adapter(name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
 from temporalio.client import Client
 
 from dgrpo.cli import build_parser
@@ -57,3 +58,15 @@ def test_the_engine_flags_become_the_inference_workers_engine_settings() -> None
     )
     defaults = worker_options(build_parser().parse_args(["worker", "inference"])).engine
     assert defaults == EngineSettings() and defaults.can_sleep and not EngineSettings(engine="vllm").can_sleep
+
+
+def test_max_concurrent_activities_is_a_whole_number_of_one_or_more(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parse = build_parser().parse_args
+    two = worker_options(parse(["worker", "inference", "--max-concurrent-activities", "2"]))
+    assert two.max_concurrent_activities == 2
+    assert worker_options(parse(["worker", "inference"])).max_concurrent_activities is None  # Temporal's
+    with pytest.raises(SystemExit):
+        parse(["worker", "inference", "--max-concurrent-activities", "0"])
+    assert "--max-concurrent-activities: 0 is less than 1" in capsys.readouterr().err

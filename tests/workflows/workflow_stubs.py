@@ -22,6 +22,7 @@ from schemas.activities import (
     CheckpointLookup,
     InitialAdapterInput,
     JudgeInput,
+    MergeRolloutsInput,
     MetricsInput,
     PublishInput,
     ReloadInput,
@@ -70,6 +71,12 @@ class ScriptedActivities:
     no_signal: dict[int, int] = field(default_factory=dict)
     """Step -> how many of its advantage computations find every group's rewards equal."""
     rollout_seeds: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
+    rollout_shards: dict[int, list[tuple[int, int, int, int]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    """Step -> (shard, shards, scenario_offset, groups) of each rollouts call."""
+    merges: dict[int, list[list[int]]] = field(default_factory=lambda: defaultdict(list))
+    """Step -> the shard numbers (read from each ref's URI) of each merge, in the order given."""
     lost_workers: int = 0
     """The first ``lost_workers`` trainings report a worker that no longer polls (publish never starts)."""
     rollout_seconds: float = 0.0
@@ -106,6 +113,9 @@ class ScriptedActivities:
         self.calls.append(("rollouts", inp.step))
         self.rollout_policies[inp.step].append(inp.policy_step)
         self.rollout_seeds[inp.step].append(inp.seed)
+        self.rollout_shards[inp.step].append(
+            (inp.shard, inp.shards, inp.scenario_offset, inp.groups_per_step)
+        )
         if self.rollout_failure is not None:
             f = self.rollout_failure
             raise ApplicationError(f.message, type=f.type, non_retryable=f.non_retryable)
@@ -115,7 +125,9 @@ class ScriptedActivities:
         n = inp.groups_per_step * inp.group_size
         return TrajectoriesRef(
             ref=ObjectRef(
-                uri=f"s3://stub/runs/{inp.run_id}/steps/{inp.step}/t.parquet", size=1, sha256=_sha("t")
+                uri=f"s3://stub/runs/{inp.run_id}/steps/{inp.step}/t-{inp.shard}.parquet",
+                size=1,
+                sha256=_sha("t"),
             ),
             run_id=inp.run_id,
             step=inp.step,
@@ -123,6 +135,18 @@ class ScriptedActivities:
             n_trajectories=n,
             reward_mean=0.1 * inp.policy_step,
             reward_std=0.05,
+        )
+
+    @activity.defn(name=ActivityName.MERGE_ROLLOUTS)
+    async def merge_rollouts(self, inp: MergeRolloutsInput) -> TrajectoriesRef:
+        self.calls.append(("merge_rollouts", inp.step))
+        self.merges[inp.step].append([int(s.ref.uri.rsplit("-", 1)[1].split(".")[0]) for s in inp.shards])
+        first = inp.shards[0]
+        return first.model_copy(
+            update={
+                "n_groups": sum(s.n_groups for s in inp.shards),
+                "n_trajectories": sum(s.n_trajectories for s in inp.shards),
+            }
         )
 
     @activity.defn(name=ActivityName.JUDGE)
@@ -212,6 +236,7 @@ class ScriptedActivities:
             self.latest_checkpoint,
             self.publish_initial,
             self.rollouts,
+            self.merge_rollouts,
             self.judge,
             self.compute_advantages,
             self.train,
