@@ -310,14 +310,20 @@ def main(opts: WorkerOptions) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, _on_signal, sig, stop)
-        await run_workers(opts, stop=stop)
+        try:
+            await run_workers(opts, stop=stop)
+        finally:
+            leftovers = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in leftovers:
+                task.cancel()
+            await asyncio.gather(*leftovers, return_exceptions=True)
 
+    # Not asyncio.run: it would wait for threads of cancelled activities (a model load, an upload) that no
+    # longer matter; they end with the process.
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(_main())
     finally:
-        # Not asyncio.run: it would wait for threads of cancelled activities (a model load, an upload) that
-        # no longer matter; close() leaves them to end with the process.
         loop.close()
     return 0
 
