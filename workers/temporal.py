@@ -35,11 +35,19 @@ class TemporalUnreachable(DgrpoError, ConnectionError):
     """No Temporal server answered at the address."""
 
 
+CUT_OFF = "transport error"
+"""The message (status UNKNOWN) of a call whose connection broke mid-way: a server killed under a long poll."""
+
+
 def unreachable(err: BaseException) -> bool:
-    """Temporal did not answer: a connect that failed, or an RPC refused or cut off for lack of a server."""
+    """Temporal did not answer: a connect that failed, an RPC refused for lack of a server, or one cut off."""
     if isinstance(err, TemporalUnreachable):
         return True
-    return isinstance(err, RPCError) and err.status == RPCStatusCode.UNAVAILABLE
+    if not isinstance(err, RPCError):
+        return False
+    return err.status == RPCStatusCode.UNAVAILABLE or (
+        err.status == RPCStatusCode.UNKNOWN and err.message == CUT_OFF
+    )
 
 
 async def across_restarts(call: Callable[[], Awaitable[T]], what: str, wait_s: float = RESTART_WAIT_S) -> T:

@@ -17,7 +17,7 @@ import psutil
 import pytest
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from host.processes import HOST, free_port
@@ -26,7 +26,7 @@ from schemas.config import TaskQueues
 from schemas.settings import ENV_HOME, ENV_TEMPORAL_ADDRESS
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
-from workers.temporal import connect_client, result_across_restarts
+from workers.temporal import CUT_OFF, TemporalUnreachable, connect_client, result_across_restarts, unreachable
 from workflows.stages import Stage, run_stage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -134,3 +134,14 @@ async def test_a_client_waiting_on_a_workflow_gets_its_result_across_a_temporal_
                 await plain
     finally:
         own_stack(tmp_path).stop()
+
+
+def test_what_counts_as_temporal_being_unreachable() -> None:
+    assert unreachable(TemporalUnreachable("no Temporal server answers at 127.0.0.1:1"))
+    assert unreachable(RPCError("tcp connect error", RPCStatusCode.UNAVAILABLE, b""))
+    assert unreachable(
+        RPCError(CUT_OFF, RPCStatusCode.UNKNOWN, b"")
+    )  # seen when the chaos test kills Temporal
+    assert not unreachable(RPCError("workflow not found", RPCStatusCode.NOT_FOUND, b""))
+    assert not unreachable(RPCError("bad request", RPCStatusCode.UNKNOWN, b""))
+    assert not unreachable(RuntimeError("tcp connect error"))
