@@ -40,14 +40,15 @@ CUT_OFF = "transport error"
 
 
 def unreachable(err: BaseException) -> bool:
-    """Temporal did not answer: a connect that failed, an RPC refused for lack of a server, or one cut off."""
+    """Temporal did not answer: a connect that failed, an RPC refused for lack of a server, one cut off, or
+    one a restarting or overloaded server did not answer in time."""
     if isinstance(err, TemporalUnreachable):
         return True
     if not isinstance(err, RPCError):
         return False
-    return err.status == RPCStatusCode.UNAVAILABLE or (
-        err.status == RPCStatusCode.UNKNOWN and err.message == CUT_OFF
-    )
+    if err.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+        return True
+    return err.status == RPCStatusCode.UNKNOWN and err.message == CUT_OFF
 
 
 async def across_restarts(call: Callable[[], Awaitable[T]], what: str, wait_s: float = RESTART_WAIT_S) -> T:
