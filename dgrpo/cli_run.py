@@ -18,7 +18,7 @@ from dgrpo.progress import RunProgress, status_summary, status_view
 from schemas.config import TaskQueues, load_run_spec
 from schemas.errors import DgrpoError
 from schemas.run_state import RunStatus
-from schemas.settings import EngineSettings
+from schemas.settings import ENV_TEMPORAL_WAIT_S, ENV_WORKER_GRACE_S, EngineSettings, WorkerLifecycle
 from workers.temporal import connect_client
 from workflows.training_run import TrainingRun
 
@@ -78,6 +78,7 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
             gpu_memory_utilization=args.gpu_memory_utilization,
             prefix_cache_mb=args.prefix_cache_mb,
         ),
+        lifecycle=worker_lifecycle(args),
         staging_root=Path(args.staging) if args.staging else None,
         worker_id=args.worker_id,
         ready_file=Path(args.ready_file) if args.ready_file else None,
@@ -87,6 +88,14 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
         task_modules=None if args.task_module is None else tuple(args.task_module),
         max_concurrent_activities=args.max_concurrent_activities,
     )
+
+
+def worker_lifecycle(args: argparse.Namespace) -> WorkerLifecycle:
+    """``--grace-s`` and ``--temporal-wait-s``; a flag left out keeps its variable's value, else the default."""
+    env = WorkerLifecycle.from_env()
+    flags = {"grace_s": args.grace_s, "temporal_wait_s": args.temporal_wait_s}
+    given = {name: value for name, value in flags.items() if value is not None}
+    return WorkerLifecycle.model_validate({**env.model_dump(), **given})
 
 
 async def _train(args: argparse.Namespace) -> int:
@@ -196,6 +205,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     worker.add_argument(
         "--serve-port", type=int, help="port of the CPU server (default $DGRPO_SERVE_PORT or free)"
+    )
+    worker.add_argument(
+        "--grace-s",
+        type=float,
+        help="on SIGTERM (spot preemption): seconds running activities get to finish before they are failed "
+        f"and retried on another worker (default ${ENV_WORKER_GRACE_S}, else {WorkerLifecycle().grace_s:.0f})",
+    )
+    worker.add_argument(
+        "--temporal-wait-s",
+        type=float,
+        help="seconds a starting worker keeps trying to reach Temporal "
+        f"(default ${ENV_TEMPORAL_WAIT_S}, else {WorkerLifecycle().temporal_wait_s:.0f})",
     )
     worker.add_argument("--staging", help="trainer staging dir (default $DGRPO_HOME/staging)")
     worker.add_argument("--worker-id", help="trainer worker id (default host-pid-random)")

@@ -37,6 +37,7 @@ from dgrpo.trainable_model import TrainableModel
 from schemas.config import RunSpec, TaskSpec, TrainConfig
 from schemas.run_state import RunStatus
 from schemas.trajectory import Trajectory, TrajectoryGroup
+from workers.temporal import across_restarts, result_across_restarts
 
 log = logging.getLogger(__name__)
 
@@ -175,13 +176,16 @@ class PipelineTrainer:
         log.info(
             "PipelineTrainer: TrainingRun %s (run %s), %d steps", handle.id, handle.result_run_id, spec.steps
         )
-        finished = asyncio.ensure_future(handle.result())
+        finished = asyncio.ensure_future(result_across_restarts(handle))
         evaluated: set[int] = set()
         try:
             while not finished.done():
                 await asyncio.wait({finished}, timeout=POLL_S)
                 if self.eval_fn is not None and not finished.done():
-                    status = await handle.query("status", result_type=RunStatus)
+                    status = await across_restarts(
+                        lambda: handle.query("status", result_type=RunStatus),
+                        f"asking {handle.id} its status",
+                    )
                     await self._maybe_eval(status, evaluated, final=False)
         finally:
             if not finished.done():

@@ -16,6 +16,7 @@ from schemas.errors import DgrpoError, RunSpecError
 from schemas.layout import spec_key
 from schemas.run_state import RunStatus
 from schemas.settings import ENV_S3_BUCKET
+from workers.temporal import result_across_restarts
 from workflows.training_run import TrainingRun
 
 
@@ -96,8 +97,9 @@ async def watch(
     on_status: Callable[[RunStatus], None],
     interval: float = 1.0,
 ) -> RunStatus:
-    """Call ``on_status`` with each polled status until the workflow ends; returns its result."""
-    result_task = asyncio.ensure_future(handle.result())
+    """Call ``on_status`` with each polled status until the workflow ends; returns its result. A Temporal
+    restart meanwhile is waited out."""
+    result_task = asyncio.ensure_future(result_across_restarts(handle))
     try:
         while not result_task.done():
             try:

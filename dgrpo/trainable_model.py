@@ -48,6 +48,7 @@ from schemas.refs import TrajectoriesRef
 from schemas.run_state import ServeModelInput, ServeModelResult, TrainStepInput, TrainStepResult
 from schemas.trajectory import TrajectoryGroup
 from serving.client import ServingClient, openai_base_url
+from workers.temporal import across_restarts, result_across_restarts
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,7 @@ class TrainableModel(Model):
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         )
         try:
-            served = await handle.result()
+            served = await result_across_restarts(handle)
         except WorkflowFailureError as err:
             raise BackendError(f"{handle.id} could not serve {self.run_id}: {_innermost(err)}") from err
         self._step, self._served = served.step, served.adapter
@@ -309,7 +310,7 @@ class TrainableModel(Model):
 
     async def _result(self, handle: WorkflowHandle[Any, TrainStepResult]) -> TrainStepResult:
         try:
-            result = await handle.result()
+            result = await result_across_restarts(handle)
         except WorkflowFailureError as err:
             raise TrainStepFailed(f"{handle.id} failed: {_innermost(err)}") from err
         assert isinstance(result, TrainStepResult)
@@ -370,7 +371,7 @@ def check_trainable(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
 async def _status(handle: WorkflowHandle[Any, Any]) -> WorkflowExecutionStatus | None:
     """The status of the workflow's newest run, or None when no run has that id."""
     try:
-        description = await handle.describe()
+        description = await across_restarts(handle.describe, f"asking for workflow {handle.id}")
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return None

@@ -38,6 +38,10 @@ ENV_TASK_MODULES = "DGRPO_TASK_MODULES"
 ENV_SERVE_API_KEY = "DGRPO_SERVE_API_KEY"
 """The inference server's API key: our CPU server requires it as a Bearer token (its ``--api-key``
 default), and ``ServingClient``, the rollouts and the default judge send it."""
+ENV_WORKER_GRACE_S = "DGRPO_WORKER_GRACE_S"
+"""Seconds a worker's running activities get to finish after SIGTERM (``dgrpo worker --grace-s``)."""
+ENV_TEMPORAL_WAIT_S = "DGRPO_TEMPORAL_WAIT_S"
+"""Seconds a starting worker keeps trying to reach Temporal (``dgrpo worker --temporal-wait-s``)."""
 ENV_ADAPTER_ROOT = "DGRPO_ADAPTER_ROOT"
 """The only directory our CPU server loads runtime adapters from (its ``--adapter-root`` default;
 else ``$DGRPO_HOME/adapters``, where the reload activity downloads checkpoints)."""
@@ -115,6 +119,24 @@ class EngineSettings(BaseModel):
     @property
     def can_sleep(self) -> bool:
         return self.engine == "cpu" or self.sleep_mode
+
+
+class WorkerLifecycle(BaseModel):
+    """How a worker starts while Temporal is away and how it stops on SIGTERM (a spot-preemption notice)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    grace_s: float = Field(20.0, ge=0)
+    """After SIGTERM the worker polls no more; its running activities get this long to finish, then they are
+    failed so Temporal retries them on another worker at once (not after a heartbeat timeout)."""
+    temporal_wait_s: float = Field(600.0, ge=0)
+    """A worker started before Temporal (or during its restart) keeps trying to connect this long."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerLifecycle:
+        e = os.environ if env is None else env
+        given = {"grace_s": e.get(ENV_WORKER_GRACE_S), "temporal_wait_s": e.get(ENV_TEMPORAL_WAIT_S)}
+        return cls.model_validate({name: value for name, value in given.items() if value})
 
 
 def env_list(name: str, env: Mapping[str, str] | None = None) -> tuple[str, ...]:

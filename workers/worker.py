@@ -8,7 +8,10 @@
 - trainer: train, publish, publish_initial and latest_checkpoint, polling the trainer queue and its own
   worker-specific queue (publish runs where the trained step is staged).
 
-Temporal and the object store come from the environment (``DGRPO_TEMPORAL_*``, ``DGRPO_S3_*``).
+Temporal and the object store come from the environment (``DGRPO_TEMPORAL_*``, ``DGRPO_S3_*``). A worker started
+before Temporal keeps trying to connect (``WorkerLifecycle.temporal_wait_s``). On SIGTERM (a spot-preemption
+notice) it stops polling at once, gives its running activities ``WorkerLifecycle.grace_s`` to finish, fails
+the rest so Temporal retries them on another worker right away, stops the server it started, and exits 0.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -32,7 +36,7 @@ from activities.serving import ServingActivities
 from host.processes import free_port
 from schemas.config import TaskQueues
 from schemas.layout import worker_task_queue
-from schemas.settings import ENV_SERVE_PORT, EngineSettings, dgrpo_home
+from schemas.settings import ENV_SERVE_PORT, EngineSettings, WorkerLifecycle, dgrpo_home
 from serving.launchers import server_process
 from workers.error_contract import ErrorContract
 from workers.heartbeat_ticker import HeartbeatTicker
@@ -53,6 +57,10 @@ INTERCEPTORS = [ErrorContract(), HeartbeatTicker()]
 Role = Literal["control", "inference", "trainer", "all"]
 ROLES: tuple[Role, ...] = ("control", "inference", "trainer", "all")
 DEFAULT_MODEL = "smollm2-135m-instruct"
+CHILD_STOP_SLACK_S = 30.0
+"""A trainer child gets its grace plus this to exit after SIGTERM before it is killed."""
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -68,6 +76,8 @@ class WorkerOptions:
     default judge uses it too)."""
     engine: EngineSettings = field(default_factory=EngineSettings)
     """The inference engine the worker starts (or, with ``server_url``, fronts); runs are checked against it."""
+    lifecycle: WorkerLifecycle = field(default_factory=WorkerLifecycle.from_env)
+    """How long it waits for Temporal at start-up, and the grace its activities get on SIGTERM."""
     serve_port: int | None = None
     """Port of the CPU server this worker starts (default ``$DGRPO_SERVE_PORT``, else a free one)."""
     staging_root: Path | None = None
@@ -141,26 +151,34 @@ async def build_workers(
     """The ``Worker`` objects of ``roles`` (not yet running); ``serving``: the inference worker's serving
     activities, when the caller keeps them (to restore adapters on a restarted server)."""
     queues = opts.task_queues
+    grace = timedelta(seconds=opts.lifecycle.grace_s)
+
+    def worker(
+        queue: str,
+        activities: Sequence[Callable[..., Any]],
+        workflows: Sequence[type] = (),
+        max_concurrent_activities: int | None = None,
+    ) -> Worker:
+        return Worker(
+            client,
+            task_queue=queue,
+            workflows=workflows,
+            activities=activities,
+            interceptors=INTERCEPTORS,
+            graceful_shutdown_timeout=grace,  # then running activities are cancelled: failed, retried elsewhere
+            max_concurrent_activities=max_concurrent_activities,
+        )
+
     workers: list[Worker] = []
     if "control" in roles:
-        workers.append(
-            Worker(
-                client,
-                task_queue=queues.control,
-                workflows=[TrainingRun, TrainStep, ServeModel],
-                activities=control_activities(
-                    store, server_urls[0] if server_urls else opts.server_url, opts
-                ),
-                interceptors=INTERCEPTORS,
-            )
-        )
+        judge_url = server_urls[0] if server_urls else opts.server_url
+        workflows = [TrainingRun, TrainStep, ServeModel]
+        workers.append(worker(queues.control, control_activities(store, judge_url, opts), workflows))
     if "inference" in roles:
         workers.append(
-            Worker(
-                client,
-                task_queue=queues.inference,
-                activities=inference_activities(store, server_urls, opts, serving),
-                interceptors=INTERCEPTORS,
+            worker(
+                queues.inference,
+                inference_activities(store, server_urls, opts, serving),
                 max_concurrent_activities=opts.max_concurrent_activities,
             )
         )
@@ -171,22 +189,24 @@ async def build_workers(
         trainer = TrainerActivities(store, staging, worker_id=opts.worker_id)
         own_queue = worker_task_queue(queues.trainer, trainer.worker_id)
         log.info("trainer %s polls %s and %s", trainer.worker_id, queues.trainer, own_queue)
-        for queue in (queues.trainer, own_queue):
-            workers.append(
-                Worker(client, task_queue=queue, activities=trainer.all(), interceptors=INTERCEPTORS)
-            )
+        workers += [worker(queue, trainer.all()) for queue in (queues.trainer, own_queue)]
     return workers
 
 
 async def run_workers(
     opts: WorkerOptions, client: Client | None = None, stop: asyncio.Event | None = None
 ) -> None:
-    """Run the workers of ``opts.role`` until ``stop`` is set (or the task is cancelled), then shut down."""
+    """Run the workers of ``opts.role`` until ``stop`` is set (or the task is cancelled), then shut down:
+    no more polling, ``opts.lifecycle.grace_s`` for running activities, then the rest are cancelled."""
     _add_cwd_to_path()
-    client = client or await connect_client()
+    stop = stop or asyncio.Event()
+    if client is None:
+        client = await _unless_stopped(connect_client(wait_s=opts.lifecycle.temporal_wait_s), stop)
+        if client is None:
+            log.info("%s worker stopped before Temporal answered", opts.role)
+            return
     store = ObjectStore.from_env(WORKER_OUTAGE_S)
     await asyncio.to_thread(store.ensure_bucket)
-    stop = stop or asyncio.Event()
     async with contextlib.AsyncExitStack() as exits:
         server_urls: list[str] = []
         serving: ServingActivities | None = None
@@ -207,29 +227,63 @@ async def run_workers(
                 server_urls = [server.client.openai_base_url]
                 serving = ServingActivities(server_urls, store, engine=opts.engine)
                 supervisor = asyncio.create_task(keep_serving(server, serving), name="keep-serving")
-                exits.callback(supervisor.cancel)
+                exits.callback(supervisor.cancel)  # before server.stop: a stopped server is not restarted
         roles: set[str] = {"control", "inference", "trainer"} if opts.role == "all" else {str(opts.role)}
+        trainer_child: WorkerProcess | None = None
         if opts.role == "all" and not opts.single_process:
-            trainer = _trainer_child(opts)
-            exits.callback(trainer.stop)
-            trainer.spawn()
-            await asyncio.to_thread(trainer.wait_ready)
+            trainer_child = _trainer_child(opts)
+            exits.callback(trainer_child.stop)
+            trainer_child.spawn()
+            await asyncio.to_thread(trainer_child.wait_ready)
             roles.discard("trainer")
         workers = await build_workers(client, roles, opts, store, server_urls, serving)
-        tasks = [asyncio.create_task(w.run(), name=f"worker:{w.task_queue}") for w in workers]
-        log.info("%s worker polling %s", opts.role, ", ".join(w.task_queue for w in workers))
-        if opts.ready_file is not None:
-            opts.ready_file.write_text(" ".join(server_urls) + "\n")
-        stopped = asyncio.create_task(stop.wait())
-        try:
-            done, _ = await asyncio.wait([*tasks, stopped], return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task is not stopped and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
-        finally:
-            log.info("shutting down %s worker (in-flight activities finish or are cancelled)", opts.role)
-            await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
-            stopped.cancel()
+        await _serve(workers, opts, stop, server_urls, trainer_child)
+
+
+async def _serve(
+    workers: list[Worker],
+    opts: WorkerOptions,
+    stop: asyncio.Event,
+    server_urls: list[str],
+    trainer_child: WorkerProcess | None,
+) -> None:
+    """Poll until ``stop`` (or a worker fails), then shut every worker (and the trainer child) down at once."""
+    tasks = [asyncio.create_task(w.run(), name=f"worker:{w.task_queue}") for w in workers]
+    log.info("%s worker polling %s", opts.role, ", ".join(w.task_queue for w in workers))
+    if opts.ready_file is not None:
+        opts.ready_file.write_text(" ".join(server_urls) + "\n")
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait([*tasks, stopped], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not stopped and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        grace = opts.lifecycle.grace_s
+        log.info(
+            "shutting down %s worker: no more polling; running activities get %.0fs to finish, then are "
+            "cancelled and retried elsewhere",
+            opts.role,
+            grace,
+        )
+        stopping: list[Awaitable[object]] = [w.shutdown() for w in workers]
+        if trainer_child is not None:  # its own grace runs alongside ours, not after it
+            stopping.append(asyncio.to_thread(trainer_child.stop, grace + CHILD_STOP_SLACK_S))
+        await asyncio.gather(*stopping, return_exceptions=True)
+        stopped.cancel()
+        log.info("%s worker shut down", opts.role)
+
+
+async def _unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
+    """``work``'s result, or None when ``stop`` is set first (``work`` is then cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        return task.result() if task.done() else None
+    finally:
+        task.cancel()
+        stopped.cancel()
 
 
 def _trainer_child(opts: WorkerOptions) -> WorkerProcess:
@@ -238,6 +292,12 @@ def _trainer_child(opts: WorkerOptions) -> WorkerProcess:
     log_dir = opts.ready_file.parent if opts.ready_file else Path(dgrpo_home()) / "logs"
     extra = ["--staging", str(opts.staging_root)] if opts.staging_root else []
     extra += ["--worker-id", opts.worker_id] if opts.worker_id else []
+    extra += [
+        "--grace-s",
+        str(opts.lifecycle.grace_s),
+        "--temporal-wait-s",
+        str(opts.lifecycle.temporal_wait_s),
+    ]
     return WorkerProcess(
         "trainer",
         log_dir / f"trainer-{os.getpid()}.log",
@@ -249,19 +309,41 @@ def _trainer_child(opts: WorkerOptions) -> WorkerProcess:
 
 async def run_all_workers(client: Client, task_queues: TaskQueues, serve_port: int | None = None) -> None:
     """All three workers in this event loop (``LocalBackend(in_process=True)``); cancel the task to stop."""
-    opts = WorkerOptions(role="all", task_queues=task_queues, serve_port=serve_port)
+    opts = WorkerOptions(
+        role="all",
+        task_queues=task_queues,
+        serve_port=serve_port,
+        lifecycle=WorkerLifecycle(grace_s=0),  # the client is closing: nothing waits for a retry elsewhere
+    )
     await run_workers(opts, client)
 
 
 def main(opts: WorkerOptions) -> int:
-    """Run until SIGTERM/SIGINT, then shut the workers down gracefully."""
+    """Run until SIGTERM/SIGINT, then shut the workers down gracefully; 0 once they have."""
 
     async def _main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await run_workers(opts, stop=stop)
+            loop.add_signal_handler(sig, _on_signal, sig, stop)
+        try:
+            await run_workers(opts, stop=stop)
+        finally:
+            leftovers = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in leftovers:
+                task.cancel()
+            await asyncio.gather(*leftovers, return_exceptions=True)
 
-    asyncio.run(_main())
+    # Not asyncio.run: it would wait for threads of cancelled activities (a model load, an upload) that no
+    # longer matter; they end with the process.
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(_main())
+    finally:
+        loop.close()
     return 0
+
+
+def _on_signal(sig: signal.Signals, stop: asyncio.Event) -> None:
+    log.warning("%s received: stopping", sig.name)
+    stop.set()

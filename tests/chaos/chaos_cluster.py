@@ -29,6 +29,7 @@ from schemas.run_state import RunStatus
 from schemas.settings import ENV_HOME
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
+from workers.temporal import result_across_restarts
 
 log = logging.getLogger(__name__)
 
@@ -190,13 +191,9 @@ class ChaosCluster:
 
 
 async def run_result(handle: WorkflowHandle) -> RunStatus:  # type: ignore[type-arg]
-    """The run's result, waited for across Temporal restarts (the long poll dies with the server)."""
-    while True:
-        try:
-            return await handle.result()
-        except RPCError as err:
-            log.warning("waiting for the run's result: %s; asking again", err)
-            await asyncio.sleep(1.0)
+    """The run's result, waited for across Temporal restarts (bench/chaos.py calls it by this name)."""
+    status: RunStatus = await result_across_restarts(handle)
+    return status
 
 
 async def unless_done(result: asyncio.Future[Any], injection: Awaitable[object]) -> None:

@@ -27,10 +27,10 @@ from activities.object_store import ObjectStore
 from dgrpo import run_control
 from schemas.config import RunSpec, TaskQueues
 from schemas.layout import MANIFEST_NAME, step_name, trajectories_key
-from workers.temporal import connect_client
+from workers.temporal import connect_client, result_across_restarts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chaos_cluster import REPO, ChaosCluster, retry_delays, run_result, unless_done, wait_for_phase
+from chaos_cluster import REPO, ChaosCluster, retry_delays, unless_done, wait_for_phase
 
 pytestmark = pytest.mark.slow
 
@@ -70,13 +70,13 @@ async def test_a_run_survives_worker_kills_a_temporal_restart_and_an_s3_outage(c
     client = await connect_client(address=cluster.stack.temporal_address)
     spec = chaos_spec(f"chaos-{uuid.uuid4().hex[:6]}", cluster.queues)
     handle = await run_control.start_run(client, spec, ObjectStore(cluster.stack.s3_settings))
-    result = asyncio.ensure_future(run_result(handle))
+    result = asyncio.ensure_future(result_across_restarts(handle))
     faults: list[Callable[[], Awaitable[object]]] = [
         lambda: cluster.kill_worker_running(handle, "rollouts"),  # step 1: retried on an inference worker
         lambda: cluster.kill_worker_running(handle, "train"),  # step 1: retried on the other trainer
         lambda: wait_for_phase(handle, "rollouts", step=2),
         lambda: cluster.kill_worker_now("control"),  # it holds the run's workflow
-        lambda: cluster.ready("control"),  # one that starts while Temporal is down exits
+        lambda: cluster.ready("control"),  # polling again before Temporal goes down
         lambda: cluster.kill_server("temporal", down_s=3.0),
         lambda: cluster.kill_worker_running(handle, "train"),  # step 2: its retry runs into the S3 outage
         lambda: cluster.kill_server("seaweed", down_s=30.0),

@@ -6,12 +6,19 @@ import uuid
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from temporalio.client import Client
 
 from dgrpo.cli import build_parser
 from dgrpo.cli_run import worker_options
 from schemas.config import TaskQueues
-from schemas.settings import ENV_HOME, EngineSettings
+from schemas.settings import (
+    ENV_HOME,
+    ENV_TEMPORAL_WAIT_S,
+    ENV_WORKER_GRACE_S,
+    EngineSettings,
+    WorkerLifecycle,
+)
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
 from workers.temporal import connect_client
@@ -70,3 +77,17 @@ def test_max_concurrent_activities_is_a_whole_number_of_one_or_more(
     with pytest.raises(SystemExit):
         parse(["worker", "inference", "--max-concurrent-activities", "0"])
     assert "--max-concurrent-activities: 0 is less than 1" in capsys.readouterr().err
+
+
+def test_grace_and_temporal_wait_come_from_flags_else_variables_else_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(ENV_WORKER_GRACE_S, "7")
+    monkeypatch.setenv(ENV_TEMPORAL_WAIT_S, "90")
+    args = build_parser().parse_args(["worker", "trainer", "--temporal-wait-s", "30"])
+    assert worker_options(args).lifecycle == WorkerLifecycle(grace_s=7, temporal_wait_s=30)
+    monkeypatch.delenv(ENV_WORKER_GRACE_S)
+    monkeypatch.delenv(ENV_TEMPORAL_WAIT_S)
+    assert worker_options(build_parser().parse_args(["worker", "trainer"])).lifecycle == WorkerLifecycle()
+    with pytest.raises(ValidationError, match="grace_s"):
+        worker_options(build_parser().parse_args(["worker", "trainer", "--grace-s", "-1"]))
