@@ -22,7 +22,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from schemas.config import TaskQueues
-from workers.temporal import connect_client
+from workers.temporal import TemporalUnreachable, connect_client
 
 POLLED_TYPE: dict[str, TaskQueueType.ValueType] = {
     "control": TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         problem = asyncio.run(
             asyncio.wait_for(check(args.role, queue, socket.gethostname(), args.max_age_s), args.timeout_s)
         )
-    except (TimeoutError, RuntimeError, RPCError) as err:  # RuntimeError: the client cannot connect
+    except (TimeoutError, TemporalUnreachable, RPCError) as err:
         problem = f"Temporal did not answer: {err or type(err).__name__}"
     if problem is not None:
         print(f"unhealthy: {problem}", file=sys.stderr)
