@@ -133,7 +133,7 @@ async def rollout(
         winner = round_winner(move1, move2)
         if winner is not None:
             wins[winner] += 1
-        if max(wins) >= wins_to_end:
+        if max(wins) >= wins_to_end or round_number == max_rounds - 1:
             break
         for trajectory, other_move in zip(trajectories, (move2, move1), strict=True):
             trajectory.messages_and_choices.append(

@@ -1,5 +1,5 @@
-"""What a finished example left in its LocalBackend's store, read back with the stack alone (no workers,
-no model): the metrics Parquet by step, and the steps whose checkpoint manifest reads."""
+"""What a finished example left in its LocalBackend's store, read back from the stack alone: the metrics
+Parquet by step, and the steps whose checkpoint manifest reads."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from workers.stack import EmbeddedStack
 
 
 def stored_run(home: Path, run_id: str) -> tuple[dict[int, dict[str, float]], list[int]]:
-    """``(metrics by step, manifested checkpoint steps)`` of ``run_id`` under the backend at ``home``."""
+    """``(metrics by step, manifested checkpoint steps)`` of ``run_id`` under the backend at ``home``; its
+    stack is started (and stopped again) only when it is not running."""
     stack = EmbeddedStack(home)
-    stack.start()
+    started = stack.load_state() is None
+    if started:
+        stack.start()
     try:
         store = ObjectStore(stack.s3_settings)
         records = metrics_by_step(store, run_id)
@@ -23,5 +26,6 @@ def stored_run(home: Path, run_id: str) -> tuple[dict[int, dict[str, float]], li
             store.read_manifest(layout.checkpoint_prefix(run_id, step))  # raises unless complete
             manifested.append(step)
     finally:
-        stack.stop()
+        if started:
+            stack.stop()
     return records, manifested

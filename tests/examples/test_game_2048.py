@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from dgrpo.local import LocalBackend
 from examples import game_2048 as g
 from tests.examples.stored_run import stored_run
 
@@ -56,17 +55,13 @@ def test_rewards_rank_wins_then_progress_then_format() -> None:
 
 @pytest.mark.slow
 async def test_it_trains_two_steps_and_logs_its_games(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    example_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    home = tmp_path / "home"
-    argv = ["--home", str(home), "--steps", "2", "--group-size", "3", "--max-moves", "2"]
+    argv = ["--home", str(example_home), "--steps", "2", "--group-size", "3", "--max-moves", "2"]
     sizes = ["--max-tokens", "8", "--winning-value", "64", "--learning-rate", "2e-4"]
-    try:
-        gathered = await g.train(g.parse_args([*argv, *sizes]))
-    finally:
-        LocalBackend(path=home).stop_all()
+    gathered = await g.train(g.parse_args([*argv, *sizes]))
     assert "tutorial-001 is at step 2" in capsys.readouterr().out
-    records, checkpoints = stored_run(home, "2048-tutorial-001")
+    records, checkpoints = stored_run(example_home, "2048-tutorial-001")
     assert checkpoints[-1] == 2  # delete_checkpoints kept the newest before each step
     for step, groups in enumerate(gathered):
         trajectories = [t for group in groups for t in group]

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from openai.types.chat.chat_completion import Choice
 
-from dgrpo.local import LocalBackend
 from examples import rock_paper_tool_use as rps
 from tests.examples.stored_run import stored_run
 
@@ -51,17 +50,24 @@ def test_round_winner() -> None:
 
 @pytest.mark.slow
 async def test_it_trains_two_steps_and_logs_its_games(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    example_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    home = tmp_path / "home"
-    argv = ["--home", str(home), "--steps", "2", "--group-size", "3", "--wins", "2", "--max-rounds", "2"]
+    argv = [
+        "--home",
+        str(example_home),
+        "--steps",
+        "2",
+        "--group-size",
+        "3",
+        "--wins",
+        "2",
+        "--max-rounds",
+        "2",
+    ]
     sizes = ["--max-tokens", "8", "--learning-rate", "2e-4"]
-    try:
-        gathered = await rps.train(rps.parse_args([*argv, *sizes]))
-    finally:
-        LocalBackend(path=home).stop_all()
+    gathered = await rps.train(rps.parse_args([*argv, *sizes]))
     assert "001 is at step 2" in capsys.readouterr().out
-    records, checkpoints = stored_run(home, "rock-paper-tool-use-001")
+    records, checkpoints = stored_run(example_home, "rock-paper-tool-use-001")
     assert checkpoints == [1, 2]
     for step, trajectories in enumerate(gathered):
         assert len({t.reward for t in trajectories}) > 1  # a learning signal in every step's group
