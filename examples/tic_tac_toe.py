@@ -9,6 +9,12 @@ Together deployment and SkyPilot cluster, and its OpenPipe request reporting (a 
 
 The agent plays one game per rollout against a random opponent, one chat turn per move; each move is
 the policy's own ``Choice`` appended to the trajectory, and ``trajectory.messages()`` is the next prompt.
+
+One change makes a 135M model's games differ from step 0, so GRPO has something to learn from: a game
+ended by an unusable reply scores ART's -100 (plus its credit for valid moves made first) plus half of
+how close the reply came to a well-formed ``<move>B2</move>`` (examples/shaping.py). Each game draws its
+sides and the opponent's moves from its own seeded generator and sends ``seed=`` with every request, so
+a run is repeatable.
 """
 
 from __future__ import annotations
@@ -26,28 +32,33 @@ from pydantic import BaseModel
 
 import dgrpo as art
 from dgrpo.local import LocalBackend
+from examples.shaping import closeness
 
 SIZE = 3
 EMPTY = "_"
 MOVE = re.compile(r"^\s*<move>\s*([A-Za-z])\s*(\d)\s*</move>\s*$")
+WELL_FORMED = tuple(f"<move>{chr(ord('A') + r)}{c + 1}</move>" for r in range(SIZE) for c in range(SIZE))
+FORMAT_CREDIT = 0.5
+"""At most this much is added to an unusable reply's -100, by how close it came to ``WELL_FORMED``."""
 
 
 # ---- the game ---------------------------------------------------------------------------------------
 @dataclass
 class Game:
-    """A board (rows A-C, columns 1-3) and who plays which symbol."""
+    """A board (rows A-C, columns 1-3), who plays which symbol, and the opponent's dice."""
 
     agent: str
     opponent: str
+    rng: random.Random
     board: list[list[str]] = field(default_factory=lambda: [[EMPTY] * SIZE for _ in range(SIZE)])
 
     def empty_cells(self) -> list[tuple[int, int]]:
         return [(r, c) for r in range(SIZE) for c in range(SIZE) if self.board[r][c] == EMPTY]
 
 
-def new_game() -> Game:
-    agent = random.choice(["x", "o"])
-    return Game(agent=agent, opponent="o" if agent == "x" else "x")
+def new_game(rng: random.Random) -> Game:
+    agent = rng.choice(["x", "o"])
+    return Game(agent=agent, opponent="o" if agent == "x" else "x", rng=rng)
 
 
 def render(game: Game) -> str:
@@ -58,7 +69,7 @@ def render(game: Game) -> str:
 
 
 def play_opponent(game: Game) -> None:
-    row, col = random.choice(game.empty_cells())
+    row, col = game.rng.choice(game.empty_cells())
     game.board[row][col] = game.opponent
 
 
@@ -88,6 +99,8 @@ def winner(board: list[list[str]]) -> str | None:
 # ---- the rollout (ART's, with the move budget as a size) ---------------------------------------------
 class TicTacToeScenario(BaseModel):
     step: int
+    seed: int = 0
+    """The game's: its sides, the opponent's moves and the requests' sampling."""
 
 
 MAX_MOVE_TOKENS = 12
@@ -96,7 +109,7 @@ MAX_MOVE_TOKENS = 12
 
 @art.retry(exceptions=(openai.LengthFinishReasonError,))
 async def rollout(model: art.Model, scenario: TicTacToeScenario) -> art.Trajectory:
-    game = new_game()
+    game = new_game(random.Random(scenario.seed))
     trajectory = art.Trajectory(
         messages_and_choices=[
             {
@@ -119,15 +132,20 @@ async def rollout(model: art.Model, scenario: TicTacToeScenario) -> art.Trajecto
             model=model.get_inference_name(),
             messages=trajectory.messages(),  # type: ignore[arg-type]
             max_completion_tokens=MAX_MOVE_TOKENS,
+            seed=scenario.seed * 100 + moves,
         )
         choice = completion.choices[0]
         trajectory.messages_and_choices.append(choice)
+        reply = choice.message.content or ""
         try:
-            play_agent(game, choice.message.content or "")
+            play_agent(game, reply)
         except ValueError:
             invalid = True
-            # As in ART: far below any finished game, a little better for each valid move made first.
-            trajectory.reward = -100 + math.log(moves + 1) / math.log(100)
+            # As in ART: far below any finished game, a little better for each valid move made first;
+            # here also for a reply closer to the format.
+            trajectory.reward = (
+                -100 + math.log(moves + 1) / math.log(100) + FORMAT_CREDIT * closeness(reply, WELL_FORMED)
+            )
             break
         moves += 1
         if winner(game.board) is not None:
@@ -147,8 +165,16 @@ async def rollout(model: art.Model, scenario: TicTacToeScenario) -> art.Trajecto
 
 
 # ---- training (ART's main, with the sizes as flags) --------------------------------------------------
-async def main(args: argparse.Namespace) -> int:
-    random.seed(args.seed)
+@dataclass
+class Played:
+    """What ``train`` gathered: each step's training groups, and the base model's ``val`` games."""
+
+    train: list[list[art.TrajectoryGroup]] = field(default_factory=list)
+    val: list[art.TrajectoryGroup] = field(default_factory=list)
+
+
+async def train(args: argparse.Namespace) -> Played:
+    played = Played()
     backend = LocalBackend(path=args.path)
     model = art.TrainableModel(name=args.name, project="tic-tac-toe", base_model=args.base_model)
     try:
@@ -157,12 +183,14 @@ async def main(args: argparse.Namespace) -> int:
             train_groups = await art.gather_trajectory_groups(
                 (
                     art.TrajectoryGroup(
-                        rollout(model, TicTacToeScenario(step=i)) for _ in range(args.group_size)
+                        rollout(model, TicTacToeScenario(step=i, seed=args.seed + 100 * i + k))
+                        for k in range(args.group_size)
                     )
                     for _ in range(1)
                 ),
                 pbar_desc="gather",
             )
+            played.train.append(train_groups)
             await model.delete_checkpoints()
             await model.train(train_groups, config=art.TrainConfig(learning_rate=args.learning_rate))
 
@@ -178,16 +206,19 @@ async def main(args: argparse.Namespace) -> int:
             groups = await art.gather_trajectory_groups(
                 (
                     art.TrajectoryGroup(
-                        rollout(base, TicTacToeScenario(step=0)) for _ in range(args.group_size)
+                        rollout(base, TicTacToeScenario(step=0, seed=args.seed + k))
+                        for k in range(args.group_size)
                     ),
                 ),
                 pbar_desc=f"gather {base.name}",
                 max_exceptions=1,
             )
             await base.log(groups, split="val")
+            played.val = groups
+        print(f"{model.name} is at step {await model.get_step()}")
     finally:
         await backend.close()
-    return 0
+    return played
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -205,4 +236,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    raise SystemExit(asyncio.run(main(parse_args())))
+    asyncio.run(train(parse_args()))

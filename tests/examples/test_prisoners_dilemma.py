@@ -7,11 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from activities.object_store import ObjectStore
-from activities.retention import metrics_by_step
-from dgrpo.local import LocalBackend
 from examples import prisoners_dilemma as pd
-from workers.stack import EmbeddedStack
+from tests.examples.stored_run import stored_run
 
 
 @pytest.mark.parametrize(
@@ -37,21 +34,24 @@ def test_payoffs_as_in_art() -> None:
 
 @pytest.mark.slow
 async def test_it_trains_two_steps_and_logs_every_split(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    example_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    home = tmp_path / "home"
-    argv = ["--home", str(home), "--steps", "2", "--rounds", "2", "--games", "2", "--max-tokens", "12"]
-    try:
-        assert await pd.main(pd.parse_args([*argv, "--learning-rate", "2e-4"])) == 0
-    finally:
-        LocalBackend(path=home).stop_all()
+    argv = [
+        "--home",
+        str(example_home),
+        "--steps",
+        "2",
+        "--rounds",
+        "2",
+        "--games",
+        "2",
+        "--max-tokens",
+        "12",
+    ]
+    assert await pd.main(pd.parse_args([*argv, "--learning-rate", "2e-4"])) == 0
     assert "001 is at step 2" in capsys.readouterr().out
-    stack = EmbeddedStack(home)  # the stored run, read back (no workers, no model)
-    stack.start()
-    try:
-        records = metrics_by_step(ObjectStore(stack.s3_settings), "prisoners-dilemma-001")
-    finally:
-        stack.stop()
+    records, checkpoints = stored_run(example_home, "prisoners-dilemma-001")
+    assert checkpoints == [1, 2]
     for step in (0, 1):  # model.log at the step the games were played with
         assert records[step]["versus-self/data/step_num_trajectories"] == 4  # 2 games, 2 players
         assert records[step]["versus-base/data/step_num_trajectories"] == 2
