@@ -1,0 +1,125 @@
+"""What the whole-step benches share: a private embedded stack, the demo's run spec, a timed TrainingRun.
+
+Not a bench itself (``bench/orchestration.py``, ``bench/pipelined.py`` and ``bench/vs_trl.py`` use it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowQueryFailedError
+from temporalio.service import RPCError
+
+from dgrpo import run_control
+from dgrpo.demo import DEMO_TASKS
+from schemas.config import RunSpec, TaskQueues, load_run_spec
+from schemas.run_state import RunStatus
+from schemas.settings import ENV_HOME
+from workers.stack import EmbeddedStack
+from workflows.training_run import TrainingRun
+
+OUT = Path(__file__).resolve().parent / "out"
+"""Where benches write their JSON and markdown (ignored by git)."""
+POLL_S = 0.1
+"""How often a timed run asks the workflow for its step (the error of one step boundary)."""
+
+
+def command_line() -> str:
+    """The exact command that ran this bench, to print with its results."""
+    return "PYTHONPATH=$PWD python " + shlex.join(sys.argv)
+
+
+def write_results(name: str, results: dict[str, Any], markdown: str) -> None:
+    OUT.mkdir(exist_ok=True)
+    (OUT / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (OUT / f"{name}.md").write_text(markdown + "\n")
+    print(markdown)
+    print(f"\nresults: {OUT / name}.json and .md")
+
+
+@contextmanager
+def private_stack(keep: bool = False) -> Iterator[tuple[EmbeddedStack, Path]]:
+    """An embedded stack on free ports in a temporary ``DGRPO_HOME``, exported to this process's environment
+    (its children, workers included, find it); stopped afterwards."""
+    home = Path(tempfile.mkdtemp(prefix="dgrpo-bench-"))
+    stack = EmbeddedStack(home, free_ports=True, ui=False, tied_to_parent=True)
+    stack.start()
+    os.environ.update({**stack.env(), ENV_HOME: str(home)})
+    try:
+        yield stack, home
+    finally:
+        stack.stop()
+        if not keep:
+            import shutil
+
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def demo_run_spec(run_id: str, steps: int, queues: TaskQueues, **overrides: Any) -> RunSpec:
+    """``examples/run.toml`` (the demo's arithmetic task and settings) on ``queues``, without W&B."""
+    values: dict[str, Any] = {
+        "run_id": run_id,
+        "steps": steps,
+        "metrics.wandb": False,
+        "task_queues.control": queues.control,
+        "task_queues.inference": queues.inference,
+        "task_queues.trainer": queues.trainer,
+        **overrides,
+    }
+    return load_run_spec(DEMO_TASKS["arithmetic"], values)
+
+
+@dataclass
+class TimedRun:
+    """A finished ``TrainingRun`` and when (seconds after its start) the client saw each step served."""
+
+    status: RunStatus | None
+    """The workflow's final status (None for runs that did not go through Temporal)."""
+    served_at: dict[int, float] = field(default_factory=dict)
+    """Step -> seconds from the start until the workflow reported it served (step 0: the run's start-up)."""
+    total_s: float = 0.0
+
+    def step_seconds(self) -> dict[int, float]:
+        """Step n -> time from step n-1 served to step n served (includes step n-1's metrics/retention)."""
+        return {
+            n: self.served_at[n] - self.served_at[n - 1]
+            for n in sorted(self.served_at)
+            if n - 1 in self.served_at
+        }
+
+
+async def timed_run(client: Client, spec: RunSpec) -> TimedRun:
+    """Start ``spec`` and poll its step every ``POLL_S`` until it ends."""
+    started = time.perf_counter()
+    handle = await run_control.start_run(client, spec)
+    result = asyncio.ensure_future(handle.result())
+    served: dict[int, float] = {}
+    while not result.done():
+        try:
+            status = await handle.query(TrainingRun.status)
+            if status.adapter is not None and status.step not in served:
+                served[status.step] = time.perf_counter() - started
+        except (RPCError, WorkflowQueryFailedError):
+            pass  # a busy worker: ask again
+        await asyncio.wait({result}, timeout=POLL_S)
+    final = result.result()
+    total = time.perf_counter() - started
+    served.setdefault(final.step, total)
+    return TimedRun(status=final, served_at=served, total_s=total)
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
