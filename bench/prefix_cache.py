@@ -27,7 +27,9 @@ from serving.launchers import CpuServerProcess
 GROUPS, GROUP_SIZE = 4, 8
 
 
-async def conversation(client: openai.AsyncOpenAI, item: str, turns: int, seed: int) -> int:
+async def conversation(
+    client: openai.AsyncOpenAI, item: str, turns: int, seed: int, max_tokens: int = MAX_TOKENS
+) -> int:
     """One rollout of ``turns`` assistant turns; returns the prompt tokens of its last turn."""
     messages: list[dict[str, Any]] = [
         *EXAMPLE_EPISODE,
@@ -39,7 +41,7 @@ async def conversation(client: openai.AsyncOpenAI, item: str, turns: int, seed: 
             model=SMOLLM2_NAME,
             messages=messages,  # type: ignore[arg-type]
             tools=TOOLS,  # type: ignore[arg-type]
-            max_tokens=MAX_TOKENS,
+            max_tokens=max_tokens,
             temperature=1.0,
             seed=seed * 8 + turn,
         )
@@ -50,13 +52,13 @@ async def conversation(client: openai.AsyncOpenAI, item: str, turns: int, seed: 
     return prompt_tokens
 
 
-async def one_step(base_url: str, turns: int) -> tuple[float, int]:
+async def one_step(base_url: str, turns: int, max_tokens: int = MAX_TOKENS) -> tuple[float, int]:
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=3600)
     items = [item for item in CATALOG if item != EXAMPLE_ITEM][:GROUPS]
     started = time.perf_counter()
     lengths = await asyncio.gather(
         *(
-            conversation(client, item, turns, seed=g * GROUP_SIZE + i)
+            conversation(client, item, turns, seed=g * GROUP_SIZE + i, max_tokens=max_tokens)
             for g, item in enumerate(items)
             for i in range(GROUP_SIZE)
         )
@@ -69,6 +71,12 @@ async def one_step(base_url: str, turns: int) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the server")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=MAX_TOKENS,
+        help="new tokens a turn (the example's own by default; 1 shows the prefill alone)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     results: dict[tuple[str, int], tuple[float, int]] = {}
@@ -83,7 +91,9 @@ def main() -> None:
         # them shows in both; seeded requests make both sides sample the same conversations.
         for turns in (1, 3):
             for label, server in servers.items():
-                results[(label, turns)] = asyncio.run(one_step(server.client.openai_base_url, turns))
+                results[(label, turns)] = asyncio.run(
+                    one_step(server.client.openai_base_url, turns, args.max_tokens)
+                )
                 print(f"{label} turns={turns}: {results[(label, turns)][0]:.1f} s", flush=True)
     finally:
         for server in servers.values():
