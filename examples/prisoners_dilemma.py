@@ -9,7 +9,9 @@ game, games per step, tokens per answer, steps), which are flags here.
 Each game is ``--rounds`` rounds between two players; a round's answer counts as its last "cooperate" or
 "defect" (no such word: the move is "none"). Payoffs as in ART: both cooperate 3/3, a defector against a
 cooperator 5/0, both defect 1/1, and against "none" the other player's move scores 3 (cooperate) or 5
-(defect) and "none" 0. Games differ from step 0, so GRPO has something to compare: partial credit per round.
+(defect) and "none" 0. Games differ from step 0, so GRPO has something to compare: partial credit per round,
+and (beyond ART) a "none" answer earns up to 0.5 by how close it came to naming a move (``examples/shaping.py``),
+so two games a 135M model plays rarely tie. Every game is seeded (``seed=`` on each request), so a run repeats.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import re
 
 import dgrpo as art
 from dgrpo.local import LocalBackend
+from examples.shaping import closeness
 
 BASE_MODEL = "smollm2-135m-instruct"
 
@@ -51,6 +54,13 @@ def action(content: str | None) -> str:
     return matches[-1] if matches else "none"
 
 
+def format_credit(content: str | None) -> float:
+    """Up to 0.5 for an answer that names no move, by how close it came to one (0 when it names one)."""
+    if action(content) != "none":
+        return 0.0
+    return 0.5 * closeness(content or "", ("cooperate", "defect"))
+
+
 def payoffs(first: str, second: str) -> tuple[int, int]:
     """Points of each player for one round (ART's table, its defaults for a missing move included)."""
     table = {
@@ -66,7 +76,7 @@ def payoffs(first: str, second: str) -> tuple[int, int]:
 
 
 async def rollout_game(
-    model: art.TrainableModel, models: tuple[str, str], rounds: int, max_tokens: int
+    model: art.TrainableModel, models: tuple[str, str], rounds: int, max_tokens: int, seed: int
 ) -> tuple[art.Trajectory, art.Trajectory]:
     client = model.openai_client()
     prompt = make_prompt(rounds)
@@ -78,14 +88,18 @@ async def rollout_game(
         art.Trajectory(messages_and_choices=[*messages[0]], reward=0),
         art.Trajectory(messages_and_choices=[*messages[1]], reward=0),
     )
-    for _ in range(rounds):
+    scores = [0, 0]
+    for round_ in range(rounds):
         chat_completions = await asyncio.gather(
-            client.chat.completions.create(
-                messages=messages[0], model=models[0], max_completion_tokens=max_tokens
-            ),
-            client.chat.completions.create(
-                messages=messages[1], model=models[1], max_completion_tokens=max_tokens
-            ),
+            *(
+                client.chat.completions.create(
+                    messages=messages[i],
+                    model=models[i],
+                    max_completion_tokens=max_tokens,
+                    seed=(seed * rounds + round_) * 2 + i,
+                )
+                for i in range(2)
+            )
         )
         choices = [chat_completion.choices[0] for chat_completion in chat_completions]
         messages[0].append({"role": "assistant", "content": choices[0].message.content})
@@ -93,8 +107,9 @@ async def rollout_game(
         trajectories[0].messages_and_choices.append(choices[0])
         trajectories[1].messages_and_choices.append(choices[1])
         points = payoffs(action(choices[0].message.content), action(choices[1].message.content))
-        trajectories[0].reward += points[0]
-        trajectories[1].reward += points[1]
+        for i in range(2):
+            scores[i] += points[i]
+            trajectories[i].reward += points[i] + format_credit(choices[i].message.content)
         for i in range(2):
             joiner = "\n> "
             messages[i].append(
@@ -102,7 +117,7 @@ async def rollout_game(
                     "role": "user",
                     "content": f"The other player responded as follows: \n\n> "
                     f"{joiner.join((choices[1 - i].message.content or '').splitlines())}\n\n"
-                    f"Your score is {trajectories[i].reward}. The other player's score is {trajectories[1 - i].reward}.\n\n"
+                    f"Your score is {scores[i]}. The other player's score is {scores[1 - i]}.\n\n"
                     "For the next round, would you like to cooperate or defect?",
                 }
             )
@@ -115,20 +130,32 @@ async def main(args: argparse.Namespace) -> int:
         model = art.TrainableModel(name=args.name, project="prisoners-dilemma", base_model=BASE_MODEL)
         await model.register(backend)
         base = model.get_inference_name(0)  # the base model, served next to the trained adapters
-        for _ in range(await model.get_step(), args.steps):
+        for step in range(await model.get_step(), args.steps):
             # Simultaneously rollout self-play games, and games versus the base model.
             self_play_trajectories, base_play_trajectories = await asyncio.gather(
                 art.gather_trajectories(
                     (
-                        rollout_game(model, (model.name, model.name), args.rounds, args.max_tokens)
-                        for _ in range(args.games)
+                        rollout_game(
+                            model,
+                            (model.name, model.name),
+                            args.rounds,
+                            args.max_tokens,
+                            seed=2 * (step * args.games + g),
+                        )
+                        for g in range(args.games)
                     ),
                     pbar_desc="versus-self",
                 ),
                 art.gather_trajectories(
                     (
-                        rollout_game(model, (model.name, base), args.rounds, args.max_tokens)
-                        for _ in range(args.games)
+                        rollout_game(
+                            model,
+                            (model.name, base),
+                            args.rounds,
+                            args.max_tokens,
+                            seed=2 * (step * args.games + g) + 1,
+                        )
+                        for g in range(args.games)
                     ),
                     pbar_desc="versus-base",
                 ),

@@ -59,3 +59,9 @@ async def test_it_trains_two_steps_and_logs_every_split(
     for step in (1, 2):  # model.train's numbers for the step it produced
         assert records[step]["data/step_num_trajectories"] == 6
         assert "loss/train" in records[step]
+
+
+def test_an_answer_naming_no_move_earns_a_little_by_how_close_it_came() -> None:
+    assert pd.format_credit("I cooperate") == 0.0  # a move: its payoff is the reward
+    near, far = pd.format_credit("co-operation"), pd.format_credit("Hello there!")
+    assert 0.0 < far < near <= 0.5
