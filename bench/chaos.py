@@ -85,7 +85,7 @@ async def timed_run(
 ) -> tuple[float, RunStatus, str]:
     """Start a run, strike ``faults`` in order (one whose moment passed is skipped), wait for the result;
     returns the wall seconds, the final status and the run id."""
-    client = await connect_client(address=cluster.stack.temporal_address)
+    client = await connect_client(address=cluster.stack.temporal_address, wait_s=120)
     spec = chaos_spec(f"bench-{uuid.uuid4().hex[:6]}", cluster.queues, steps=args.steps)
     spec = spec.model_copy(update={"groups_per_step": args.groups, "group_size": args.group_size})
     started = time.monotonic()
@@ -148,7 +148,7 @@ async def main(args: argparse.Namespace) -> None:
             assert calm.phase == "done", calm
             start = datetime.now().astimezone()
             chaos_s, final, run_id = await timed_run(cluster, args, schedule(args.steps, args.s3_outage))
-            client = await connect_client(address=cluster.stack.temporal_address)
+            client = await connect_client(address=cluster.stack.temporal_address, wait_s=120)
             delays = await retry_delays(client, run_id, cluster.faults)
             print(report(args, calm_s, chaos_s, final, cluster.faults, delays, start))
         finally:
