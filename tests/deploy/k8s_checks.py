@@ -19,7 +19,7 @@ import yaml
 from tests.deploy import worker_contract as contract
 
 K8S_DIR = contract.REPO / "deploy" / "k8s"
-SECRET_TEMPLATE = K8S_DIR / "secret.template.yaml"
+SECRET_TEMPLATE = K8S_DIR / "keys.template.yaml"
 
 API_VERSIONS = {
     "Namespace": "v1",
