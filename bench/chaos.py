@@ -34,7 +34,6 @@ from chaos_cluster import (
     Fault,
     MomentPassed,
     retry_delays,
-    run_result,
     unless_done,
     wait_for_phase,
 )
@@ -44,7 +43,7 @@ from activities.object_store import ObjectStore
 from dgrpo import run_control
 from schemas.config import TaskQueues
 from schemas.run_state import RunStatus
-from workers.temporal import connect_client
+from workers.temporal import connect_client, result_across_restarts
 
 Injection = Callable[[ChaosCluster, object], Awaitable[object]]
 
@@ -90,7 +89,7 @@ async def timed_run(
     spec = spec.model_copy(update={"groups_per_step": args.groups, "group_size": args.group_size})
     started = time.monotonic()
     handle = await run_control.start_run(client, spec, ObjectStore(cluster.stack.s3_settings))
-    result = asyncio.ensure_future(run_result(handle))
+    result = asyncio.ensure_future(result_across_restarts(handle))
     for inject in faults:
         try:
             await unless_done(result, inject(cluster, handle))

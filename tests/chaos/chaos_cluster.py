@@ -25,11 +25,9 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 from schemas.config import TaskQueues
-from schemas.run_state import RunStatus
 from schemas.settings import ENV_HOME
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
-from workers.temporal import result_across_restarts
 
 log = logging.getLogger(__name__)
 
@@ -188,12 +186,6 @@ class ChaosCluster:
         fault.outage_s = (datetime.now(UTC) - fault.at).total_seconds()
         self.faults.append(fault)
         return fault
-
-
-async def run_result(handle: WorkflowHandle) -> RunStatus:  # type: ignore[type-arg]
-    """The run's result, waited for across Temporal restarts (bench/chaos.py calls it by this name)."""
-    status: RunStatus = await result_across_restarts(handle)
-    return status
 
 
 async def unless_done(result: asyncio.Future[Any], injection: Awaitable[object]) -> None:
