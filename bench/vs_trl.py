@@ -156,9 +156,11 @@ async def dgrpo_side(steps: int, seed: int, home: Path) -> dict[str, Any]:
     assert run.status is not None
     seconds = run.step_seconds()
     rewards = {h.step: h.reward_mean for h in run.status.history}
+    phases = {h.step: h.seconds for h in run.status.history}
     return {
         "step_s": [seconds[n] for n in sorted(seconds)],
         "rewards": [rewards.get(n) for n in sorted(seconds)],
+        "phase_s": [phases.get(n, {}) for n in sorted(seconds)],
     }
 
 
@@ -178,6 +180,14 @@ def report(results: dict[str, Any], steps: int) -> str:
         lines.append(f"| {side} | {m:.1f} | {m / base:.2f} |")
     if trl:
         lines += ["", f"dgrpo / TRL's best configuration: {meds.get('dgrpo', float('nan')) / min(trl):.2f}"]
+    if "dgrpo" in results["sides"]:
+        phase_s = results["sides"]["dgrpo"]["phase_s"][1:]
+        names = sorted({name for p in phase_s for name in p})
+        lines += ["", f"dgrpo's phases, median seconds of steps 2..{steps}:", ""]
+        lines += ["| " + " | ".join(names) + " |", "|" + "---:|" * len(names)]
+        lines.append(
+            "| " + " | ".join(f"{median([p.get(n, 0.0) for p in phase_s]):.2f}" for n in names) + " |"
+        )
     lines += ["", "Mean reward per step (the samples each step trains on)", ""]
     sides = list(results["sides"])
     lines += ["| step | " + " | ".join(sides) + " |", "|---|" + "---:|" * len(sides)]

@@ -2,7 +2,7 @@
 
 An activity heartbeats when it has news (a rollout done, a micro-batch trained); between two pieces of news
 (a model loading, a long forward pass, an upload) this ticker repeats the newest details every third of the
-heartbeat timeout. So timeouts can be short (``workflows/stages.py``: 30 s at most) and a dead or hung worker
+heartbeat timeout. So timeouts can be short (``workflows/stages.py``: 20 s) and a dead or hung worker
 is noticed in seconds, while a slow step on a live one is never mistaken for a dead worker. The ticker runs
 on the worker's event loop: it stops with the process, and activities run their heavy compute off the loop.
 """
@@ -10,6 +10,7 @@ on the worker's event loop: it stops with the process, and activities run their 
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
@@ -21,6 +22,9 @@ from temporalio.worker import (
 )
 
 BEATS_PER_TIMEOUT = 3
+
+THROTTLE = timedelta(seconds=5)
+"""Every ``Worker``'s ``max_heartbeat_throttle_interval``: the SDK sends a heartbeat at most this late."""
 
 
 class HeartbeatTicker(Interceptor):

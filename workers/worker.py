@@ -39,6 +39,7 @@ from schemas.layout import worker_task_queue
 from schemas.settings import ENV_SERVE_PORT, EngineSettings, WorkerLifecycle, dgrpo_home
 from serving.launchers import server_process
 from workers.error_contract import ErrorContract
+from workers.heartbeat_ticker import THROTTLE as HEARTBEAT_THROTTLE
 from workers.heartbeat_ticker import HeartbeatTicker
 from workers.keep_serving import keep_serving
 from workers.temporal import connect_client
@@ -166,6 +167,9 @@ async def build_workers(
             activities=activities,
             interceptors=INTERCEPTORS,
             graceful_shutdown_timeout=grace,  # then running activities are cancelled: failed, retried elsewhere
+            # The SDK otherwise holds heartbeats back for up to 0.8 x the timeout; sent within 5 s, the last
+            # beat before a kill is recent, so the server's timeout fires soon after the worker died.
+            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
             max_concurrent_activities=max_concurrent_activities,
         )
 

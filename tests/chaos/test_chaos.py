@@ -7,7 +7,7 @@ running step 1's rollouts and the trainer running step 1's train are killed (eac
 supervisor would); in step 2 the control worker (it holds the workflow; its own activities last under a
 second, so it is killed while the rollouts run elsewhere), then Temporal (down 3 s), then the trainer running
 train, then S3 (down 30 s, while the retry of train runs); in step 3 the worker running rollouts, and the
-control worker again during train. About 5 minutes on 2 CPU cores, most of it the 30 s heartbeat timeouts.
+control worker again during train. About 4 minutes on 2 CPU cores, much of it the 20 s heartbeat timeouts.
 """
 
 from __future__ import annotations
