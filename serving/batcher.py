@@ -28,6 +28,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from base_models.resolve import pad_token_id
+from serving.kv_cache import new_cache
+from serving.merged_lora import FoldedAdapter
 from serving.prefix_cache import BLOCK, CachedSequence, PrefixCache
 from serving.sampling import RowSampler, SamplingParams, sample_step
 
@@ -118,6 +120,7 @@ class GenerationEngine:
         batch_window_s: float = 0.02,
         max_model_len: int | None = None,
         prefix_cache_bytes: int = 0,
+        fold_adapters: bool = True,
     ) -> None:
         torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -135,6 +138,10 @@ class GenerationEngine:
         self.adapter_paths: dict[str, str] = {}
         """Loaded adapters (name -> directory); changed on the engine thread only."""
         self.sleeping = False
+        self.fold_adapters = fold_adapters
+        """Single-adapter forwards run with the adapter folded into the base weights (serving/merged_lora.py)."""
+        self._folded = FoldedAdapter(self.base)
+        self._foldable: set[str] = set()
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self._generator = torch.Generator()
         self._generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
@@ -226,6 +233,7 @@ class GenerationEngine:
                 while self._batch is not None:  # finish in-flight rows first, admit no new ones
                     self._decode()
                 self.sleeping = True
+                self._folded.forget()
                 if self.prefix_cache is not None:
                     self.prefix_cache.clear()
                 gc.collect()
@@ -249,6 +257,10 @@ class GenerationEngine:
                 self.peft.delete_adapter(name)  # type: ignore[operator]  # no half-injected adapter
             raise
         self.adapter_paths[name] = path
+        self._folded.forget(name)
+        self._foldable.discard(name)
+        if self.fold_adapters and self._folded.can_fold(name):
+            self._foldable.add(name)
         if self.prefix_cache is not None:
             self.prefix_cache.drop_adapter(name)  # a name loaded again may hold other weights
         log.info("loaded adapter %s from %s", name, path)
@@ -257,6 +269,8 @@ class GenerationEngine:
         if self.peft is not None and name in self.adapter_paths:
             self.peft.delete_adapter(name)  # type: ignore[operator]
         self.adapter_paths.pop(name, None)
+        self._folded.forget(name)
+        self._foldable.discard(name)
         if self.prefix_cache is not None:
             self.prefix_cache.drop_adapter(name)
         log.info("unloaded adapter %s", name)
@@ -286,9 +300,13 @@ class GenerationEngine:
                 out = self.base(**inputs)
         elif len(names) == 1:  # one adapter (the usual RL case): no per-layer mixed-batch routing
             name = names.pop()
-            if peft.active_adapter != name:
-                peft.set_adapter(name)
-            out = peft(**inputs)
+            if name in self._foldable:  # folded into the base weights for this forward
+                with self._folded.applied(name), peft.disable_adapter():
+                    out = self.base(**inputs)
+            else:
+                if peft.active_adapter != name:
+                    peft.set_adapter(name)
+                out = peft(**inputs)
         else:
             out = peft(**inputs, adapter_names=[r.request.adapter or BASE_ADAPTER for r in rows])
         return out.logits[:, -1, :]
@@ -331,7 +349,7 @@ class GenerationEngine:
             mask[i, past - n : past] = 1
             mask[i, past + width - len(tokens) :] = 1
         positions = (mask.cumsum(-1) - 1)[:, past:].masked_fill(mask[:, past:] == 0, 1)
-        cache = DynamicCache(config=self.base.config)
+        cache = new_cache(self.base.config)
         if past > 0:
             _fill_past(cache, hits, past)
         logits = self._forward(ids, mask, positions, cache, rows)
@@ -361,7 +379,7 @@ class GenerationEngine:
                 continue
             ids = torch.tensor([prompt[:-1]], dtype=torch.long)
             mask = torch.ones_like(ids)
-            kv = DynamicCache(config=self.base.config)
+            kv = new_cache(self.base.config)
             self._forward(ids, mask, (mask.cumsum(-1) - 1), kv, same[:1])
             layers = _layers(kv)
             cache.insert(
