@@ -4,7 +4,8 @@
 autocast) and wraps it in a peft LoRA (``ModelSpec.lora``, all linear projections by default, or the
 warm-start adapter's own config when ``base_model`` is an adapter dir). A step loads an adapter +
 optimizer state (``load_state``), runs ``train_step`` and saves them (``save_state``); the activity
-layer (activities/training.py) handles staging, publishing and failures.
+layer (activities/training.py) handles staging, publishing and failures. Sequences that share a prompt (a
+group's rollouts) are trained as packs, the prompt forwarded once (activities/shared_prefix.py).
 
 On CUDA with ``unsloth`` importable (``DGRPO_TRAINER_BACKEND=unsloth``, or auto when CUDA is there),
 the model is loaded through unsloth's ``FastLanguageModel``; everything else is the same.
@@ -17,6 +18,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,8 @@ from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from activities.grpo_loss import LossParams, grpo_loss, token_logprobs
+from activities import shared_prefix
+from activities.grpo_loss import LossOutput, LossParams, grpo_loss, token_logprobs
 from activities.tokenize import TrainSequence
 from base_models.resolve import pad_token_id, resolve_base_model
 from schemas.config import ModelSpec, TrainConfig
@@ -94,7 +97,8 @@ class Trainer:
         self.base_path = resolved.base_path
         self.warm_start_path = resolved.adapter_path
         self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(self.base_path)
-        if _use_unsloth():
+        unsloth = _use_unsloth()
+        if unsloth:
             base = self._load_unsloth()
         else:
             base = AutoModelForCausalLM.from_pretrained(self.base_path, dtype=torch.float32)
@@ -105,6 +109,9 @@ class Trainer:
             self.model = get_peft_model(base, self._peft_config())
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer: torch.optim.AdamW | None = None
+        # A 4D attention mask needs transformers' SDPA attention (unsloth patches attention its own way).
+        self.share_prefixes = not unsloth and base.config._attn_implementation == "sdpa"
+        """Sequences that share a prompt are trained as packs (activities/shared_prefix.py)."""
         log.info(
             "trainer ready: %s (%d trainable params, warm start: %s)",
             self.base_path,
@@ -209,12 +216,70 @@ class Trainer:
         out[select] = token_logprobs(logits, ids[:, 1:][select])
         return out
 
+    def packed_logprobs(self, batch: shared_prefix.PackedBatch) -> torch.Tensor:
+        """``log p(target)`` of each of ``batch``'s trained tokens, flattened (shape ``[tokens]``)."""
+        base = self.model.get_base_model()
+        device = self.device
+        with self._autocast():
+            hidden = base.get_decoder()(
+                input_ids=batch.ids.to(device),
+                attention_mask=batch.mask.to(device),
+                position_ids=batch.positions.to(device),
+                use_cache=False,
+            ).last_hidden_state
+            logits = base.get_output_embeddings()(hidden[batch.row.to(device), batch.column.to(device)])
+        return token_logprobs(logits, batch.target.to(device))
+
     def sequence_logprobs(self, seqs: list[TrainSequence]) -> list[list[float]]:
         """The current policy's logprob of every token after the first (no grad), per sequence."""
         batch = self._batch(seqs, [[0.0] * len(s.tokens) for s in seqs])
         with torch.no_grad():
             lp = self.target_logprobs(batch["ids"], batch["attn"], batch["attn"][:, 1:].bool())
         return [lp[i, : len(s.tokens) - 1].tolist() for i, s in enumerate(seqs)]
+
+    def _micro_batches(
+        self, sequences: list[TrainSequence], weights: list[list[float]], micro_batch_size: int
+    ) -> list[Callable[[], dict[str, torch.Tensor] | shared_prefix.PackedBatch]]:
+        """The step's micro-batches, built when called: packs of prompt-sharing sequences, or (without
+        SDPA attention) padded rows sorted by length so they pad little. The sum over micro-batches does not
+        depend on how the step is cut."""
+        if self.share_prefixes:
+            pad = pad_token_id(self.tokenizer)
+            return [
+                partial(shared_prefix.build, packs, sequences, weights, pad)
+                for packs in shared_prefix.plan(sequences, micro_batch_size)
+            ]
+        order = sorted(range(len(sequences)), key=lambda i: (len(sequences[i].tokens), i))
+        chunks = [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
+        return [partial(self._batch, [sequences[i] for i in c], [weights[i] for i in c]) for c in chunks]
+
+    def _micro_batch_loss(
+        self,
+        batch: dict[str, torch.Tensor] | shared_prefix.PackedBatch,
+        total_weight: float,
+        params: LossParams,
+    ) -> LossOutput:
+        """The GRPO loss of one micro-batch (its share of the step's loss)."""
+        if isinstance(batch, shared_prefix.PackedBatch):
+            logprobs = self.packed_logprobs(batch)[None]
+            sampled = batch.old.to(self.device)[None]
+            advantages = batch.advantage.to(self.device)[None]
+            token_weights = batch.weight.to(self.device)[None]
+            ref = None
+            if params.kl_coef > 0:
+                with torch.no_grad(), self.model.disable_adapter():
+                    ref = self.packed_logprobs(batch)[None]
+        else:
+            select = batch["w"] > 0
+            logprobs = self.target_logprobs(batch["ids"], batch["attn"], select)
+            sampled, advantages, token_weights = batch["old"], batch["adv"], batch["w"]
+            ref = None
+            if params.kl_coef > 0:
+                with torch.no_grad(), self.model.disable_adapter():
+                    ref = self.target_logprobs(batch["ids"], batch["attn"], select)
+        # Unknown sampling logprobs (chat-template fallback): the current policy's, ratio 1.
+        old = torch.where(torch.isnan(sampled), logprobs.detach(), sampled)
+        return grpo_loss(logprobs, old, advantages, token_weights, total_weight, params, ref)
 
     def train_step(
         self,
@@ -235,29 +300,18 @@ class Trainer:
         total_weight = sum(sum(w) for w in weights)
         if total_weight <= 0:
             raise ValueError("no trainable tokens in this step")
-        # Sorted by length so micro-batches pad little; the sum over micro-batches does not depend on order.
-        order = sorted(range(len(sequences)), key=lambda i: (len(sequences[i].tokens), i))
-        chunks = [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
         torch.manual_seed(config.seed * 1_000_003 + step)  # LoRA dropout, if any
         self.model.train()
+        micro_batches = self._micro_batches(sequences, weights, micro_batch_size)
         sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "ratio": 0.0, "clipped": 0.0}
         grad_norm = 0.0
         for _epoch in range(config.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             sums = dict.fromkeys(sums, 0.0)
-            for index, chunk in enumerate(chunks):
+            for index, micro_batch in enumerate(micro_batches):
                 if should_stop is not None and should_stop():
                     raise InterruptedError("training cancelled")
-                batch = self._batch([sequences[i] for i in chunk], [weights[i] for i in chunk])
-                select = batch["w"] > 0
-                logprobs = self.target_logprobs(batch["ids"], batch["attn"], select)
-                # Unknown sampling logprobs (chat-template fallback): the current policy's, ratio 1.
-                old = torch.where(torch.isnan(batch["old"]), logprobs.detach(), batch["old"])
-                ref = None
-                if params.kl_coef > 0:
-                    with torch.no_grad(), self.model.disable_adapter():
-                        ref = self.target_logprobs(batch["ids"], batch["attn"], select)
-                out = grpo_loss(logprobs, old, batch["adv"], batch["w"], total_weight, params, ref)
+                out = self._micro_batch_loss(micro_batch(), total_weight, params)
                 out.loss.backward()
                 sums["loss"] += float(out.loss.detach())
                 sums["policy"] += out.policy_loss_sum
@@ -265,7 +319,7 @@ class Trainer:
                 sums["ratio"] += out.ratio_sum
                 sums["clipped"] += out.clipped_tokens
                 if progress is not None:
-                    progress(index + 1, len(chunks), micro_batch_size)
+                    progress(index + 1, len(micro_batches), micro_batch_size)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm))
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
