@@ -257,6 +257,7 @@ class GenerationEngine:
                 self.peft.delete_adapter(name)  # type: ignore[operator]  # no half-injected adapter
             raise
         self.adapter_paths[name] = path
+        self._folded.refresh()
         self._folded.forget(name)
         self._foldable.discard(name)
         if self.fold_adapters and self._folded.can_fold(name):
@@ -269,6 +270,7 @@ class GenerationEngine:
         if self.peft is not None and name in self.adapter_paths:
             self.peft.delete_adapter(name)  # type: ignore[operator]
         self.adapter_paths.pop(name, None)
+        self._folded.refresh()
         self._folded.forget(name)
         self._foldable.discard(name)
         if self.prefix_cache is not None:
@@ -296,12 +298,12 @@ class GenerationEngine:
         if peft is None or not self.adapter_paths:
             out = self.base(**inputs)
         elif names == {None}:  # base rows only: skip the adapters entirely
-            with peft.disable_adapter():
+            with self._folded.adapters_off():
                 out = self.base(**inputs)
         elif len(names) == 1:  # one adapter (the usual RL case): no per-layer mixed-batch routing
             name = names.pop()
             if name in self._foldable:  # folded into the base weights for this forward
-                with self._folded.applied(name), peft.disable_adapter():
+                with self._folded.applied(name), self._folded.adapters_off():
                     out = self.base(**inputs)
             else:
                 if peft.active_adapter != name:
