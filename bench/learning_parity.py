@@ -13,9 +13,12 @@ without reward variance left out), the loss a mean over the step's completion to
   clipped PPO ratio is 1, so this is GRPO's gradient).
 
 Reported: each side's mean reward per step (the samples that step trains on) averaged over seeds, its
-spread over seeds, and the gain (mean of the last 3 steps minus step 1).
+spread over seeds, and the gain (mean of the last 3 steps minus step 1). With ``--sampling-check K``, also
+the base model's mean reward over all 81 scenarios x K samples from each side's sampler (our engine, as the
+server runs it, and HF ``generate``), to tell a sampling difference from noise at step 1.
 
     PYTHONPATH=$PWD python bench/learning_parity.py [--steps 8] [--seeds 0,1,2] [--sides dgrpo,bare]
+        [--sampling-check 4]
 """
 
 from __future__ import annotations
@@ -164,6 +167,61 @@ async def dgrpo_runs(steps: int, seeds: list[int]) -> dict[int, dict[str, Any]]:
     return results
 
 
+# --- the two samplers on the base model ----------------------------------------------------------------
+
+
+def sampling_check(per_scenario: int) -> dict[str, list[float]]:
+    """Rewards of ``per_scenario`` base-model samples of every scenario from our engine and from HF
+    ``generate`` (temperature 1, 16 tokens, the same prompt tokens)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from base_models.resolve import resolve_base_model
+    from examples.arithmetic import MAX_TOKENS, prompt, scenarios, score_answer
+    from serving.batcher import GenerationEngine, GenerationRequest
+    from serving.sampling import SamplingParams
+
+    path = resolve_base_model("smollm2-135m-instruct").base_path
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    pool = scenarios()
+    texts = [
+        str(tok.apply_chat_template(prompt(s), add_generation_prompt=True, tokenize=False)) for s in pool
+    ]
+    answers = [int(s["answer"]) for s in pool for _ in range(per_scenario)]
+    engine = GenerationEngine(path, max_batch=32)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0)
+    requests = [
+        GenerationRequest(list(tok(t, add_special_tokens=False)["input_ids"]), None, params)
+        for t in texts
+        for _ in range(per_scenario)
+    ]
+    ours = [
+        score_answer(f.result().text, a).reward for f, a in zip(engine.submit(requests), answers, strict=True)
+    ]
+    engine.close()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    hf: list[float] = []
+    rows = [t for t in texts for _ in range(per_scenario)]
+    for start in range(0, len(rows), 32):
+        batch = tok(rows[start : start + 32], return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(
+                **batch,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=MAX_TOKENS,
+                pad_token_id=tok.pad_token_id,
+            )
+        for row, answer in zip(
+            out[:, batch["input_ids"].shape[1] :], answers[start : start + 32], strict=True
+        ):
+            hf.append(score_answer(str(tok.decode(row, skip_special_tokens=True)), answer).reward)
+    return {"dgrpo engine": ours, "HF generate": hf}
+
+
 # --- report -------------------------------------------------------------------------------------------
 
 
@@ -198,6 +256,12 @@ def report(results: dict[str, Any], steps: int) -> str:
         lines.append(
             f"| {side} | " + " | ".join(f"{g:+.3f}" for g in gains) + f" | {statistics.fmean(gains):+.3f} |"
         )
+    if "sampling" in results:
+        lines += ["", "Base model, every scenario sampled by each side's sampler:", ""]
+        lines += ["| sampler | samples | mean reward | standard error |", "|---|---:|---:|---:|"]
+        for name, rewards in results["sampling"].items():
+            sem = statistics.stdev(rewards) / math.sqrt(len(rewards))
+            lines.append(f"| {name} | {len(rewards)} | {statistics.fmean(rewards):.3f} | {sem:.3f} |")
     lines += ["", f"command: {command_line()}"]
     return "\n".join(lines)
 
@@ -209,6 +273,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds")
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {', '.join(SIDES)}")
+    parser.add_argument("--sampling-check", type=int, default=0, metavar="K", help="samples per scenario")
     args = parser.parse_args()
     from bench.bench_stack import command_line, write_results
 
@@ -221,6 +286,9 @@ def main() -> None:
         else:
             runs = {seed: bare_side(args.steps, seed) for seed in seeds}
         results["sides"][side] = {str(seed): run for seed, run in runs.items()}
+    if args.sampling_check:
+        print(f"sampling check: 81 scenarios x {args.sampling_check} per sampler ...", flush=True)
+        results["sampling"] = sampling_check(args.sampling_check)
     write_results("learning_parity", results, report(results, args.steps))
 
 
