@@ -39,6 +39,8 @@ BASE_ADAPTER = "__base__"
 """peft's name for 'no adapter' in a mixed batch."""
 PREFILL_TOKENS = 16384
 """Padded prompt tokens per prefill forward; larger admissions are split."""
+LINGER_STEPS = 16
+"""Decode steps a finished row may keep its place in the batch (see ``_step``)."""
 Hit = tuple[CachedSequence, int] | None
 """A prefix cache hit: the kept sequence and how many of the prompt's first tokens it holds."""
 
@@ -93,6 +95,19 @@ class _Batch:
     """Real (unpadded) tokens per row so far: the next token's position id."""
     last: torch.Tensor
     sampler: RowSampler
+    finished: set[int] = field(default_factory=set)
+    """Rows already resolved that still take their place (see ``_step``)."""
+    since_finish: int = 0
+    """Decode steps since the oldest of ``finished`` finished."""
+
+    @property
+    def alive(self) -> int:
+        return len(self.rows) - len(self.finished)
+
+    def compact(self) -> None:
+        """Drop the finished rows."""
+        if self.finished:
+            _select(self, [i for i in range(len(self.rows)) if i not in self.finished])
 
 
 def _layers(cache: DynamicCache) -> list[Any]:
@@ -200,7 +215,8 @@ class GenerationEngine:
                         if not row.future.done():
                             row.future.set_exception(err)
         for row in (self._batch.rows if self._batch else []) + self._waiting:
-            row.future.set_exception(RuntimeError("the generation engine stopped"))
+            if not row.future.done():
+                row.future.set_exception(RuntimeError("the generation engine stopped"))
 
     def _take(self, block: bool) -> list[_Row | _Command] | None:
         items: list[_Row | _Command | None] = []
@@ -314,7 +330,7 @@ class GenerationEngine:
         return out.logits[:, -1, :]
 
     def _admit(self) -> None:
-        free = self.max_batch - (len(self._batch.rows) if self._batch else 0)
+        free = self.max_batch - (self._batch.alive if self._batch else 0)
         if free <= 0:
             return
         admitted, self._waiting = self._waiting[:free], self._waiting[free:]
@@ -359,7 +375,7 @@ class GenerationEngine:
         batch = _Batch(rows, cache, mask, mask.sum(-1), ids[:, -1].clone(), sampler)
         self._keep_prompts(batch, suffixes)
         self._step(batch, logits)
-        if batch.rows:
+        if batch.alive:
             self._merge(batch)
 
     def _cached_prefix(self, row: _Row) -> Hit:
@@ -424,7 +440,10 @@ class GenerationEngine:
 
     def _merge(self, new: _Batch) -> None:
         old = self._batch
-        if old is None:
+        new.compact()
+        if old is not None:
+            old.compact()
+        if old is None or not old.rows:
             self._batch = new
             return
         width = max(old.mask.shape[1], new.mask.shape[1])
@@ -446,24 +465,31 @@ class GenerationEngine:
         )
         batch.lengths += 1
         self._step(batch, logits)
-        if not batch.rows:
+        if not batch.alive:
             self._batch = None
 
     def _step(self, batch: _Batch, logits: torch.Tensor) -> None:
-        """Sample one token per row of ``batch``, record it, and drop the rows that finished."""
+        """Sample one token per row of ``batch``, record it, and resolve the rows that finished.
+
+        A finished row keeps its place for a while: dropping it copies every other row's cache, while its
+        share of a decode step costs next to nothing (reading the weights dominates). The batch drops its
+        finished rows once they are a quarter of it, ``LINGER_STEPS`` after the first, or when it merges."""
         step = sample_step(logits, batch.sampler, [len(r.tokens) for r in batch.rows])
         batch.last = torch.tensor(step.tokens, dtype=torch.long)
-        keep: list[int] = []
         for i, row in enumerate(batch.rows):
+            if i in batch.finished:
+                continue
             row.tokens.append(step.tokens[i])
             row.logprobs.append(step.logprobs[i])
             row.top.append(step.top[i])
-            if not self._finish(row, int(batch.lengths[i]) + 1):
-                keep.append(i)
-            else:  # its prompt and all it sampled but the last token, which was never forwarded
+            if self._finish(row, int(batch.lengths[i]) + 1):
+                # its prompt and all it sampled but the last token, which was never forwarded
                 self._keep(batch, i, row.request.prompt_ids + row.tokens[:-1])
-        if len(keep) < len(batch.rows):
-            _select(batch, keep)
+                batch.finished.add(i)
+        if batch.finished:
+            batch.since_finish += 1
+            if 4 * len(batch.finished) >= len(batch.rows) or batch.since_finish > LINGER_STEPS:
+                batch.compact()
 
     def _finish(self, row: _Row, context: int) -> bool:
         """Resolve ``row``'s future when it is done; True when it was."""
@@ -527,6 +553,7 @@ def _fill_past(cache: DynamicCache, hits: list[Hit], past: int) -> None:
 
 def _select(batch: _Batch, keep: list[int]) -> None:
     """Keep only rows ``keep`` of ``batch``, and drop the cache columns no remaining row attends to."""
+    batch.finished, batch.since_finish = set(), 0
     batch.rows = [batch.rows[i] for i in keep]
     batch.sampler.select(keep)
     if not keep:
