@@ -49,6 +49,27 @@ def group_advantages(rewards: list[float]) -> list[float] | None:
     return [(r - mean) / (std + 1e-6) for r in rewards]
 
 
+def hf_sample(model: Any, tok: Any, texts: list[str]) -> tuple[Any, Any]:
+    """HF ``generate`` on left-padded ``texts``: temperature 1, the full distribution, ``MAX_TOKENS`` new
+    tokens; returns the tokenized batch and the output ids (prompt columns first)."""
+    import torch
+
+    from examples.arithmetic import MAX_TOKENS
+
+    batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(
+            **batch,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=MAX_TOKENS,
+            pad_token_id=tok.pad_token_id,
+        )
+    return batch, out
+
+
 def bare_side(steps: int, seed: int) -> dict[str, Any]:
     import torch
     from peft import LoraConfig, get_peft_model
@@ -56,7 +77,7 @@ def bare_side(steps: int, seed: int) -> dict[str, Any]:
 
     from activities.rollouts import pick_scenarios
     from base_models.resolve import resolve_base_model
-    from examples.arithmetic import MAX_TOKENS, prompt, scenarios, score_answer
+    from examples.arithmetic import prompt, scenarios, score_answer
 
     torch.manual_seed(seed)
     path = resolve_base_model("smollm2-135m-instruct").base_path
@@ -75,24 +96,13 @@ def bare_side(steps: int, seed: int) -> dict[str, Any]:
         started = time.perf_counter()
         picked = [pool[i] for i in pick_scenarios(len(pool), GROUPS, (step - 1) * GROUPS, seed)]
         texts = [
-            tok.apply_chat_template(prompt(s), add_generation_prompt=True, tokenize=False)
+            str(tok.apply_chat_template(prompt(s), add_generation_prompt=True, tokenize=False))
             for s in picked
             for _ in range(GROUP_SIZE)
         ]
-        batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        width = batch["input_ids"].shape[1]
         model.eval()
-        with torch.no_grad():
-            out = model.generate(
-                **batch,
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=MAX_TOKENS,
-                pad_token_id=tok.pad_token_id,
-            )
-        completions = out[:, width:]
+        batch, out = hf_sample(model, tok, texts)
+        completions = out[:, batch["input_ids"].shape[1] :]
         # Completion tokens up to and including the first end-of-sequence token are trained.
         is_end = completions == tok.eos_token_id
         after_end = (is_end.cumsum(dim=1) - is_end.long()) > 0
@@ -204,17 +214,7 @@ def sampling_check(per_scenario: int) -> dict[str, list[float]]:
     hf: list[float] = []
     rows = [t for t in texts for _ in range(per_scenario)]
     for start in range(0, len(rows), 32):
-        batch = tok(rows[start : start + 32], return_tensors="pt", padding=True, add_special_tokens=False)
-        with torch.no_grad():
-            out = model.generate(
-                **batch,
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=MAX_TOKENS,
-                pad_token_id=tok.pad_token_id,
-            )
+        batch, out = hf_sample(model, tok, rows[start : start + 32])
         for row, answer in zip(
             out[:, batch["input_ids"].shape[1] :], answers[start : start + 32], strict=True
         ):
