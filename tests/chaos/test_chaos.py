@@ -30,7 +30,7 @@ from schemas.layout import MANIFEST_NAME, step_name, trajectories_key
 from workers.temporal import connect_client, result_across_restarts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chaos_cluster import REPO, ChaosCluster, retry_delays, unless_done, wait_for_phase
+from chaos_cluster import REPO, ChaosCluster, MomentPassed, retry_delays, unless_done, wait_for_phase
 
 pytestmark = pytest.mark.slow
 
@@ -71,17 +71,29 @@ async def test_a_run_survives_worker_kills_a_temporal_restart_and_an_s3_outage(c
     spec = chaos_spec(f"chaos-{uuid.uuid4().hex[:6]}", cluster.queues)
     handle = await run_control.start_run(client, spec, ObjectStore(cluster.stack.s3_settings))
     result = asyncio.ensure_future(result_across_restarts(handle))
+
+    def kill_running(activity: str) -> Awaitable[object]:
+        # An activity lasts about a second at these sizes: strike early in it, or it is over.
+        return cluster.kill_worker_running(handle, activity, after_s=0.3)
+
+    async def moment(phase: str, step: int) -> None:
+        """Until ``phase`` of ``step``; if the run is already past it, the next strike goes ahead anyway."""
+        try:
+            await wait_for_phase(handle, phase, step)
+        except MomentPassed:
+            pass
+
     faults: list[Callable[[], Awaitable[object]]] = [
-        lambda: cluster.kill_worker_running(handle, "rollouts"),  # step 1: retried on an inference worker
-        lambda: cluster.kill_worker_running(handle, "train"),  # step 1: retried on the other trainer
-        lambda: wait_for_phase(handle, "rollouts", step=2),
+        lambda: kill_running("rollouts"),  # step 1: retried on an inference worker
+        lambda: kill_running("train"),  # step 1: retried on the other trainer
+        lambda: moment("rollouts", step=2),
         lambda: cluster.kill_worker_now("control"),  # it holds the run's workflow
         lambda: cluster.ready("control"),  # polling again before Temporal goes down
         lambda: cluster.kill_server("temporal", down_s=3.0),
-        lambda: cluster.kill_worker_running(handle, "train"),  # step 2: its retry runs into the S3 outage
+        lambda: kill_running("train"),  # step 2: its retry runs into the S3 outage
         lambda: cluster.kill_server("seaweed", down_s=30.0),
-        lambda: cluster.kill_worker_running(handle, "rollouts"),  # step 3
-        lambda: wait_for_phase(handle, "train", step=3),
+        lambda: kill_running("rollouts"),  # step 3
+        lambda: moment("train", step=3),
         lambda: cluster.kill_worker_now("control"),
     ]
     try:
