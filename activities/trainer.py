@@ -13,6 +13,7 @@ the model is loaded through unsloth's ``FastLanguageModel``; everything else is 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -34,6 +35,7 @@ from activities import shared_prefix
 from activities.grpo_loss import LossOutput, LossParams, grpo_loss, token_logprobs
 from activities.tokenize import TrainSequence
 from base_models.resolve import pad_token_id, resolve_base_model
+from host.cpu_share import CpuShare
 from schemas.config import ModelSpec, TrainConfig
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,8 @@ class Trainer:
         # A 4D attention mask needs transformers' SDPA attention (unsloth patches attention its own way).
         self.share_prefixes = not unsloth and base.config._attn_implementation == "sdpa"
         """Sequences that share a prompt are trained as packs (activities/shared_prefix.py)."""
+        self.cpu_share = CpuShare.for_host() if self.device.type == "cpu" else None
+        """On a CPU, the cores a step takes while an inference server on this host works too."""
         log.info(
             "trainer ready: %s (%d trainable params, warm start: %s)",
             self.base_path,
@@ -305,23 +309,26 @@ class Trainer:
         micro_batches = self._micro_batches(sequences, weights, micro_batch_size)
         sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "ratio": 0.0, "clipped": 0.0}
         grad_norm = 0.0
-        for _epoch in range(config.epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            sums = dict.fromkeys(sums, 0.0)
-            for index, micro_batch in enumerate(micro_batches):
-                if should_stop is not None and should_stop():
-                    raise InterruptedError("training cancelled")
-                out = self._micro_batch_loss(micro_batch(), total_weight, params)
-                out.loss.backward()
-                sums["loss"] += float(out.loss.detach())
-                sums["policy"] += out.policy_loss_sum
-                sums["kl"] += out.kl_sum
-                sums["ratio"] += out.ratio_sum
-                sums["clipped"] += out.clipped_tokens
-                if progress is not None:
-                    progress(index + 1, len(micro_batches), micro_batch_size)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm))
-            self.optimizer.step()
+        with self.cpu_share.busy() if self.cpu_share else contextlib.nullcontext():
+            for _epoch in range(config.epochs):
+                self.optimizer.zero_grad(set_to_none=True)
+                sums = dict.fromkeys(sums, 0.0)
+                for index, micro_batch in enumerate(micro_batches):
+                    if should_stop is not None and should_stop():
+                        raise InterruptedError("training cancelled")
+                    if self.cpu_share is not None:
+                        self.cpu_share.apply()
+                    out = self._micro_batch_loss(micro_batch(), total_weight, params)
+                    out.loss.backward()
+                    sums["loss"] += float(out.loss.detach())
+                    sums["policy"] += out.policy_loss_sum
+                    sums["kl"] += out.kl_sum
+                    sums["ratio"] += out.ratio_sum
+                    sums["clipped"] += out.clipped_tokens
+                    if progress is not None:
+                        progress(index + 1, len(micro_batches), micro_batch_size)
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm))
+                self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         n_trainable = sum(s.n_trainable for s in sequences)
         return StepStats(

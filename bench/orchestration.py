@@ -9,8 +9,8 @@ Both sides run the demo's arithmetic task and settings (examples/run.toml: SmolL
   ``temporalio.testing.ActivityEnvironment`` in the workflow's order, against a CPU server of its own;
   the same S3 round trips, Parquet files and checkpoints, no Temporal.
 
-A step is the time from step n-1 served to step n served (so it includes step n-1's metrics), measured by
-polling the workflow every 0.1 s on the Temporal side. The sides alternate (temporal, direct, temporal,
+A step is the time from step n-1 served to step n served, measured by polling the workflow every 0.1 s on the
+Temporal side; on both sides a served step's metrics and retention run beside the next step. The sides alternate (temporal, direct, temporal,
 direct, ...) so load from other processes hits both. Overhead = temporal / direct - 1 on the mean step of
 steps 2..N (step 1 pays warm-up).
 
@@ -90,6 +90,20 @@ class DirectChain:
         phases[phase] = phases.get(phase, 0.0) + time.perf_counter() - started
         return result
 
+    async def _bookkeeping(
+        self,
+        env: ActivityEnvironment,
+        step: int,
+        metrics: MetricsInput,
+        retain: RetentionInput | None,
+        previous: asyncio.Task[None] | None,
+    ) -> None:
+        if previous is not None:
+            await previous
+        await self._timed(step, "metrics", env.run(self.metrics.log_metrics, metrics))
+        if retain is not None:
+            await self._timed(step, "metrics", env.run(self.retention.retain_checkpoints, retain))
+
     async def run(self, spec: RunSpec) -> TimedRun:
         env = ActivityEnvironment()
         self.phase_seconds = {}
@@ -101,6 +115,7 @@ class DirectChain:
         checkpoint = await env.run(self.trainer.publish_initial, initial)
         await env.run(self.serving.reload, reload_input(spec, checkpoint))
         served[0] = time.perf_counter() - started
+        bookkeeping: asyncio.Task[None] | None = None
         for step in range(1, spec.steps + 1):
             rollouts = RolloutsInput(
                 run_id=spec.run_id,
@@ -159,7 +174,7 @@ class DirectChain:
                 metrics=step_metrics(summary, scored.n_groups, 0),
                 wandb=spec.metrics.wandb,
             )
-            await self._timed(step, "metrics", env.run(self.metrics.log_metrics, metrics))
+            retain = None
             if spec.checkpoints.keep_last is not None:
                 retain = RetentionInput(
                     run_id=spec.run_id,
@@ -167,7 +182,10 @@ class DirectChain:
                     keep_best_metric=spec.checkpoints.keep_best_metric,
                     protect=[step],
                 )
-                await self._timed(step, "metrics", env.run(self.retention.retain_checkpoints, retain))
+            # As the workflow does: beside the next step, after the previous step's.
+            bookkeeping = asyncio.create_task(self._bookkeeping(env, step, metrics, retain, bookkeeping))
+        if bookkeeping is not None:
+            await bookkeeping
         return TimedRun(status=None, served_at=served, total_s=time.perf_counter() - started)
 
 

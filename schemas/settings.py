@@ -45,6 +45,10 @@ ENV_TEMPORAL_WAIT_S = "DGRPO_TEMPORAL_WAIT_S"
 ENV_ADAPTER_ROOT = "DGRPO_ADAPTER_ROOT"
 """The only directory our CPU server loads runtime adapters from (its ``--adapter-root`` default;
 else ``$DGRPO_HOME/adapters``, where the reload activity downloads checkpoints)."""
+ENV_CPU_SHARE_DIR = "DGRPO_CPU_SHARE_DIR"
+"""Where CPU servers and trainers on one host mark themselves busy, to split the cores while several work at
+once (``host/cpu_share.py``; default a per-user directory under the system's temporary one; ``off``: each
+process always uses all its threads)."""
 
 
 class S3Settings(BaseModel):

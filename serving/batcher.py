@@ -28,6 +28,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from base_models.resolve import pad_token_id
+from host.cpu_share import CpuShare
 from serving.kv_cache import new_cache
 from serving.merged_lora import FoldedAdapter
 from serving.prefix_cache import BLOCK, CachedSequence, PrefixCache
@@ -136,6 +137,7 @@ class GenerationEngine:
         max_model_len: int | None = None,
         prefix_cache_bytes: int = 0,
         fold_adapters: bool = True,
+        cpu_share: CpuShare | None = None,
     ) -> None:
         torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -158,6 +160,8 @@ class GenerationEngine:
         self._folded = FoldedAdapter(self.base)
         self._foldable: set[str] = set()
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self.cpu_share = cpu_share
+        """While the engine works, its share of the host's cores (host/cpu_share.py); None: all its threads."""
         self._generator = torch.Generator()
         self._generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self._inbox: queue.Queue[_Row | _Command | None] = queue.Queue()
@@ -194,9 +198,15 @@ class GenerationEngine:
     def _run(self) -> None:
         with torch.inference_mode():
             while True:
-                items = self._take(block=self._batch is None and not (self._waiting and not self.sleeping))
+                idle = not self._has_work()
+                if idle and self.cpu_share is not None:
+                    self.cpu_share.leave()
+                items = self._take(block=idle)
                 if items is None:
                     break
+                if self.cpu_share is not None and (items or self._has_work()):
+                    self.cpu_share.enter()  # an adapter load (folding) works the cores too
+                    self.cpu_share.apply()
                 for item in items:
                     if isinstance(item, _Command):
                         self._execute(item)
@@ -217,6 +227,9 @@ class GenerationEngine:
         for row in (self._batch.rows if self._batch else []) + self._waiting:
             if not row.future.done():
                 row.future.set_exception(RuntimeError("the generation engine stopped"))
+
+    def _has_work(self) -> bool:
+        return self._batch is not None or bool(self._waiting and not self.sleeping)
 
     def _take(self, block: bool) -> list[_Row | _Command] | None:
         items: list[_Row | _Command | None] = []

@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
 from base_models.resolve import resolve_base_model
+from host.cpu_share import CpuShare
 from serving.api import (
     ChatCompletionRequest,
     LoadLoraAdapterRequest,
@@ -292,6 +293,7 @@ def create_server(options: ServerOptions) -> tuple[FastAPI, GenerationEngine]:
         batch_window_s=options.batch_window_s,
         max_model_len=options.max_model_len,
         prefix_cache_bytes=options.prefix_cache_mb << 20,
+        cpu_share=CpuShare.for_host(options.threads),
     )
     table = AdapterTable()
     for name, path in to_load.items():

@@ -1,8 +1,9 @@
 """``TrainingRun``: a whole GRPO run as one workflow (continued-as-new every few steps).
 
 Per step: rollouts (inference, in shards, merged on control) -> judge (control) -> advantages (control) ->
-train (trainer) -> publish (trainer, same worker) -> reload (inference) -> metrics (control). The step
-counter advances once the new adapter is served. A fresh start (first run, or the same run id after a
+train (trainer) -> publish (trainer, same worker) -> reload (inference). The step counter advances once
+the new adapter is served; the step's metrics and checkpoint retention (control) then run beside the next
+step, in step order, and the run waits for them before it continues as new or ends. A fresh start (first run, or the same run id after a
 terminate or a dead stack) finds the newest manifested checkpoint and continues after it; with none, it
 publishes and serves step 0.
 """
@@ -45,6 +46,9 @@ from workflows.stages import (
 )
 from workflows.train_step import train_and_serve
 
+BOOKKEEPING_PATCH = "bookkeeping-beside-next-step"
+"""Runs whose history predates it log metrics and apply retention before the next step starts."""
+
 
 @workflow.defn(name="TrainingRun", failure_exception_types=[ValidationError])
 class TrainingRun:
@@ -58,6 +62,8 @@ class TrainingRun:
         self._phase_seconds: dict[str, float] = {}
         self._error: str | None = None
         self._policy_by_step: dict[int, int] = {}
+        self._bookkeeping: asyncio.Task[None] | None = None
+        """The served steps' metrics and retention, still running beside the next step."""
 
     # --- control ---------------------------------------------------------------------------------
 
@@ -128,8 +134,10 @@ class TrainingRun:
             await self._loop()
         except (StageFailed, NoLearningSignal) as err:
             self._error = err.message
+            await self._settle_bookkeeping()  # the served steps' metrics are logged all the same
             self._phase = "failed"
             raise
+        await self._settle_bookkeeping()
         await workflow.wait_condition(workflow.all_handlers_finished)
         self._phase = "stopped" if self._state.step < spec.steps else "done"
         self._working_on = None
@@ -177,6 +185,7 @@ class TrainingRun:
                 if state.stopping:
                     break
             if steps_this_run >= spec.continue_as_new_every:
+                await self._settle_bookkeeping()
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(args=[spec, state])
             prefetch = await self._step(state.step + 1)
@@ -225,9 +234,34 @@ class TrainingRun:
         # The step advances only now: its adapter is served.
         state.step, state.checkpoint, state.adapter = target, result.checkpoint, result.adapter
         state.history = [*state.history, summary][-MAX_HISTORY:]
-        await self._log_metrics(summary, scored)
-        await self._retain_checkpoints()
+        await self._after_step(summary, scored)
         return prefetch
+
+    async def _after_step(self, summary: StepSummary, scored: TrajectoriesRef) -> None:
+        """Log the served step's metrics, then apply retention: beside the next step, after the previous
+        step's (retention may pick the best checkpoint by the metrics)."""
+        metrics = step_metrics(summary, scored.n_groups, self._state.dropped_stale_groups)
+        protect = self._protected()
+        previous = self._bookkeeping
+
+        async def bookkeeping() -> None:
+            if previous is not None:
+                await previous
+            await self._log_metrics(summary.step, metrics)
+            await self._retain_checkpoints(summary.step, protect)
+
+        if workflow.patched(BOOKKEEPING_PATCH):
+            self._bookkeeping = asyncio.create_task(bookkeeping())
+        else:
+            self._phase = "metrics"
+            await bookkeeping()
+
+    async def _settle_bookkeeping(self) -> None:
+        """Wait for the served steps' metrics and retention."""
+        if self._bookkeeping is not None and not self._bookkeeping.done():
+            self._phase = "metrics"
+            await self._bookkeeping
+        self._bookkeeping = None
 
     def _on_chain_phase(self, phase: str) -> None:
         self._phase = phase  # type: ignore[assignment]
@@ -318,11 +352,9 @@ class TrainingRun:
             state.prefetched_policy = policy_step
         return scored
 
-    async def _log_metrics(self, summary: StepSummary, scored: TrajectoriesRef) -> None:
+    async def _log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """Best effort: a metrics sink that is down never fails the run."""
         spec = self._require_spec()
-        self._phase = "metrics"
-        metrics = step_metrics(summary, scored.n_groups, self._state.dropped_stale_groups)
         try:
             await run_stage(
                 METRICS,
@@ -330,25 +362,30 @@ class TrainingRun:
                     run_id=spec.run_id,
                     project=spec.model.project,
                     model_name=spec.model.name,
-                    step=summary.step,
+                    step=step,
                     metrics=metrics,
                     wandb=spec.metrics.wandb,
                 ),
                 task_queue=spec.task_queues.control,
-                step=summary.step,
+                step=step,
             )
         except StageFailed as err:
-            workflow.logger.warning("metrics for step %d not logged: %s", summary.step, err.message)
+            workflow.logger.warning("metrics for step %d not logged: %s", step, err.message)
 
-    async def _retain_checkpoints(self) -> None:
-        """Delete checkpoints beyond ``spec.checkpoints`` (after the step's metrics, which may pick the best);
-        never the newest (``keep_last`` >= 1), the one being served, nor the policy that pipelined rollouts
-        of a later step are sampling (a restarted server reloads it). Best effort, like metrics."""
-        spec, state = self._require_spec(), self._state
-        if spec.checkpoints.keep_last is None:
-            return
+    def _protected(self) -> list[int]:
+        """Checkpoints retention must keep now: the newest step, the one being served, and the policy that
+        pipelined rollouts of a later step are sampling (a restarted server reloads it)."""
+        state = self._state
         served = [state.checkpoint.step] if state.checkpoint is not None else []
         sampling = [policy for step, policy in self._policy_by_step.items() if step > state.step]
+        return sorted({state.step, *served, *sampling})
+
+    async def _retain_checkpoints(self, step: int, protect: list[int]) -> None:
+        """Delete checkpoints beyond ``spec.checkpoints`` but ``protect`` (``keep_last`` >= 1 keeps the
+        newest too). Best effort, like metrics."""
+        spec = self._require_spec()
+        if spec.checkpoints.keep_last is None:
+            return
         try:
             await run_stage(
                 RETAIN_CHECKPOINTS,
@@ -356,13 +393,13 @@ class TrainingRun:
                     run_id=spec.run_id,
                     keep_last=spec.checkpoints.keep_last,
                     keep_best_metric=spec.checkpoints.keep_best_metric,
-                    protect=sorted({state.step, *served, *sampling}),
+                    protect=protect,
                 ),
                 task_queue=spec.task_queues.control,
-                step=state.step,
+                step=step,
             )
         except StageFailed as err:
-            workflow.logger.warning("checkpoint retention after step %d failed: %s", state.step, err.message)
+            workflow.logger.warning("checkpoint retention after step %d failed: %s", step, err.message)
 
 
 def step_metrics(summary: StepSummary, n_groups: int, dropped_stale_groups: int) -> dict[str, float]:

@@ -13,22 +13,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from activities import shared_prefix
 from activities.tokenize import TrainSequence
 from activities.trainer import Trainer, token_weights
-from schemas.config import LoraConfig, ModelSpec, TrainConfig
-
-MODEL = ModelSpec(name="m", base_model="smollm2-135m-instruct", lora=LoraConfig(rank=8, alpha=16))
-
-
-@pytest.fixture(scope="module")
-def trainer() -> Trainer:
-    t = Trainer(MODEL)
-    assert t.share_prefixes  # SmolLM2 under transformers' SDPA attention
-    t.init_adapter(seed=0)
-    with torch.no_grad():  # a non-trivial adapter, so the LoRA path shapes the logprobs too
-        g = torch.Generator().manual_seed(1)
-        for name, p in t.model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
-    return t
+from schemas.config import TrainConfig
 
 
 def sequences(n_groups: int, group_size: int, seed: int = 0) -> list[TrainSequence]:
@@ -70,6 +55,7 @@ def test_plan_puts_each_trained_sequence_in_one_pack_of_its_prompt() -> None:
 
 
 def test_packed_logprobs_equal_each_sequence_forwarded_alone(trainer: Trainer) -> None:
+    assert trainer.share_prefixes  # SmolLM2 under transformers' SDPA attention
     seqs = sequences(n_groups=3, group_size=4)
     weights = token_weights(seqs, length_weighting=False)
     alone: list[float] = []

@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from peft.utils import set_peft_model_state_dict
 
 from activities import trajectory_store
 from activities.checkpoints import OomState
@@ -16,25 +17,15 @@ from activities.tokenize import build_sequences
 from activities.trainer import Trainer
 from activities.training import TrainerActivities, next_micro_batch
 from bench.local_sampling import max_sampling_logprob_gap, sample_choices
+from host.cpu_share import CpuShare
 from schemas import layout
 from schemas.activities import InitialAdapterInput, PublishInput, TrainInput
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
 from schemas.trajectory import Choice, ChoiceLogprobs, TokenLogprob, Trajectory, TrajectoryGroup
+from tests.cpu_neighbour import Neighbour
 
 log = logging.getLogger(__name__)
 MODEL = ModelSpec(name="m", base_model="smollm2-135m-instruct", lora=LoraConfig(rank=8, alpha=16))
-
-
-@pytest.fixture(scope="module")
-def trainer() -> Trainer:
-    t = Trainer(MODEL)
-    t.init_adapter(seed=0)
-    with torch.no_grad():  # a non-trivial adapter, so the agreement covers the LoRA path too
-        g = torch.Generator().manual_seed(1)
-        for name, p in t.model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
-    return t
 
 
 def test_training_forward_logprobs_match_sampling_logprobs(trainer):
@@ -168,3 +159,30 @@ def test_resume_from_published_checkpoint_is_exact(object_store, tmp_path, train
         if "lora_B" in key:  # zero at init: only training moves it
             moved = max(moved, float(want[key].abs().max()))
     assert 1e-4 < moved < math.inf
+
+
+@pytest.mark.parametrize("neighbour_busy", [False, True])
+def test_a_cpu_step_takes_its_share_of_the_cores_while_a_neighbour_works(
+    trainer: Trainer, tmp_path, neighbour_busy: bool
+):
+    """A CPU server busy on the same host (pipelined rollouts) halves the step's torch threads."""
+    neighbour = Neighbour(tmp_path)
+    saved_share, saved_optimizer = trainer.cpu_share, trainer.optimizer
+    trainer.cpu_share, trainer.optimizer = CpuShare(tmp_path, cores=2), None
+    before = trainer.adapter_state()
+    seen: list[int] = []
+    try:
+        neighbour.say("busy" if neighbour_busy else "idle")
+        seqs = build_sequences(
+            [t for g in synthetic_groups(trainer, n_groups=2, size=2, seed=3) for t in g.trajectories],
+            [1.0, -1.0, 0.5, -0.5],
+            max_seq_len=64,
+        ).sequences
+        trainer.train_step(seqs, TrainConfig(), step=1, micro_batch_size=2, progress=lambda *_: seen.append(
+            torch.get_num_threads()))  # fmt: skip
+    finally:
+        neighbour.kill()
+        trainer.cpu_share.close()
+        trainer.cpu_share, trainer.optimizer = saved_share, saved_optimizer
+        set_peft_model_state_dict(trainer.model, before)
+    assert seen == ([1, 1] if neighbour_busy else [2, 2])

@@ -84,6 +84,33 @@ async def test_sync_run_orders_the_stages_and_answers_status(client: Client, tas
     assert [m.metrics["offpolicy/policy_age_steps"] for m in stubs.metrics] == [0.0, 0.0, 0.0]
 
 
+async def test_metrics_and_retention_run_beside_the_next_step_and_the_run_ends_after_them(
+    client: Client, task_queue: str
+) -> None:
+    stubs = ScriptedActivities()
+    stubs.metrics_gates[1], stubs.metrics_gates[3] = asyncio.Event(), asyncio.Event()
+    spec = make_spec(task_queue, f"beside-{task_queue}", checkpoints={"keep_last": 2})
+    async with running(stubs, client, task_queue):
+        handle = await start(client, spec)
+        await asyncio.wait_for(stubs.train_started[2].wait(), 20)  # step 1's metrics are still held
+        assert stubs.metrics == [] and stubs.retained == []
+        stubs.metrics_gates[1].set()
+
+        async def last_metrics_held() -> bool:
+            status = await handle.query(TrainingRun.status)
+            return status.step == 3 and status.phase == "metrics"
+
+        await eventually(last_metrics_held)
+        assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        stubs.metrics_gates[3].set()
+        final = await handle.result()
+    assert final.phase == "done" and final.step == 3
+    bookkeeping = [(name, step) for name, step in stubs.calls if name in ("metrics", "retain_checkpoints")]
+    assert bookkeeping == [(name, step) for step in (1, 2, 3) for name in ("metrics", "retain_checkpoints")]
+    assert [m.step for m in stubs.metrics] == [1, 2, 3]
+    assert [r.protect for r in stubs.retained] == [[1], [2], [3]]
+
+
 async def test_judge_and_shared_mode_wrap_training_in_sleep_and_wake(client: Client, task_queue: str) -> None:
     stubs = ScriptedActivities()
     spec = make_spec(task_queue, f"shared-{task_queue}", steps=1, mode="shared", judge={"kind": "ruler"})

@@ -68,6 +68,8 @@ class ScriptedActivities:
     train_gates: dict[int, asyncio.Event] = field(default_factory=dict)
     """Training step n waits for ``train_gates[n]`` when present."""
     train_started: dict[int, asyncio.Event] = field(default_factory=lambda: defaultdict(asyncio.Event))
+    metrics_gates: dict[int, asyncio.Event] = field(default_factory=dict)
+    """Step n's metrics wait for ``metrics_gates[n]`` when present."""
     no_signal: dict[int, int] = field(default_factory=dict)
     """Step -> how many of its advantage computations find every group's rewards equal."""
     rollout_seeds: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
@@ -228,6 +230,9 @@ class ScriptedActivities:
     @activity.defn(name=ActivityName.METRICS)
     async def metrics_activity(self, inp: MetricsInput) -> None:
         self.calls.append(("metrics", inp.step))
+        gate = self.metrics_gates.get(inp.step)
+        if gate is not None:
+            await gate.wait()
         self.metrics.append(inp)
 
     def workers(self, client, task_queue: str, **worker_options) -> list[Worker]:  # type: ignore[no-untyped-def]
