@@ -116,6 +116,8 @@ class Trainer:
         """Sequences that share a prompt are trained as packs (activities/shared_prefix.py)."""
         self.cpu_share = CpuShare.for_host() if self.device.type == "cpu" else None
         """On a CPU, the cores a step takes while an inference server on this host works too."""
+        if self.cpu_share is not None:
+            self.cpu_share.follow(self.model)
         log.info(
             "trainer ready: %s (%d trainable params, warm start: %s)",
             self.base_path,
@@ -316,8 +318,6 @@ class Trainer:
                 for index, micro_batch in enumerate(micro_batches):
                     if should_stop is not None and should_stop():
                         raise InterruptedError("training cancelled")
-                    if self.cpu_share is not None:
-                        self.cpu_share.apply()
                     out = self._micro_batch_loss(micro_batch(), total_weight, params)
                     out.loss.backward()
                     sums["loss"] += float(out.loss.detach())

@@ -91,7 +91,7 @@ class TimedRun:
     total_s: float = 0.0
 
     def step_seconds(self) -> dict[int, float]:
-        """Step n -> time from step n-1 served to step n served (includes step n-1's metrics/retention)."""
+        """Step n -> time from step n-1 served to step n served."""
         return {
             n: self.served_at[n] - self.served_at[n - 1]
             for n in sorted(self.served_at)

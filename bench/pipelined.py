@@ -94,6 +94,10 @@ async def real(steps: int, rounds: int, home: Path) -> dict[str, list[float]]:
                 later = steady_steps(run, first=2)
                 means[mode].append(sum(later) / len(later))
                 print(f"  steps: {[round(s, 1) for s in run.step_seconds().values()]}", flush=True)
+                assert run.status is not None
+                phases = [h.seconds for h in run.status.history if h.step >= 2]
+                mean = {k: round(sum(p.get(k, 0.0) for p in phases) / len(phases), 2) for k in phases[0]}
+                print(f"  mean phases of steps 2..N (rollouts: of the step's own, if not prefetched): {mean}")
     finally:
         worker.stop()
     return means

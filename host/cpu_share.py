@@ -4,8 +4,7 @@ A CPU inference server and a CPU trainer on one machine (``dgrpo worker all``) e
 One after the other (sync mode) that is right; at the same time (pipelined mode: the next step's rollouts
 while this step trains) their OpenMP threads outnumber the cores, spin-wait for each other and make both
 phases several times slower than running them in turn. So each such process marks itself busy while it
-works and, before each forward (server) or micro-batch (trainer), takes ``cores // busy processes``
-threads.
+works and, before each transformer layer's forward, takes ``cores // busy processes`` threads.
 
 Busy is an advisory ``flock`` on the process's own file in a per-user directory: the kernel drops it when
 the process dies, so a killed worker never holds cores it no longer uses.
@@ -21,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from schemas.settings import ENV_CPU_SHARE_DIR
 
@@ -120,6 +120,14 @@ class CpuShare:
         n = self.threads()
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
+
+    def follow(self, model: Any) -> None:
+        """Re-take this process's share before each of ``model``'s transformer layers (its ``layers`` list,
+        else the whole model): a prefill or a micro-batch lasts long enough for a neighbour to start or stop
+        working meanwhile. Most calls only read the clock (see ``threads``)."""
+        layers = next((m for name, m in model.named_modules() if name.split(".")[-1] == "layers"), None)
+        for module in layers if layers is not None else [model]:
+            module.register_forward_pre_hook(lambda *_: self.apply() if self._busy else None)
 
     def close(self) -> None:
         self.leave()

@@ -162,6 +162,8 @@ class GenerationEngine:
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.cpu_share = cpu_share
         """While the engine works, its share of the host's cores (host/cpu_share.py); None: all its threads."""
+        if cpu_share is not None:
+            cpu_share.follow(self.base)
         self._generator = torch.Generator()
         self._generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self._inbox: queue.Queue[_Row | _Command | None] = queue.Queue()

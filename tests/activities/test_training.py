@@ -9,7 +9,6 @@ import random
 
 import pytest
 import torch
-from peft.utils import set_peft_model_state_dict
 
 from activities import trajectory_store
 from activities.checkpoints import OomState
@@ -17,10 +16,10 @@ from activities.tokenize import build_sequences
 from activities.trainer import Trainer
 from activities.training import TrainerActivities, next_micro_batch
 from bench.local_sampling import max_sampling_logprob_gap, sample_choices
-from host.cpu_share import CpuShare
 from schemas import layout
 from schemas.activities import InitialAdapterInput, PublishInput, TrainInput
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
+from schemas.settings import ENV_CPU_SHARE_DIR
 from schemas.trajectory import Choice, ChoiceLogprobs, TokenLogprob, Trajectory, TrajectoryGroup
 from tests.cpu_neighbour import Neighbour
 
@@ -163,13 +162,15 @@ def test_resume_from_published_checkpoint_is_exact(object_store, tmp_path, train
 
 @pytest.mark.parametrize("neighbour_busy", [False, True])
 def test_a_cpu_step_takes_its_share_of_the_cores_while_a_neighbour_works(
-    trainer: Trainer, tmp_path, neighbour_busy: bool
+    tmp_path, monkeypatch: pytest.MonkeyPatch, neighbour_busy: bool
 ):
     """A CPU server busy on the same host (pipelined rollouts) halves the step's torch threads."""
+    monkeypatch.setenv(ENV_CPU_SHARE_DIR, str(tmp_path))
+    trainer = Trainer(MODEL)
+    assert trainer.cpu_share is not None
+    trainer.cpu_share.cores = 2
+    trainer.init_adapter(seed=0)
     neighbour = Neighbour(tmp_path)
-    saved_share, saved_optimizer = trainer.cpu_share, trainer.optimizer
-    trainer.cpu_share, trainer.optimizer = CpuShare(tmp_path, cores=2), None
-    before = trainer.adapter_state()
     seen: list[int] = []
     try:
         neighbour.say("busy" if neighbour_busy else "idle")
@@ -182,7 +183,4 @@ def test_a_cpu_step_takes_its_share_of_the_cores_while_a_neighbour_works(
             torch.get_num_threads()))  # fmt: skip
     finally:
         neighbour.kill()
-        trainer.cpu_share.close()
-        trainer.cpu_share, trainer.optimizer = saved_share, saved_optimizer
-        set_peft_model_state_dict(trainer.model, before)
     assert seen == ([1, 1] if neighbour_busy else [2, 2])
