@@ -9,8 +9,8 @@ so the two never contend, as two GPUs would not); everything else returns at onc
 pipeline reaches, and with R + T, what sync mode cannot beat.
 
 ``--real``: the demo (examples/run.toml, SmolLM2-135M on ``dgrpo worker all``) in sync and pipelined mode,
-alternated; on one shared CPU the two phases contend for the same cores, so this shows only that
-pipelining costs nothing here, not a speed-up.
+alternated; on one shared CPU the two phases contend for the same cores (shared through host/cpu_share.py),
+so it shows whether pipelining costs or saves time here, with the mean phases of each run.
 
     PYTHONPATH=$PWD python bench/pipelined.py [--steps 8] [--scale 1] [--real --real-steps 3 --rounds 1]
 """
