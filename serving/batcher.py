@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from base_models.resolve import pad_token_id
 from host.cpu_share import CpuShare
-from serving.kv_cache import new_cache
+from serving.kv_cache import GrowingLayer, hole_filling, new_cache, restack
 from serving.merged_lora import FoldedAdapter
 from serving.prefix_cache import BLOCK, CachedSequence, PrefixCache
 from serving.sampling import RowSampler, SamplingParams, sample_step
@@ -108,7 +108,7 @@ class _Batch:
     def compact(self) -> None:
         """Drop the finished rows."""
         if self.finished:
-            _select(self, [i for i in range(len(self.rows)) if i not in self.finished])
+            _select(self, hole_filling(len(self.rows), self.finished))
 
 
 def _layers(cache: DynamicCache) -> list[Any]:
@@ -116,13 +116,12 @@ def _layers(cache: DynamicCache) -> list[Any]:
     return list(cache.layers)
 
 
-def _pad_left(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
-    missing = length - t.shape[dim]
+def _pad_left(mask: torch.Tensor, width: int) -> torch.Tensor:
+    """``mask`` (rows x columns) left-padded with zeros to ``width`` columns."""
+    missing = width - mask.shape[1]
     if missing <= 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
+        return mask
+    return torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], dim=1)
 
 
 class GenerationEngine:
@@ -463,9 +462,10 @@ class GenerationEngine:
             return
         width = max(old.mask.shape[1], new.mask.shape[1])
         for a, b in zip(_layers(old.cache), _layers(new.cache), strict=True):
-            a.keys = torch.cat([_pad_left(a.keys, width, 2), _pad_left(b.keys, width, 2)])
-            a.values = torch.cat([_pad_left(a.values, width, 2), _pad_left(b.values, width, 2)])
-        old.mask = torch.cat([_pad_left(old.mask, width, 1), _pad_left(new.mask, width, 1)])
+            joined = isinstance(a, GrowingLayer) and a.append_rows(b.keys, b.values)
+            if not joined:
+                restack(a, [(a.keys, a.values), (b.keys, b.values)], width, self.max_batch)
+        old.mask = torch.cat([_pad_left(old.mask, width), _pad_left(new.mask, width)])
         old.lengths = torch.cat([old.lengths, new.lengths])
         old.last = torch.cat([old.last, new.last])
         old.rows += new.rows
@@ -567,19 +567,21 @@ def _fill_past(cache: DynamicCache, hits: list[Hit], past: int) -> None:
 
 
 def _select(batch: _Batch, keep: list[int]) -> None:
-    """Keep only rows ``keep`` of ``batch``, and drop the cache columns no remaining row attends to."""
+    """Keep only rows ``keep`` of ``batch`` (row ``j`` becomes old row ``keep[j]``, see ``hole_filling``), and
+    drop the cache columns no remaining row attends to."""
     batch.finished, batch.since_finish = set(), 0
     batch.rows = [batch.rows[i] for i in keep]
     batch.sampler.select(keep)
     if not keep:
         return
     index = torch.tensor(keep, dtype=torch.long)
-    batch.cache.batch_select_indices(index)
     batch.mask, batch.lengths, batch.last = batch.mask[index], batch.lengths[index], batch.last[index]
     used = batch.mask.any(dim=0).nonzero()
     start = int(used[0]) if len(used) else 0
-    if start > 0:
-        batch.mask = batch.mask[:, start:]
-        for layer in _layers(batch.cache):
-            layer.keys = layer.keys[:, :, start:]
-            layer.values = layer.values[:, :, start:]
+    batch.mask = batch.mask[:, start:]
+    for layer in _layers(batch.cache):
+        if isinstance(layer, GrowingLayer):
+            layer.keep_rows(keep, start)
+        else:
+            layer.batch_select_indices(index)
+            layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]

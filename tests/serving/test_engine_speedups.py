@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 import serving.batcher as batcher
 from base_models.resolve import ensure_smollm2
 from serving.batcher import Completion, GenerationEngine, GenerationRequest
-from serving.kv_cache import SPARE, GrowingLayer
+from serving.kv_cache import MARGIN, SPARE, GrowingLayer, hole_filling, restack
 from serving.sampling import SamplingParams
 
 QUESTIONS = ["What is 2+2?", "Name a colour.", "Who wrote Hamlet?", "Give me a number.", "Say hello."]
@@ -52,6 +52,53 @@ def test_a_growing_layer_holds_what_concatenation_holds_and_reallocates_rarely()
     assert torch.equal(keys, torch.cat([want_k[1:, :, 3:], k[:1], k[:1]], dim=-2))
 
 
+def test_rows_join_and_leave_a_growing_layer_in_place() -> None:
+    g = torch.Generator().manual_seed(0)
+
+    def kv(rows: int, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn((rows, 3, columns, 4), generator=g), torch.randn(
+            (rows, 3, columns, 4), generator=g
+        )
+
+    def pad(t: torch.Tensor, width: int) -> torch.Tensor:
+        return torch.cat([t.new_zeros((t.shape[0], 3, width - t.shape[2], 4)), t], dim=2)
+
+    layer = GrowingLayer()
+    k, v = kv(2, 5)
+    restack(layer, [(k, v)], 5, capacity=5)
+    storage = layer._k.data_ptr() if layer._k is not None else None
+    want_k, want_v = k, v
+
+    k, v = kv(1, 3)  # a shorter row joins, then a longer one (into the left margin)
+    assert layer.append_rows(k, v)
+    want_k, want_v = torch.cat([want_k, pad(k, 5)]), torch.cat([want_v, pad(v, 5)])
+    k, v = kv(1, 5 + MARGIN)
+    assert layer.append_rows(k, v)
+    want_k = torch.cat([pad(want_k, 5 + MARGIN), k])
+    want_v = torch.cat([pad(want_v, 5 + MARGIN), v])
+    assert layer.keys is not None and layer.values is not None
+    assert torch.equal(layer.keys, want_k) and torch.equal(layer.values, want_v)
+
+    k, v = kv(4, 1)  # a decode step
+    keys, values = layer.update(k, v)
+    want_k, want_v = torch.cat([want_k, k], dim=2), torch.cat([want_v, v], dim=2)
+    assert torch.equal(keys, want_k) and torch.equal(values, want_v)
+
+    keep = hole_filling(4, {0, 2})  # the last row moves into the first hole
+    assert keep == [3, 1]
+    layer.keep_rows(keep, drop_columns=MARGIN - 2)
+    want_k, want_v = want_k[keep, :, MARGIN - 2 :], want_v[keep, :, MARGIN - 2 :]
+    assert torch.equal(layer.keys, want_k) and torch.equal(layer.values, want_v)
+    assert layer._k is not None and layer._k.data_ptr() == storage  # no row copied but the one that moved
+
+    k, v = kv(2, 1)
+    keys, _ = layer.update(k, v)
+    assert torch.equal(keys, torch.cat([want_k, k], dim=2))
+    assert not layer.append_rows(*kv(4, 3))  # more rows than the storage holds: nothing changed
+    assert not layer.append_rows(*kv(1, 200))  # longer than the left margin allows
+    assert torch.equal(layer.keys, torch.cat([want_k, k], dim=2))
+
+
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(ensure_smollm2()))
@@ -63,15 +110,21 @@ def prompt(tokenizer: PreTrainedTokenizerBase, question: str) -> list[int]:
 
 
 def staggered(
-    engine: GenerationEngine, first: list[GenerationRequest], later: list[GenerationRequest]
+    engine: GenerationEngine, first: list[GenerationRequest], *later: list[GenerationRequest]
 ) -> list[Completion]:
-    """``first`` admitted together, ``later`` once the first row has produced a token (so they merge into a
-    running batch); rows finish at different steps (so finished rows linger and are dropped)."""
+    """``first`` admitted together, each of ``later`` once the running batch has produced a token more (so
+    they merge into it); rows finish at different steps (so finished rows linger and are dropped)."""
     futures = engine.submit(first)
-    deadline = time.monotonic() + 60
-    while not engine._batch and time.monotonic() < deadline:
-        time.sleep(0.005)
-    futures += engine.submit(later)
+    for wave in later:
+        deadline = time.monotonic() + 60
+        batch = engine._batch
+        produced = len(batch.rows[0].tokens) if batch and batch.rows else 0
+        while time.monotonic() < deadline:
+            batch = engine._batch
+            if batch and batch.rows and len(batch.rows[0].tokens) > produced:
+                break
+            time.sleep(0.002)
+        futures += engine.submit(wave)
     return [f.result(timeout=300) for f in futures]
 
 
@@ -91,19 +144,27 @@ def test_greedy_tokens_are_the_same_as_with_transformers_cache(
     tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first, later = requests(tokenizer)
+    # Waves joining a running batch (into spare rows, one with a longer prompt than the batch's context),
+    # rows leaving it (the last rows moving into their places).
+    longer = GenerationRequest(
+        prompt(tokenizer, " ".join(QUESTIONS * 3)),
+        None,
+        SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True),
+    )
+    waves = [first, later[:1], later[1:], [longer]]
     engine = GenerationEngine(str(ensure_smollm2()), max_batch=8)
     try:
-        growing = staggered(engine, first, later)
+        growing = staggered(engine, *waves)
     finally:
         engine.close()
     monkeypatch.setattr(batcher, "new_cache", lambda config: DynamicCache(config=config))
     engine = GenerationEngine(str(ensure_smollm2()), max_batch=8)
     try:
-        plain = staggered(engine, first, later)
+        plain = staggered(engine, *waves)
     finally:
         engine.close()
     assert [c.token_ids for c in growing] == [c.token_ids for c in plain]
-    assert [len(c.token_ids) for c in growing] == [r.params.max_tokens for r in first + later]
+    assert [len(c.token_ids) for c in growing] == [r.params.max_tokens for wave in waves for r in wave]
 
 
 def base_weights(engine: GenerationEngine) -> dict[str, torch.Tensor]:
