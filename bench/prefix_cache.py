@@ -6,6 +6,11 @@ of a run: *early* (one turn: the base model answers without calling the tool) an
 reply is followed by a tool result, as once the agent has learned to call it, so the conversation grows). The
 prompts, tools, sampling and token limits are the example's own; only the number of turns is scripted, and
 each conversation's requests carry a seed so the two sides draw alike.
+
+Each server answers one unrelated request first (its first forwards are slower), and its prefix cache is
+emptied (``/sleep`` then ``/wake_up``) before every timed step: in a run each step samples with a newly
+trained adapter, whose keys and values no earlier step computed. ``--rounds`` repeats the whole comparison;
+the table shows each side's median.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import argparse
 import asyncio
 import json
 import logging
+import statistics
 import time
 from typing import Any
 
@@ -22,6 +28,7 @@ import openai
 from base_models.resolve import SMOLLM2_NAME
 from examples.tool_agent import CATALOG, EXAMPLE_EPISODE, EXAMPLE_ITEM, MAX_TOKENS, TOOLS
 from schemas.settings import EngineSettings
+from serving.client import ServingClient
 from serving.launchers import CpuServerProcess
 
 GROUPS, GROUP_SIZE = 4, 8
@@ -68,6 +75,21 @@ async def one_step(base_url: str, turns: int, max_tokens: int = MAX_TOKENS) -> t
     return elapsed, max(lengths)
 
 
+async def warm_up(client: ServingClient) -> None:
+    """One short request that shares no prompt block with the tool agent's."""
+    openai_client = openai.AsyncOpenAI(base_url=client.openai_base_url, api_key="unused", max_retries=0)
+    await openai_client.chat.completions.create(
+        model=SMOLLM2_NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+    )
+    await openai_client.close()
+
+
+async def forget(client: ServingClient) -> None:
+    """Empty the server's prefix cache (sleeping drops it)."""
+    await client.sleep()
+    await client.wake_up()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the server")
@@ -77,9 +99,10 @@ def main() -> None:
         default=MAX_TOKENS,
         help="new tokens a turn (the example's own by default; 1 shows the prefill alone)",
     )
+    parser.add_argument("--rounds", type=int, default=3, help="times the whole comparison runs")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    results: dict[tuple[str, int], tuple[float, int]] = {}
+    results: dict[tuple[str, int], list[tuple[float, int]]] = {}
     servers = {
         label: CpuServerProcess(SMOLLM2_NAME, EngineSettings(prefix_cache_mb=mb), threads=args.threads)
         for label, mb in (("off", 0), ("on", 1024))
@@ -87,22 +110,25 @@ def main() -> None:
     try:
         for server in servers.values():
             server.start()
+            asyncio.run(warm_up(server.client))
         # Both servers stay up and the two sides alternate, so a change in the machine's load between
         # them shows in both; seeded requests make both sides sample the same conversations.
-        for turns in (1, 3):
-            for label, server in servers.items():
-                results[(label, turns)] = asyncio.run(
-                    one_step(server.client.openai_base_url, turns, args.max_tokens)
-                )
-                print(f"{label} turns={turns}: {results[(label, turns)][0]:.1f} s", flush=True)
+        for round_ in range(args.rounds):
+            for turns in (1, 3):
+                for label, server in servers.items():
+                    asyncio.run(forget(server.client))
+                    result = asyncio.run(one_step(server.client.openai_base_url, turns, args.max_tokens))
+                    results.setdefault((label, turns), []).append(result)
+                    print(f"round {round_ + 1}: {label} turns={turns}: {result[0]:.1f} s", flush=True)
     finally:
         for server in servers.values():
             server.stop()
-    print("| stage | turns | last prompt tokens | cache off (s) | cache on (s) | speed-up |")
+    print("| stage | turns | last prompt tokens | cache off (s) | cache on (s) | off / on |")
     print("|---|---:|---:|---:|---:|---:|")
     for stage, turns in (("early", 1), ("late", 3)):
-        off, tokens = results[("off", turns)]
-        on, _ = results[("on", turns)]
+        off = statistics.median(seconds for seconds, _ in results[("off", turns)])
+        on = statistics.median(seconds for seconds, _ in results[("on", turns)])
+        tokens = max(n for _, n in results[("on", turns)])
         print(f"| {stage} | {turns} | {tokens} | {off:.1f} | {on:.1f} | {off / on:.2f}x |")
 
 

@@ -399,27 +399,36 @@ class GenerationEngine:
 
     def _prefill_shared_prompts(self, rows: list[_Row], cache: PrefixCache) -> None:
         """Prompts that several admitted rows share (a group's rollouts), and the cache does not hold yet,
-        are forwarded once and kept, so each row forwards only its last prompt token."""
+        are forwarded once and kept, so each row forwards only its last prompt token. A prompt forwards only
+        what the cache does not hold of it: the groups of one step share their system prompt and tools, so
+        every group after the first (and every group of a later step) forwards little more than its
+        question."""
         counts: dict[tuple[str | None, tuple[int, ...]], list[_Row]] = {}
         for row in rows:
             counts.setdefault((row.request.adapter, tuple(row.request.prompt_ids)), []).append(row)
         for (adapter, prompt), same in counts.items():
-            if len(same) < 2 or len(prompt) <= 1:
+            tokens = list(prompt[:-1])
+            if len(same) < 2 or not tokens:
                 continue
             hit = cache.lookup(adapter, list(prompt))
-            if hit is not None and hit[1] >= len(prompt) - 1:
+            past = hit[1] if hit is not None else 0
+            if past >= len(tokens):
                 continue
-            ids = torch.tensor([prompt[:-1]], dtype=torch.long)
-            mask = torch.ones_like(ids)
+            ids = torch.tensor([tokens[past:]], dtype=torch.long)
+            mask = torch.ones((1, len(tokens)), dtype=torch.long)
             kv = new_cache(self.base.config)
-            self._forward(ids, mask, (mask.cumsum(-1) - 1), kv, same[:1])
+            if past:
+                _fill_past(kv, [hit], past)
+            self._forward(ids, mask, torch.arange(past, len(tokens)).unsqueeze(0), kv, same[:1])
             layers = _layers(kv)
             cache.insert(
                 CachedSequence(
-                    adapter, list(prompt[:-1]), [x.keys[0].clone() for x in layers],
+                    adapter,
+                    tokens,
+                    [x.keys[0].clone() for x in layers],
                     [x.values[0].clone() for x in layers],
                 )
-            )  # fmt: skip
+            )
 
     def _keep_prompts(self, batch: _Batch, suffixes: list[list[int]]) -> None:
         """Keep the prompts just prefilled that the cache did not hold (a block or more of new tokens), so a

@@ -131,6 +131,36 @@ async def test_a_groups_shared_prompt_is_prefilled_once_with_the_same_distributi
         assert max(abs(x - y) for x, y in zip(a.logprobs[:same], b.logprobs[:same], strict=False)) < 1e-4
 
 
+async def test_groups_with_one_system_prompt_forward_it_once(
+    engines: tuple[GenerationEngine, GenerationEngine], tokenizer: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The groups of one step share a long system prompt and differ in their question: the first group's
+    prompt is forwarded whole, the second's past the system prompt only."""
+    plain, cached = engines
+    assert cached.prefix_cache is not None
+    cached.prefix_cache.clear()
+    system = {"role": "system", "content": "You answer in one short line. " * 12 + "Be kind and precise."}
+    first, second = (
+        chat_ids(tokenizer, [system, {"role": "user", "content": question}])
+        for question in ("Name a fruit.", "Name a colour of the sky at dusk.")
+    )
+    common = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert common > 4 * BLOCK
+    forwarded: list[int] = []
+    forward = cached._forward
+    monkeypatch.setattr(
+        cached, "_forward", lambda ids, *rest: forwarded.append(int(ids.shape[1])) or forward(ids, *rest)
+    )
+    greedy = [GenerationRequest(p, None, GREEDY) for p in (first, first, second, second)]
+    assert [c.token_ids for c in await cached.generate(greedy)] == [
+        c.token_ids for c in await plain.generate(greedy)
+    ]
+    # the two prompts but their last token, the second past the system prompt it shares with the first,
+    # then each row's last prompt token (one forward) and the decode steps (one token each)
+    assert forwarded[:3] == [len(first) - 1, len(second) - 1 - common, 1]
+    assert set(forwarded[3:]) == {1}
+
+
 async def test_a_request_arriving_while_its_prompt_decodes_finds_it_kept(
     engines: tuple[GenerationEngine, GenerationEngine], tokenizer: object
 ) -> None:
