@@ -495,9 +495,10 @@ class GenerationEngine:
     def _step(self, batch: _Batch, logits: torch.Tensor) -> None:
         """Sample one token per row of ``batch``, record it, and resolve the rows that finished.
 
-        A finished row keeps its place for a while: dropping it copies every other row's cache, while its
-        share of a decode step costs next to nothing (reading the weights dominates). The batch drops its
-        finished rows once they are a quarter of it, ``LINGER_STEPS`` after the first, or when it merges."""
+        A finished row leaves the batch at once where the cache moves only the rows that take its place
+        (``GrowingLayer.keep_rows``): each decode step it stayed would still read its keys and values. Where
+        dropping it copies every other row's cache (transformers' own layers), it keeps its place until
+        the finished rows are a quarter of the batch, ``LINGER_STEPS`` after the first, or the batch merges."""
         step = sample_step(logits, batch.sampler, [len(r.tokens) for r in batch.rows])
         batch.last = torch.tensor(step.tokens, dtype=torch.long)
         for i, row in enumerate(batch.rows):
@@ -512,7 +513,11 @@ class GenerationEngine:
                 batch.finished.add(i)
         if batch.finished:
             batch.since_finish += 1
-            if 4 * len(batch.finished) >= len(batch.rows) or batch.since_finish > LINGER_STEPS:
+            if (
+                isinstance(_layers(batch.cache)[0], GrowingLayer)
+                or 4 * len(batch.finished) >= len(batch.rows)
+                or batch.since_finish > LINGER_STEPS
+            ):
                 batch.compact()
 
     def _finish(self, row: _Row, context: int) -> bool:
