@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from base_models.resolve import pad_token_id
 from host.cpu_share import CpuShare
-from serving.kv_cache import GrowingLayer, hole_filling, new_cache, restack
+from serving.kv_cache import GrowingLayer, hole_filling, new_cache, pad_left, restack
 from serving.merged_lora import FoldedAdapter
 from serving.prefix_cache import BLOCK, CachedSequence, PrefixCache
 from serving.sampling import RowSampler, SamplingParams, sample_step
@@ -114,14 +114,6 @@ class _Batch:
 def _layers(cache: DynamicCache) -> list[Any]:
     """The cache's per-layer key/value holders (``.keys``, ``.values``: batch x heads x seq x dim)."""
     return list(cache.layers)
-
-
-def _pad_left(mask: torch.Tensor, width: int) -> torch.Tensor:
-    """``mask`` (rows x columns) left-padded with zeros to ``width`` columns."""
-    missing = width - mask.shape[1]
-    if missing <= 0:
-        return mask
-    return torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], dim=1)
 
 
 class GenerationEngine:
@@ -474,7 +466,7 @@ class GenerationEngine:
             joined = isinstance(a, GrowingLayer) and a.append_rows(b.keys, b.values)
             if not joined:
                 restack(a, [(a.keys, a.values), (b.keys, b.values)], width, self.max_batch)
-        old.mask = torch.cat([_pad_left(old.mask, width), _pad_left(new.mask, width)])
+        old.mask = torch.cat([pad_left(old.mask, width, 1), pad_left(new.mask, width, 1)])
         old.lengths = torch.cat([old.lengths, new.lengths])
         old.last = torch.cat([old.last, new.last])
         old.rows += new.rows

@@ -143,8 +143,8 @@ def restack(layer: Any, blocks: list[tuple[torch.Tensor, torch.Tensor]], width: 
     A ``GrowingLayer`` gets them in new storage, in one copy, with room for ``capacity`` rows, ``MARGIN``
     columns on the left and ``SPARE`` ahead; any other layer gets a stacked tensor of its own."""
     if not isinstance(layer, GrowingLayer):
-        layer.keys = torch.cat([_pad_left(k, width) for k, _ in blocks])
-        layer.values = torch.cat([_pad_left(v, width) for _, v in blocks])
+        layer.keys = torch.cat([pad_left(k, width, 2) for k, _ in blocks])
+        layer.values = torch.cat([pad_left(v, width, 2) for _, v in blocks])
         return
     first = blocks[0][0]
     if not layer.is_initialized:
@@ -192,11 +192,14 @@ def _regrown(
     return grown
 
 
-def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
-    missing = width - t.shape[2]
+def pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """``t`` left-padded with zeros to ``width`` along ``dim``."""
+    missing = width - t.shape[dim]
     if missing <= 0:
         return t
-    return torch.cat([t.new_zeros((*t.shape[:2], missing, *t.shape[3:])), t], dim=2)
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
 def new_cache(config: Any) -> DynamicCache:
