@@ -2,9 +2,11 @@
 
 ``PYTHONPATH=. python bench/engine_phases.py --turns 3`` serves ``serving.server``'s app in this process (so
 the engine's methods can be timed) and runs one step of ``bench/prefix_cache.py``'s conversations through it
-over HTTP. Phases nest: ``_admit`` holds the prefills, ``_prefill`` the merge of its rows into the running
-batch, ``_decode`` and ``_prefill`` the forwards; ``cache copies`` is every copy of cache storage (a merge,
-a regrow into spare columns, rows moving when others leave).
+over HTTP. Phases nest: ``_admit`` holds a joining row's cached prefix copied out (``_blocks``) and into the
+running batch (``_join``), and the forward of a group's shared prompt (``_prefill_shared_prompts``);
+``_advance`` is one step: its forward (``_forward``, also counted within ``_prefill_shared_prompts``), the
+prompts it keeps and the sampling (``_step``, which holds the ``_keep`` of finished rows); ``cache copies`` is
+every copy of cache storage (a join, a regrow into spare columns, rows moving when others leave).
 """
 
 from __future__ import annotations
@@ -57,10 +59,10 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     for name in (
         "_admit",
-        "_prefill",
+        "_blocks",
+        "_join",
         "_prefill_shared_prompts",
-        "_merge",
-        "_decode",
+        "_advance",
         "_forward",
         "_step",
         "_keep",

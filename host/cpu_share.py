@@ -121,13 +121,18 @@ class CpuShare:
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
 
+    def at_layer(self) -> None:
+        """Before a transformer layer's forward: re-take this process's share while it is busy."""
+        if self._busy:
+            self.apply()
+
     def follow(self, model: Any) -> None:
         """Re-take this process's share before each of ``model``'s transformer layers (its ``layers`` list,
         else the whole model): a prefill or a micro-batch lasts long enough for a neighbour to start or stop
         working meanwhile. Most calls only read the clock (see ``threads``)."""
         layers = next((m for name, m in model.named_modules() if name.split(".")[-1] == "layers"), None)
         for module in layers if layers is not None else [model]:
-            module.register_forward_pre_hook(lambda *_: self.apply() if self._busy else None)
+            module.register_forward_pre_hook(lambda *_: self.at_layer())
 
     def close(self) -> None:
         self.leave()

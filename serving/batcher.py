@@ -1,10 +1,11 @@
 """The CPU generation engine: one model, many LoRA adapters, continuous batching on one thread.
 
 Requests from any number of HTTP handlers land in an inbox. The engine thread admits them into the
-running batch between decode steps (prefilled left-padded, their KV cache left-padded into the batch's),
-decodes every row one token per step in one forward pass — rows of different adapters together, through
-peft's ``adapter_names`` — and drops rows as they finish. Adapters are loaded and deleted on the same
-thread between steps, so no forward ever sees the model change under it.
+running batch between steps, and each step is one forward (serving/ragged.py) of every running row's next
+token together with the prompts of the rows that just joined — rows of different adapters together, through
+peft's ``adapter_names`` — after which each row samples a token, and rows that finish leave the batch.
+Adapters are loaded and deleted on the same thread between steps, so no forward ever sees the model change
+under it. Llama-shaped decoders only (``ragged.MODEL_TYPES``); other models are served by vLLM.
 
 With a prefix cache (``prefix_cache_bytes``), a finished row's keys and values are kept, and a new request
 whose prompt starts with a kept sequence (the previous turn of its conversation) forwards only the rest;
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
 import logging
 import os
@@ -25,23 +27,24 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from base_models.resolve import pad_token_id
 from host.cpu_share import CpuShare
+from serving import ragged
 from serving.kv_cache import GrowingLayer, hole_filling, new_cache, pad_left, restack
 from serving.merged_lora import FoldedAdapter
+from serving.packed_linear import pack_linears
 from serving.prefix_cache import BLOCK, CachedSequence, PrefixCache
+from serving.ragged import Feed
 from serving.sampling import RowSampler, SamplingParams, sample_step
 
 log = logging.getLogger(__name__)
 
 BASE_ADAPTER = "__base__"
 """peft's name for 'no adapter' in a mixed batch."""
-PREFILL_TOKENS = 16384
-"""Padded prompt tokens per prefill forward; larger admissions are split."""
-LINGER_STEPS = 16
-"""Decode steps a finished row may keep its place in the batch (see ``_step``)."""
+STEP_TOKENS = 16384
+"""Prompt tokens that may join the batch in one step; more requests wait for the next (one always joins)."""
 Hit = tuple[CachedSequence, int] | None
 """A prefix cache hit: the kept sequence and how many of the prompt's first tokens it holds."""
 
@@ -90,30 +93,16 @@ class _Batch:
     """The running batch: a KV cache and per-row state, all indexed by row."""
 
     rows: list[_Row]
-    cache: DynamicCache
+    layers: list[Any]
+    """The cache's layers, one per decoder layer (``GrowingLayer``: rows x heads x columns x dim)."""
     mask: torch.Tensor
+    """(rows, columns) bool: the cache columns each row attends to."""
     lengths: torch.Tensor
-    """Real (unpadded) tokens per row so far: the next token's position id."""
-    last: torch.Tensor
+    """Tokens per row in the cache so far: the position id of its next new token."""
+    pending: list[list[int]]
+    """The tokens each row forwards in the next step: a joining row's prompt past its cached prefix, then
+    the token it sampled last."""
     sampler: RowSampler
-    finished: set[int] = field(default_factory=set)
-    """Rows already resolved that still take their place (see ``_step``)."""
-    since_finish: int = 0
-    """Decode steps since the oldest of ``finished`` finished."""
-
-    @property
-    def alive(self) -> int:
-        return len(self.rows) - len(self.finished)
-
-    def compact(self) -> None:
-        """Drop the finished rows."""
-        if self.finished:
-            _select(self, hole_filling(len(self.rows), self.finished))
-
-
-def _layers(cache: DynamicCache) -> list[Any]:
-    """The cache's per-layer key/value holders (``.keys``, ``.values``: batch x heads x seq x dim)."""
-    return list(cache.layers)
 
 
 class GenerationEngine:
@@ -129,10 +118,18 @@ class GenerationEngine:
         prefix_cache_bytes: int = 0,
         fold_adapters: bool = True,
         cpu_share: CpuShare | None = None,
+        pack_weights: bool = True,
     ) -> None:
         torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).eval()
+        reason = ragged.unsupported(self.base.config)
+        if reason is not None:
+            raise ValueError(
+                f"the CPU engine cannot serve {model_path}: {reason}; serve it with vLLM (--engine vllm)"
+            )
+        if pack_weights:  # oneDNN matmuls on packed weights (serving/packed_linear.py)
+            pack_linears(self.base)
         self.peft: torch.nn.Module | None = None
         self.max_batch = max_batch
         self.batch_window_s = batch_window_s
@@ -152,9 +149,8 @@ class GenerationEngine:
         self._foldable: set[str] = set()
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.cpu_share = cpu_share
-        """While the engine works, its share of the host's cores (host/cpu_share.py); None: all its threads."""
-        if cpu_share is not None:
-            cpu_share.follow(self.base)
+        """While the engine works, its share of the host's cores (host/cpu_share.py), re-taken before each
+        decoder layer; None: all its threads."""
         self._generator = torch.Generator()
         self._generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self._inbox: queue.Queue[_Row | _Command | None] = queue.Queue()
@@ -209,7 +205,7 @@ class GenerationEngine:
                     if self._waiting and not self.sleeping:
                         self._admit()
                     if self._batch is not None:
-                        self._decode()
+                        self._advance()
                 except Exception as err:  # a failed forward fails its rows, never the engine
                     log.exception("generation failed; failing the batch's requests")
                     rows = (self._batch.rows if self._batch else []) + self._waiting
@@ -253,7 +249,7 @@ class GenerationEngine:
                 self._delete_adapter(command.name)
             elif command.action == "sleep":
                 while self._batch is not None:  # finish in-flight rows first, admit no new ones
-                    self._decode()
+                    self._advance()
                 self.sleeping = True
                 self._folded.forget()
                 if self.prefix_cache is not None:
@@ -299,90 +295,134 @@ class GenerationEngine:
             self.prefix_cache.drop_adapter(name)
         log.info("unloaded adapter %s", name)
 
-    def _forward(
-        self,
-        ids: torch.Tensor,
-        mask: torch.Tensor,
-        positions: torch.Tensor,
-        cache: DynamicCache,
-        rows: list[_Row],
-    ) -> torch.Tensor:
-        inputs = {
-            "input_ids": ids,
-            "attention_mask": mask,
-            "position_ids": positions,
-            "past_key_values": cache,
-            "use_cache": True,
-            "logits_to_keep": 1,
-        }
+    def _route(self, rows: list[_Row]) -> tuple[contextlib.AbstractContextManager[Any], bool]:
+        """How the model runs for ``rows``: the context to forward in, and whether rows mix adapters
+        (then each token carries its adapter's name to peft's layers)."""
         peft: Any = self.peft
         names = {r.request.adapter for r in rows}
         if peft is None or not self.adapter_paths:
-            out = self.base(**inputs)
-        elif names == {None}:  # base rows only: skip the adapters entirely
-            with self._folded.adapters_off():
-                out = self.base(**inputs)
-        elif len(names) == 1:  # one adapter (the usual RL case): no per-layer mixed-batch routing
-            name = names.pop()
-            if name in self._foldable:  # folded into the base weights for this forward
-                with self._folded.applied(name), self._folded.adapters_off():
-                    out = self.base(**inputs)
-            else:
-                if peft.active_adapter != name:
-                    peft.set_adapter(name)
-                out = peft(**inputs)
-        else:
-            out = peft(**inputs, adapter_names=[r.request.adapter or BASE_ADAPTER for r in rows])
-        return out.logits[:, -1, :]
+            return contextlib.nullcontext(), False
+        if names == {None}:  # base rows only: skip the adapters entirely
+            return self._folded.adapters_off(), False
+        if len(names) > 1:
+            return contextlib.nullcontext(), True
+        name = names.pop()
+        assert name is not None
+        if name in self._foldable:  # one adapter (the usual RL case), folded into the base weights
+            stack = contextlib.ExitStack()
+            stack.enter_context(self._folded.applied(name))
+            stack.enter_context(self._folded.adapters_off())
+            return stack, False
+        if peft.active_adapter != name:
+            peft.set_adapter(name)
+        return contextlib.nullcontext(), False
+
+    def _forward(
+        self,
+        rows: list[_Row],
+        layers: list[Any],
+        pending: list[list[int]],
+        starts: list[int],
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """One ragged step (serving/ragged.py) of ``rows``: each forwards its ``pending`` tokens from position
+        ``starts``; the logits of each row's last token."""
+        context, mixed = self._route(rows)
+        names = [r.request.adapter or BASE_ADAPTER for r in rows] if mixed else None
+        feed = Feed.build(pending, starts, mask, names)
+        before_layer = self.cpu_share.at_layer if self.cpu_share is not None else None
+        with context:
+            return ragged.forward(self.base, layers, feed, before_layer)
 
     def _admit(self) -> None:
-        free = self.max_batch - (self._batch.alive if self._batch else 0)
-        if free <= 0:
+        """Join waiting rows to the running batch, as many as it has room for and at most ``STEP_TOKENS``
+        new tokens in all (at least one row): the next step forwards their prompts past what the prefix cache
+        holds of them, together with the running rows' next tokens."""
+        free = self.max_batch - (len(self._batch.rows) if self._batch else 0)
+        admitted: list[_Row] = []
+        budget = STEP_TOKENS
+        while self._waiting and len(admitted) < free:
+            if admitted and len(self._waiting[0].request.prompt_ids) > budget:
+                break
+            admitted.append(self._waiting.pop(0))
+            budget -= len(admitted[-1].request.prompt_ids)
+        if not admitted:
             return
-        admitted, self._waiting = self._waiting[:free], self._waiting[free:]
         if self.prefix_cache is not None:
             self._prefill_shared_prompts(admitted, self.prefix_cache)
-        for chunk in _chunks([(row, self._cached_prefix(row)) for row in admitted]):
-            try:
-                self._prefill(chunk)
-            except Exception as err:  # fails these requests only; the running batch is untouched
-                log.exception("prefill of %d requests failed", len(chunk))
-                for row, _ in chunk:
-                    if not row.future.done():
-                        row.future.set_exception(err)
-
-    def _prefill(self, chunk: list[tuple[_Row, Hit]]) -> None:
-        """Forward the rows' prompts (past what the prefix cache holds of them), sample their first tokens
-        and merge them into the running batch."""
-        rows = [row for row, _ in chunk]
-        hits = [hit for _, hit in chunk]
-        reused = [hit[1] if hit else 0 for hit in hits]
-        suffixes = [r.request.prompt_ids[n:] for r, n in zip(rows, reused, strict=True)]
-        past, width = max(reused), max(len(t) for t in suffixes)
+        hits = [self._cached_prefix(row) for row in admitted]
+        pending = [
+            row.request.prompt_ids[hit[1] if hit else 0 :] for row, hit in zip(admitted, hits, strict=True)
+        ]
         log.debug(
-            "prefill %d requests (%d tokens wide, %d cached) into a batch of %d",
-            len(rows),
-            width,
-            past,
+            "%d requests join a batch of %d (%d new tokens, %d cached)",
+            len(admitted),
             len(self._batch.rows) if self._batch else 0,
+            sum(len(p) for p in pending),
+            sum(hit[1] for hit in hits if hit),
         )
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), past + width), dtype=torch.long)
-        for i, (tokens, n) in enumerate(zip(suffixes, reused, strict=True)):
-            ids[i, width - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
-            mask[i, past - n : past] = 1
-            mask[i, past + width - len(tokens) :] = 1
-        positions = (mask.cumsum(-1) - 1)[:, past:].masked_fill(mask[:, past:] == 0, 1)
-        cache = new_cache(self.base.config)
-        if past > 0:
-            _fill_past(cache, hits, past)
-        logits = self._forward(ids, mask, positions, cache, rows)
-        sampler = RowSampler.build([r.request.params for r in rows], self.eos_ids, self._generator)
-        batch = _Batch(rows, cache, mask, mask.sum(-1), ids[:, -1].clone(), sampler)
-        self._keep_prompts(batch, suffixes)
+        blocks, mask = self._blocks(hits, pending)
+        sampler = RowSampler.build([r.request.params for r in admitted], self.eos_ids, self._generator)
+        starts = torch.tensor([hit[1] if hit else 0 for hit in hits], dtype=torch.long)
+        self._join(_Batch(admitted, blocks, mask, starts, pending, sampler))
+
+    def _blocks(self, hits: list[Hit], pending: list[list[int]]) -> tuple[list[Any], torch.Tensor]:
+        """Cache rows for joining rows: each row's cached prefix (from its hit), then a zero column for each of
+        its pending tokens but the last (the step writes them), right-aligned and zero-padded on the left; and
+        their mask. Per layer (keys, values), rows x heads x columns x dim."""
+        widths = [(hit[1] if hit else 0) + len(new) - 1 for hit, new in zip(hits, pending, strict=True)]
+        width = max(widths)
+        mask = torch.zeros((len(hits), width), dtype=torch.bool)
+        for i, w in enumerate(widths):
+            mask[i, width - w :] = True
+        config = self.base.config
+        heads = config.num_key_value_heads
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        dtype = self.base.dtype
+        blocks = []
+        for layer in range(config.num_hidden_layers):
+            keys = torch.zeros((len(hits), heads, width, dim), dtype=dtype)
+            values = torch.zeros_like(keys)
+            for i, (hit, w) in enumerate(zip(hits, widths, strict=True)):
+                if hit is not None:
+                    sequence, n = hit
+                    keys[i, :, width - w : width - w + n] = sequence.keys[layer][:, :n]
+                    values[i, :, width - w : width - w + n] = sequence.values[layer][:, :n]
+            blocks.append((keys, values))
+        return blocks, mask
+
+    def _join(self, new: _Batch) -> None:
+        """Add ``new``'s rows (``layers`` holding their (keys, values) blocks) to the running batch."""
+        old = self._batch
+        width = max(old.mask.shape[1] if old else 0, new.mask.shape[1])
+        if old is None:
+            layers: list[Any] = list(new_cache(self.base.config).layers)
+            for layer, block in zip(layers, new.layers, strict=True):
+                restack(layer, [block], width, self.max_batch)
+            new.layers = layers
+            self._batch = new
+            return
+        for layer, (keys, values) in zip(old.layers, new.layers, strict=True):
+            joined = isinstance(layer, GrowingLayer) and layer.append_rows(keys, values)
+            if not joined:
+                restack(layer, [(layer.keys, layer.values), (keys, values)], width, self.max_batch)
+        old.mask = torch.cat([pad_left(old.mask, width, 1), pad_left(new.mask, width, 1)])
+        old.lengths = torch.cat([old.lengths, new.lengths])
+        old.pending += new.pending
+        old.rows += new.rows
+        old.sampler.extend(new.sampler)
+
+    def _advance(self) -> None:
+        """One step of the running batch: forward every row's pending tokens, sample each row's next token."""
+        batch = self._batch
+        assert batch is not None
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
+        logits = self._forward(batch.rows, batch.layers, batch.pending, batch.lengths.tolist(), batch.mask)
+        batch.lengths += torch.tensor([len(p) for p in batch.pending], dtype=torch.long)
+        self._keep_prompts(batch)
         self._step(batch, logits)
-        if batch.alive:
-            self._merge(batch)
+        if not batch.rows:
+            self._batch = None
 
     def _cached_prefix(self, row: _Row) -> Hit:
         if self.prefix_cache is None:
@@ -406,13 +446,12 @@ class GenerationEngine:
             past = hit[1] if hit is not None else 0
             if past >= len(tokens):
                 continue
-            ids = torch.tensor([tokens[past:]], dtype=torch.long)
-            mask = torch.ones((1, len(tokens)), dtype=torch.long)
-            kv = new_cache(self.base.config)
-            if past:
-                _fill_past(kv, [hit], past)
-            self._forward(ids, mask, torch.arange(past, len(tokens)).unsqueeze(0), kv, same[:1])
-            layers = _layers(kv)
+            blocks, mask = self._blocks([hit], [tokens[past:]])
+            layers: list[Any] = list(new_cache(self.base.config).layers)
+            for layer, block in zip(layers, blocks, strict=True):
+                restack(layer, [block], mask.shape[1], 1)
+            mask = torch.cat([mask, mask.new_ones((1, 1))], dim=1)
+            self._forward(same[:1], layers, [tokens[past:]], [past], mask)
             cache.insert(
                 CachedSequence(
                     adapter,
@@ -422,14 +461,14 @@ class GenerationEngine:
                 )
             )
 
-    def _keep_prompts(self, batch: _Batch, suffixes: list[list[int]]) -> None:
-        """Keep the prompts just prefilled that the cache did not hold (a block or more of new tokens), so a
+    def _keep_prompts(self, batch: _Batch) -> None:
+        """Keep the prompts just forwarded that the cache did not hold (a block or more of new tokens), so a
         request for the same prompt arriving while these rows still decode (a group's rollouts trickling in
         over HTTP) forwards only its last token, as the next turn of a conversation does."""
         seen: set[tuple[str | None, tuple[int, ...]]] = set()
-        for i, (row, suffix) in enumerate(zip(batch.rows, suffixes, strict=True)):
+        for i, (row, new) in enumerate(zip(batch.rows, batch.pending, strict=True)):
             key = (row.request.adapter, tuple(row.request.prompt_ids))
-            if len(suffix) > BLOCK and key not in seen:
+            if not row.tokens and len(new) > BLOCK and key not in seen:
                 seen.add(key)
                 self._keep(batch, i, row.request.prompt_ids)
 
@@ -443,74 +482,33 @@ class GenerationEngine:
         if len(columns) != len(tokens):  # never expected; a wrong cache would be worse than none
             log.warning("not caching a row: %d cached positions for %d tokens", len(columns), len(tokens))
             return
-        layers = _layers(batch.cache)
+        first, last = int(columns[0]), int(columns[-1]) + 1
+        contiguous = last - first == len(columns)
         self.prefix_cache.insert(
             CachedSequence(
                 row.request.adapter,
                 tokens,
-                [x.keys[i].index_select(1, columns) for x in layers],
-                [x.values[i].index_select(1, columns) for x in layers],
+                [_columns(x.keys[i], first, last, columns, contiguous) for x in batch.layers],
+                [_columns(x.values[i], first, last, columns, contiguous) for x in batch.layers],
             )
         )
 
-    def _merge(self, new: _Batch) -> None:
-        old = self._batch
-        new.compact()
-        if old is not None:
-            old.compact()
-        if old is None or not old.rows:
-            self._batch = new
-            return
-        width = max(old.mask.shape[1], new.mask.shape[1])
-        for a, b in zip(_layers(old.cache), _layers(new.cache), strict=True):
-            joined = isinstance(a, GrowingLayer) and a.append_rows(b.keys, b.values)
-            if not joined:
-                restack(a, [(a.keys, a.values), (b.keys, b.values)], width, self.max_batch)
-        old.mask = torch.cat([pad_left(old.mask, width, 1), pad_left(new.mask, width, 1)])
-        old.lengths = torch.cat([old.lengths, new.lengths])
-        old.last = torch.cat([old.last, new.last])
-        old.rows += new.rows
-        old.sampler.extend(new.sampler)
-
-    def _decode(self) -> None:
-        batch = self._batch
-        assert batch is not None
-        batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
-        logits = self._forward(
-            batch.last.unsqueeze(1), batch.mask, batch.lengths.unsqueeze(1), batch.cache, batch.rows
-        )
-        batch.lengths += 1
-        self._step(batch, logits)
-        if not batch.alive:
-            self._batch = None
-
     def _step(self, batch: _Batch, logits: torch.Tensor) -> None:
-        """Sample one token per row of ``batch``, record it, and resolve the rows that finished.
-
-        A finished row leaves the batch at once where the cache moves only the rows that take its place
-        (``GrowingLayer.keep_rows``): each decode step it stayed would still read its keys and values. Where
-        dropping it copies every other row's cache (transformers' own layers), it keeps its place until
-        the finished rows are a quarter of the batch, ``LINGER_STEPS`` after the first, or the batch merges."""
+        """Sample one token per row of ``batch``, record it, resolve the rows that finished and drop them from
+        the batch (the cache moves only the rows that take their places, ``GrowingLayer.keep_rows``)."""
         step = sample_step(logits, batch.sampler, [len(r.tokens) for r in batch.rows])
-        batch.last = torch.tensor(step.tokens, dtype=torch.long)
+        finished: set[int] = set()
         for i, row in enumerate(batch.rows):
-            if i in batch.finished:
-                continue
             row.tokens.append(step.tokens[i])
             row.logprobs.append(step.logprobs[i])
             row.top.append(step.top[i])
+            batch.pending[i] = [step.tokens[i]]
             if self._finish(row, int(batch.lengths[i]) + 1):
                 # its prompt and all it sampled but the last token, which was never forwarded
                 self._keep(batch, i, row.request.prompt_ids + row.tokens[:-1])
-                batch.finished.add(i)
-        if batch.finished:
-            batch.since_finish += 1
-            if (
-                isinstance(_layers(batch.cache)[0], GrowingLayer)
-                or 4 * len(batch.finished) >= len(batch.rows)
-                or batch.since_finish > LINGER_STEPS
-            ):
-                batch.compact()
+                finished.add(i)
+        if finished:
+            _select(batch, hole_filling(len(batch.rows), finished))
 
     def _finish(self, row: _Row, context: int) -> bool:
         """Resolve ``row``'s future when it is done; True when it was."""
@@ -539,53 +537,25 @@ class GenerationEngine:
         return True
 
 
-def _chunks(admitted: list[tuple[_Row, Hit]]) -> list[list[tuple[_Row, Hit]]]:
-    """Admitted rows in prefill batches: by the tokens each must forward (its prompt past its cache hit),
-    at most ``PREFILL_TOKENS`` padded tokens a batch, and a new batch where a row must forward more than
-    twice the batch's first, so a short suffix (a cache hit) is not padded to a long one (a miss)."""
-
-    def forwarded(item: tuple[_Row, Hit]) -> int:
-        row, hit = item
-        return len(row.request.prompt_ids) - (hit[1] if hit else 0)
-
-    chunks: list[list[tuple[_Row, Hit]]] = [[]]
-    for item in sorted(admitted, key=forwarded):
-        chunk, n = chunks[-1], forwarded(item)
-        if chunk and ((len(chunk) + 1) * n > PREFILL_TOKENS or n > 2 * forwarded(chunk[0]) + BLOCK):
-            chunks.append(chunk := [])
-        chunk.append(item)
-    return [chunk for chunk in chunks if chunk]
-
-
-def _fill_past(cache: DynamicCache, hits: list[Hit], past: int) -> None:
-    """Put each hit's first n keys and values, left-padded to ``past`` columns, into the empty ``cache``."""
-    template = next(hit[0] for hit in hits if hit is not None)
-    for layer, (keys, values) in enumerate(zip(template.keys, template.values, strict=True)):
-        heads, _, dim = keys.shape
-        k = keys.new_zeros((len(hits), heads, past, dim))
-        v = values.new_zeros((len(hits), heads, past, dim))
-        for i, hit in enumerate(hits):
-            if hit is not None:
-                sequence, n = hit
-                k[i, :, past - n :] = sequence.keys[layer][:, :n]
-                v[i, :, past - n :] = sequence.values[layer][:, :n]
-        cache.update(k, v, layer)
+def _columns(t: torch.Tensor, first: int, last: int, columns: torch.Tensor, contiguous: bool) -> torch.Tensor:
+    """Columns ``columns`` (``first`` to ``last`` when ``contiguous``) of one row's heads x columns x dim."""
+    return t[:, first:last].clone() if contiguous else t.index_select(1, columns)
 
 
 def _select(batch: _Batch, keep: list[int]) -> None:
     """Keep only rows ``keep`` of ``batch`` (row ``j`` becomes old row ``keep[j]``, see ``hole_filling``), and
     drop the cache columns no remaining row attends to."""
-    batch.finished, batch.since_finish = set(), 0
     batch.rows = [batch.rows[i] for i in keep]
+    batch.pending = [batch.pending[i] for i in keep]
     batch.sampler.select(keep)
     if not keep:
         return
     index = torch.tensor(keep, dtype=torch.long)
-    batch.mask, batch.lengths, batch.last = batch.mask[index], batch.lengths[index], batch.last[index]
+    batch.mask, batch.lengths = batch.mask[index], batch.lengths[index]
     used = batch.mask.any(dim=0).nonzero()
     start = int(used[0]) if len(used) else 0
     batch.mask = batch.mask[:, start:]
-    for layer in _layers(batch.cache):
+    for layer in batch.layers:
         if isinstance(layer, GrowingLayer):
             layer.keep_rows(keep, start)
         else:

@@ -142,13 +142,13 @@ def restack(layer: Any, blocks: list[tuple[torch.Tensor, torch.Tensor]], width: 
 
     A ``GrowingLayer`` gets them in new storage, in one copy, with room for ``capacity`` rows, ``MARGIN``
     columns on the left and ``SPARE`` ahead; any other layer gets a stacked tensor of its own."""
+    first = blocks[0][0]
+    if not layer.is_initialized:
+        layer.lazy_initialization(first, blocks[0][1])
     if not isinstance(layer, GrowingLayer):
         layer.keys = torch.cat([pad_left(k, width, 2) for k, _ in blocks])
         layer.values = torch.cat([pad_left(v, width, 2) for _, v in blocks])
         return
-    first = blocks[0][0]
-    if not layer.is_initialized:
-        layer.lazy_initialization(first, blocks[0][1])
     rows = sum(k.shape[0] for k, _ in blocks)
     shape = (max(rows, capacity), first.shape[1], MARGIN + width + SPARE, first.shape[3])
     keys, values = first.new_empty(shape), first.new_empty(shape)

@@ -36,15 +36,15 @@ def test_the_engine_is_busy_with_half_the_cores_while_it_generates_and_idle_afte
     neighbour = Neighbour(tmp_path)
     engine = GenerationEngine(model, max_batch=4, cpu_share=CpuShare(tmp_path, cores=2))
     mark = tmp_path / f"{os.getpid()}.busy"
-    seen: list[tuple[int, bool]] = []  # (torch threads, marked busy) at each forward, on the engine thread
-    engine.base.register_forward_pre_hook(
+    seen: list[tuple[int, bool]] = []  # (torch threads, marked busy) at each step, on the engine thread
+    engine.base.model.layers[0].input_layernorm.register_forward_pre_hook(
         lambda *_: seen.append((torch.get_num_threads(), marked_busy(mark)))
     )
     try:
         neighbour.say("busy")
         params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
         engine.submit([GenerationRequest(prompt, None, params)])[0].result(timeout=300)
-        assert seen == [(1, True)] * 4  # the prefill and three decode steps
+        assert seen == [(1, True)] * 4  # the prompt's step and three decode steps
         deadline = time.monotonic() + 30
         while marked_busy(mark) and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 from collections.abc import Iterator
 
 import pytest
@@ -11,7 +10,7 @@ import torch
 from transformers import AutoTokenizer
 
 from base_models.resolve import ensure_smollm2
-from serving.batcher import GenerationEngine, GenerationRequest, Hit, _chunks, _Row
+from serving.batcher import GenerationEngine, GenerationRequest
 from serving.prefix_cache import BLOCK, CachedSequence, PrefixCache
 from serving.sampling import SamplingParams
 
@@ -84,6 +83,10 @@ def chat_ids(tokenizer: object, messages: list[dict[str, str]]) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
 
 
+def text_ids(tokenizer: object, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
+
+
 async def conversation(engine: GenerationEngine, tokenizer: object, turns: int) -> list[list[int]]:
     """A multi-turn chat: each turn sends the whole conversation so far, as an agent does."""
     messages = [{"role": "user", "content": "Count the letters in 'banana', then tell me a fun fact."}]
@@ -146,19 +149,15 @@ async def test_groups_with_one_system_prompt_forward_it_once(
     )
     common = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
     assert common > 4 * BLOCK
-    forwarded: list[int] = []
-    forward = cached._forward
-    monkeypatch.setattr(
-        cached, "_forward", lambda ids, *rest: forwarded.append(int(ids.shape[1])) or forward(ids, *rest)
-    )
+    forwarded = record_forwards(cached, monkeypatch)
     greedy = [GenerationRequest(p, None, GREEDY) for p in (first, first, second, second)]
     assert [c.token_ids for c in await cached.generate(greedy)] == [
         c.token_ids for c in await plain.generate(greedy)
     ]
     # the two prompts but their last token, the second past the system prompt it shares with the first,
-    # then each row's last prompt token (one forward) and the decode steps (one token each)
-    assert forwarded[:3] == [len(first) - 1, len(second) - 1 - common, 1]
-    assert set(forwarded[3:]) == {1}
+    # then each row's last prompt token (one step) and the decode steps (one token a row)
+    assert forwarded[:3] == [[len(first) - 1], [len(second) - 1 - common], [1, 1, 1, 1]]
+    assert all(set(step) == {1} for step in forwarded[3:])
 
 
 async def test_a_request_arriving_while_its_prompt_decodes_finds_it_kept(
@@ -185,15 +184,35 @@ async def test_a_request_arriving_while_its_prompt_decodes_finds_it_kept(
     first.result(timeout=600)
 
 
-def test_cache_hits_and_misses_are_prefilled_in_separate_batches() -> None:
-    """A row that forwards one token is not padded to the width of a row that forwards its whole prompt."""
-    hit = (sequence(list(range(300))), 300)
-    rows = [_row(301), _row(40), _row(301, hit=hit), _row(45), _row(301, hit=hit)]
-    chunks = _chunks(rows)
-    forwarded = [[len(r.request.prompt_ids) - (h[1] if h else 0) for r, h in c] for c in chunks]
-    assert forwarded == [[1, 1], [40, 45], [301]]
+async def test_a_cache_hit_and_a_miss_join_in_one_step_each_forwarding_only_its_own_tokens(
+    engines: tuple[GenerationEngine, GenerationEngine], tokenizer: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row that forwards one token is not padded to the width of a row that forwards its whole prompt: both
+    go through the same step, each with its own tokens, and sample what they sample on their own."""
+    plain, cached = engines
+    assert cached.prefix_cache is not None
+    known = text_ids(tokenizer, "The moon has phases because, as it goes round the Earth, the sunlit half")
+    [alone] = await cached.generate([GenerationRequest(known, None, GREEDY)])  # now kept
+    new = text_ids(tokenizer, "A prime number is a whole number greater than one whose only divisors")
+    forwarded = record_forwards(cached, monkeypatch)
+    both = await cached.generate(
+        [GenerationRequest(known, None, GREEDY), GenerationRequest(new, None, GREEDY)]
+    )
+    assert forwarded[0] == [1, len(new)]
+    assert [c.token_ids for c in both] == [
+        alone.token_ids,
+        (await plain.generate([GenerationRequest(new, None, GREEDY)]))[0].token_ids,
+    ]
 
 
-def _row(length: int, hit: Hit = None) -> tuple[_Row, Hit]:
-    request = GenerationRequest(list(range(length)), None, GREEDY)
-    return _Row(request, concurrent.futures.Future()), hit
+def record_forwards(engine: GenerationEngine, monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """Each step's tokens per row, as ``engine`` forwards them from now on."""
+    forwarded: list[list[int]] = []
+    forward = engine._forward
+
+    def recording(rows: object, layers: object, pending: list[list[int]], *rest: object) -> torch.Tensor:
+        forwarded.append([len(p) for p in pending])
+        return forward(rows, layers, pending, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "_forward", recording)
+    return forwarded
