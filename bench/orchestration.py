@@ -9,8 +9,10 @@ Both sides run the demo's arithmetic task and settings (examples/run.toml: SmolL
   ``temporalio.testing.ActivityEnvironment`` in the workflow's order, against a CPU server of its own;
   the same S3 round trips, Parquet files and checkpoints, no Temporal.
 
-A step is the time from step n-1 served to step n served, measured by polling the workflow every 0.1 s on the
-Temporal side; on both sides a served step's metrics and retention run beside the next step. The sides alternate (temporal, direct, temporal,
+A step is the time from step n-1 served to step n served: on the Temporal side from the run's history (each
+``reload`` activity's completion, as the server recorded it; nothing polls the workflow meanwhile), on the
+direct side from this process's clock. On both sides a served step's metrics and retention run beside the next
+step. The sides alternate (temporal, direct, temporal,
 direct, ...) so load from other processes hits both. Overhead = temporal / direct - 1 on the mean step of
 steps 2..N (step 1 pays warm-up).
 
