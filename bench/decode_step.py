@@ -1,4 +1,5 @@
-"""The CPU engine's decode path: its growing KV cache vs transformers' DynamicCache, adapter folded vs peft's.
+"""The CPU engine's decode path: its growing KV cache vs transformers' DynamicCache, adapter folded vs peft's,
+projections through oneDNN on packed weights vs torch's default (MKL) matmuls.
 
 One ``GenerationEngine`` per configuration, in this process, SmolLM2-135M fp32, prefix cache on: 32 requests
 (4 prompts of ``--prompt-tokens`` random tokens, 8 rows each, as a group's rollouts), greedy, EOS ignored, row
@@ -36,7 +37,7 @@ def random_adapter(base_path: str, directory: Path) -> Path:
 
 
 def run(
-    base_path: str, adapter: Path | None, prompt_tokens: int, growing: bool, fold: bool
+    base_path: str, adapter: Path | None, prompt_tokens: int, growing: bool, fold: bool, packed: bool
 ) -> tuple[float, int]:
     from transformers import DynamicCache
 
@@ -44,7 +45,9 @@ def run(
     if not growing:
         batcher.new_cache = lambda config: DynamicCache(config=config)
     try:
-        engine = GenerationEngine(base_path, max_batch=ROWS, fold_adapters=fold, prefix_cache_bytes=1 << 30)
+        engine = GenerationEngine(
+            base_path, max_batch=ROWS, fold_adapters=fold, prefix_cache_bytes=1 << 30, pack_weights=packed
+        )
         name = None
         if adapter is not None:
             engine.command("load", "a", str(adapter)).result()
@@ -77,25 +80,29 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         adapter = random_adapter(base_path, Path(tmp) / "adapter")
         configurations = [
-            ("base", None, False, False),
-            ("base", None, True, False),
-            ("adapter", adapter, False, False),
-            ("adapter", adapter, True, False),
-            ("adapter", adapter, True, True),
+            ("base", None, False, False, True),
+            ("base", None, True, False, False),
+            ("base", None, True, False, True),
+            ("adapter", adapter, True, False, True),
+            ("adapter", adapter, True, True, False),
+            ("adapter", adapter, True, True, True),
         ]
         lines = [
             f"32 rows x 17-48 greedy tokens on {args.prompt_tokens}-token prompts (cached), SmolLM2-135M fp32",
             "",
-            "| model | KV cache | adapter path | seconds | same tokens |",
-            "|---|---|---|---:|---|",
+            "| model | KV cache | adapter path | matmuls | seconds | same tokens |",
+            "|---|---|---|---|---:|---|",
         ]
         first: dict[str, int] = {}
-        for model, path, growing, fold in configurations:
-            seconds, tokens = run(base_path, path, args.prompt_tokens, growing, fold)
+        for model, path, growing, fold, packed in configurations:
+            seconds, tokens = run(base_path, path, args.prompt_tokens, growing, fold, packed)
             same = first.setdefault(model, tokens) == tokens
             cache = "growing" if growing else "DynamicCache"
             route = "-" if path is None else ("folded" if fold else "peft")
-            lines.append(f"| {model} | {cache} | {route} | {seconds:.2f} | {'yes' if same else 'NO'} |")
+            matmuls = "oneDNN, packed" if packed else "MKL"
+            lines.append(
+                f"| {model} | {cache} | {route} | {matmuls} | {seconds:.2f} | {'yes' if same else 'NO'} |"
+            )
             print(lines[-1], flush=True)
     print("\n".join(lines))
     print("\ncommand: PYTHONPATH=$PWD python bench/decode_step.py --prompt-tokens", args.prompt_tokens)
