@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import serving.batcher as batcher
+import serving.running_batch as running_batch
 from base_models.resolve import resolve_base_model
 from serving.batcher import GenerationEngine, GenerationRequest
 from serving.sampling import SamplingParams
@@ -41,9 +41,9 @@ def run(
 ) -> tuple[float, int]:
     from transformers import DynamicCache
 
-    original = batcher.new_cache
+    original = running_batch.new_cache
     if not growing:
-        batcher.new_cache = lambda config: DynamicCache(config=config)
+        running_batch.new_cache = lambda config: DynamicCache(config=config)
     try:
         engine = GenerationEngine(
             base_path, max_batch=ROWS, fold_adapters=fold, prefix_cache_bytes=1 << 30, pack_weights=packed
@@ -66,7 +66,7 @@ def run(
             seconds = time.perf_counter() - started
         engine.close()
     finally:
-        batcher.new_cache = original
+        running_batch.new_cache = original
     return seconds, hash(tuple(tuple(o.token_ids) for o in outputs))
 
 

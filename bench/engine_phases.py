@@ -2,8 +2,9 @@
 
 ``PYTHONPATH=. python bench/engine_phases.py --turns 3`` serves ``serving.server``'s app in this process (so
 the engine's methods can be timed) and runs one step of ``bench/prefix_cache.py``'s conversations through it
-over HTTP. Phases nest: ``_admit`` holds a joining row's cached prefix copied out (``_blocks``) and into the
-running batch (``_join``), and the forward of a group's shared prompt (``_prefill_shared_prompts``);
+over HTTP. Phases nest: ``_admit`` holds a joining row's cached prefix copied out (``joining rows' cache
+rows``) and into the running batch (``join``), and the forward of a group's shared prompt
+(``_prefill_shared_prompts``);
 ``_advance`` is one step: its forward (``_forward``, also counted within ``_prefill_shared_prompts``), the
 prompts it keeps and the sampling (``_step``, which holds the ``_keep`` of finished rows); ``cache copies`` is
 every copy of cache storage (a join, a regrow into spare columns, rows moving when others leave).
@@ -25,6 +26,7 @@ import uvicorn
 
 import serving.batcher as batcher
 import serving.kv_cache as kv_cache
+import serving.running_batch as running_batch
 from base_models.resolve import SMOLLM2_NAME
 from bench.prefix_cache import one_step
 from serving.options import ServerOptions
@@ -59,8 +61,6 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     for name in (
         "_admit",
-        "_blocks",
-        "_join",
         "_prefill_shared_prompts",
         "_advance",
         "_forward",
@@ -68,9 +68,11 @@ def main() -> None:
         "_keep",
     ):
         timed(batcher.GenerationEngine, name)
+    timed(running_batch.Joining, "build", "joining rows' cache rows")
+    timed(running_batch.RunningBatch, "join", "join")
     for name in ("append_rows", "keep_rows"):
         timed(kv_cache.GrowingLayer, name, "cache copies")
-    timed(batcher, "restack", "cache copies")
+    timed(running_batch, "restack", "cache copies")
     timed(kv_cache, "_regrown", "cache copies")
     options = ServerOptions(model=SMOLLM2_NAME, port=args.port, prefix_cache_mb=args.prefix_cache_mb)
     app, _engine = create_server(options)

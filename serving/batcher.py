@@ -32,11 +32,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from base_models.resolve import pad_token_id
 from host.cpu_share import CpuShare
 from serving import ragged
-from serving.kv_cache import GrowingLayer, hole_filling, new_cache, pad_left, restack
 from serving.merged_lora import FoldedAdapter
 from serving.packed_linear import pack_linears
 from serving.prefix_cache import BLOCK, CachedSequence, PrefixCache
 from serving.ragged import Feed
+from serving.running_batch import Hit, Joining, RunningBatch
 from serving.sampling import RowSampler, SamplingParams, sample_step
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,6 @@ BASE_ADAPTER = "__base__"
 """peft's name for 'no adapter' in a mixed batch."""
 STEP_TOKENS = 16384
 """Prompt tokens that may join the batch in one step; more requests wait for the next (one always joins)."""
-Hit = tuple[CachedSequence, int] | None
-"""A prefix cache hit: the kept sequence and how many of the prompt's first tokens it holds."""
 
 
 @dataclass(frozen=True)
@@ -86,23 +84,6 @@ class _Command:
     future: concurrent.futures.Future[None]
     name: str = ""
     path: str = ""
-
-
-@dataclass
-class _Batch:
-    """The running batch: a KV cache and per-row state, all indexed by row."""
-
-    rows: list[_Row]
-    layers: list[Any]
-    """The cache's layers, one per decoder layer (``GrowingLayer``: rows x heads x columns x dim)."""
-    mask: torch.Tensor
-    """(rows, columns) bool: the cache columns each row attends to."""
-    lengths: torch.Tensor
-    """Tokens per row in the cache so far: the position id of its next new token."""
-    pending: list[list[int]]
-    """The tokens each row forwards in the next step: a joining row's prompt past its cached prefix, then
-    the token it sampled last."""
-    sampler: RowSampler
 
 
 class GenerationEngine:
@@ -155,7 +136,7 @@ class GenerationEngine:
         self._generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self._inbox: queue.Queue[_Row | _Command | None] = queue.Queue()
         self._waiting: list[_Row] = []
-        self._batch: _Batch | None = None
+        self._batch: RunningBatch[_Row] | None = None
         self._thread = threading.Thread(target=self._run, name="generation-engine", daemon=True)
         self._thread.start()
 
@@ -361,64 +342,20 @@ class GenerationEngine:
             sum(len(p) for p in pending),
             sum(hit[1] for hit in hits if hit),
         )
-        blocks, mask = self._blocks(hits, pending)
         sampler = RowSampler.build([r.request.params for r in admitted], self.eos_ids, self._generator)
-        starts = torch.tensor([hit[1] if hit else 0 for hit in hits], dtype=torch.long)
-        self._join(_Batch(admitted, blocks, mask, starts, pending, sampler))
-
-    def _blocks(self, hits: list[Hit], pending: list[list[int]]) -> tuple[list[Any], torch.Tensor]:
-        """Cache rows for joining rows: each row's cached prefix (from its hit), then a zero column for each of
-        its pending tokens but the last (the step writes them), right-aligned and zero-padded on the left; and
-        their mask. Per layer (keys, values), rows x heads x columns x dim."""
-        widths = [(hit[1] if hit else 0) + len(new) - 1 for hit, new in zip(hits, pending, strict=True)]
-        width = max(widths)
-        mask = torch.zeros((len(hits), width), dtype=torch.bool)
-        for i, w in enumerate(widths):
-            mask[i, width - w :] = True
-        config = self.base.config
-        heads = config.num_key_value_heads
-        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        dtype = self.base.dtype
-        blocks = []
-        for layer in range(config.num_hidden_layers):
-            keys = torch.zeros((len(hits), heads, width, dim), dtype=dtype)
-            values = torch.zeros_like(keys)
-            for i, (hit, w) in enumerate(zip(hits, widths, strict=True)):
-                if hit is not None:
-                    sequence, n = hit
-                    keys[i, :, width - w : width - w + n] = sequence.keys[layer][:, :n]
-                    values[i, :, width - w : width - w + n] = sequence.values[layer][:, :n]
-            blocks.append((keys, values))
-        return blocks, mask
-
-    def _join(self, new: _Batch) -> None:
-        """Add ``new``'s rows (``layers`` holding their (keys, values) blocks) to the running batch."""
-        old = self._batch
-        width = max(old.mask.shape[1] if old else 0, new.mask.shape[1])
-        if old is None:
-            layers: list[Any] = list(new_cache(self.base.config).layers)
-            for layer, block in zip(layers, new.layers, strict=True):
-                restack(layer, [block], width, self.max_batch)
-            new.layers = layers
-            self._batch = new
-            return
-        for layer, (keys, values) in zip(old.layers, new.layers, strict=True):
-            joined = isinstance(layer, GrowingLayer) and layer.append_rows(keys, values)
-            if not joined:
-                restack(layer, [(layer.keys, layer.values), (keys, values)], width, self.max_batch)
-        old.mask = torch.cat([pad_left(old.mask, width, 1), pad_left(new.mask, width, 1)])
-        old.lengths = torch.cat([old.lengths, new.lengths])
-        old.pending += new.pending
-        old.rows += new.rows
-        old.sampler.extend(new.sampler)
+        joining = Joining.build(self.base.config, self.base.dtype, admitted, hits, pending, sampler)
+        if self._batch is None:
+            self._batch = RunningBatch.start(self.base.config, joining, self.max_batch)
+        else:
+            self._batch.join(joining, self.max_batch)
 
     def _advance(self) -> None:
         """One step of the running batch: forward every row's pending tokens, sample each row's next token."""
         batch = self._batch
         assert batch is not None
-        batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
+        batch.open_column()
         logits = self._forward(batch.rows, batch.layers, batch.pending, batch.lengths.tolist(), batch.mask)
-        batch.lengths += torch.tensor([len(p) for p in batch.pending], dtype=torch.long)
+        batch.forwarded()
         self._keep_prompts(batch)
         self._step(batch, logits)
         if not batch.rows:
@@ -446,22 +383,18 @@ class GenerationEngine:
             past = hit[1] if hit is not None else 0
             if past >= len(tokens):
                 continue
-            blocks, mask = self._blocks([hit], [tokens[past:]])
-            layers: list[Any] = list(new_cache(self.base.config).layers)
-            for layer, block in zip(layers, blocks, strict=True):
-                restack(layer, [block], mask.shape[1], 1)
-            mask = torch.cat([mask, mask.new_ones((1, 1))], dim=1)
-            self._forward(same[:1], layers, [tokens[past:]], [past], mask)
-            cache.insert(
-                CachedSequence(
-                    adapter,
-                    tokens,
-                    [x.keys[0].clone() for x in layers],
-                    [x.values[0].clone() for x in layers],
-                )
+            sampler = RowSampler.build([same[0].request.params], self.eos_ids, self._generator)
+            joining = Joining.build(
+                self.base.config, self.base.dtype, same[:1], [hit], [tokens[past:]], sampler
             )
+            prompt_batch = RunningBatch.start(self.base.config, joining, 1)
+            prompt_batch.open_column()
+            self._forward(same[:1], prompt_batch.layers, [tokens[past:]], [past], prompt_batch.mask)
+            kept = prompt_batch.row_cache(0, len(tokens))
+            assert kept is not None
+            cache.insert(CachedSequence(adapter, tokens, *kept))
 
-    def _keep_prompts(self, batch: _Batch) -> None:
+    def _keep_prompts(self, batch: RunningBatch[_Row]) -> None:
         """Keep the prompts just forwarded that the cache did not hold (a block or more of new tokens), so a
         request for the same prompt arriving while these rows still decode (a group's rollouts trickling in
         over HTTP) forwards only its last token, as the next turn of a conversation does."""
@@ -472,28 +405,18 @@ class GenerationEngine:
                 seen.add(key)
                 self._keep(batch, i, row.request.prompt_ids)
 
-    def _keep(self, batch: _Batch, i: int, tokens: list[int]) -> None:
+    def _keep(self, batch: RunningBatch[_Row], i: int, tokens: list[int]) -> None:
         """Keep row ``i``'s keys and values for ``tokens`` (every token of the row forwarded so far) in the
         prefix cache."""
         if self.prefix_cache is None:
             return
-        row = batch.rows[i]
-        columns = batch.mask[i].nonzero().squeeze(-1)
-        if len(columns) != len(tokens):  # never expected; a wrong cache would be worse than none
-            log.warning("not caching a row: %d cached positions for %d tokens", len(columns), len(tokens))
+        kept = batch.row_cache(i, len(tokens))
+        if kept is None:  # never expected; a wrong cache would be worse than none
+            log.warning("not caching a row: its cached positions are not its %d tokens", len(tokens))
             return
-        first, last = int(columns[0]), int(columns[-1]) + 1
-        contiguous = last - first == len(columns)
-        self.prefix_cache.insert(
-            CachedSequence(
-                row.request.adapter,
-                tokens,
-                [_columns(x.keys[i], first, last, columns, contiguous) for x in batch.layers],
-                [_columns(x.values[i], first, last, columns, contiguous) for x in batch.layers],
-            )
-        )
+        self.prefix_cache.insert(CachedSequence(batch.rows[i].request.adapter, tokens, *kept))
 
-    def _step(self, batch: _Batch, logits: torch.Tensor) -> None:
+    def _step(self, batch: RunningBatch[_Row], logits: torch.Tensor) -> None:
         """Sample one token per row of ``batch``, record it, resolve the rows that finished and drop them from
         the batch (the cache moves only the rows that take their places, ``GrowingLayer.keep_rows``)."""
         step = sample_step(logits, batch.sampler, [len(r.tokens) for r in batch.rows])
@@ -508,7 +431,7 @@ class GenerationEngine:
                 self._keep(batch, i, row.request.prompt_ids + row.tokens[:-1])
                 finished.add(i)
         if finished:
-            _select(batch, hole_filling(len(batch.rows), finished))
+            batch.drop(finished)
 
     def _finish(self, row: _Row, context: int) -> bool:
         """Resolve ``row``'s future when it is done; True when it was."""
@@ -535,29 +458,3 @@ class GenerationEngine:
             text = str(self.tokenizer.decode(row.tokens, skip_special_tokens=True))
         row.future.set_result(Completion(row.tokens, row.logprobs, row.top, text, reason))
         return True
-
-
-def _columns(t: torch.Tensor, first: int, last: int, columns: torch.Tensor, contiguous: bool) -> torch.Tensor:
-    """Columns ``columns`` (``first`` to ``last`` when ``contiguous``) of one row's heads x columns x dim."""
-    return t[:, first:last].clone() if contiguous else t.index_select(1, columns)
-
-
-def _select(batch: _Batch, keep: list[int]) -> None:
-    """Keep only rows ``keep`` of ``batch`` (row ``j`` becomes old row ``keep[j]``, see ``hole_filling``), and
-    drop the cache columns no remaining row attends to."""
-    batch.rows = [batch.rows[i] for i in keep]
-    batch.pending = [batch.pending[i] for i in keep]
-    batch.sampler.select(keep)
-    if not keep:
-        return
-    index = torch.tensor(keep, dtype=torch.long)
-    batch.mask, batch.lengths = batch.mask[index], batch.lengths[index]
-    used = batch.mask.any(dim=0).nonzero()
-    start = int(used[0]) if len(used) else 0
-    batch.mask = batch.mask[:, start:]
-    for layer in batch.layers:
-        if isinstance(layer, GrowingLayer):
-            layer.keep_rows(keep, start)
-        else:
-            layer.batch_select_indices(index)
-            layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]

@@ -1,5 +1,5 @@
-"""The CPU engine's decode speed-ups change nothing it samples: cache layers that grow in place, finished rows
-that keep their place for a while, and a single adapter folded into the base weights."""
+"""The CPU engine's decode speed-ups change nothing it samples: cache layers that grow in place (rows joining
+and leaving them in place), and a single adapter folded into the base weights."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from serving_adapters import chat, random_adapter
 from transformers import AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
-import serving.batcher as batcher
+import serving.running_batch as running_batch
 from base_models.resolve import ensure_smollm2
 from serving.batcher import Completion, GenerationEngine, GenerationRequest
 from serving.kv_cache import MARGIN, SPARE, GrowingLayer, hole_filling, restack
@@ -113,7 +113,7 @@ def staggered(
     engine: GenerationEngine, first: list[GenerationRequest], *later: list[GenerationRequest]
 ) -> list[Completion]:
     """``first`` admitted together, each of ``later`` once the running batch has produced a token more (so
-    they merge into it); rows finish at different steps (so finished rows linger and are dropped)."""
+    they merge into it); rows finish at different steps (so finished rows leave while others run)."""
     futures = engine.submit(first)
     for wave in later:
         deadline = time.monotonic() + 60
@@ -157,7 +157,7 @@ def test_greedy_tokens_are_the_same_as_with_transformers_cache(
         growing = staggered(engine, *waves)
     finally:
         engine.close()
-    monkeypatch.setattr(batcher, "new_cache", lambda config: DynamicCache(config=config))
+    monkeypatch.setattr(running_batch, "new_cache", lambda config: DynamicCache(config=config))
     engine = GenerationEngine(str(ensure_smollm2()), max_batch=8)
     try:
         plain = staggered(engine, *waves)
