@@ -6,6 +6,7 @@ Not a bench itself (``bench/orchestration.py``, ``bench/pipelined.py`` and ``ben
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shlex
@@ -18,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError
+from temporalio.service import RPCError
 
 from dgrpo import run_control
 from dgrpo.demo import DEMO_TASKS
@@ -27,6 +29,7 @@ from schemas.config import RunSpec, TaskQueues, load_run_spec
 from schemas.run_state import RunStatus
 from schemas.settings import ENV_HOME
 from workers.stack import EmbeddedStack
+from workflows.training_run import TrainingRun
 
 OUT = Path(__file__).resolve().parent / "out"
 """Where benches write their JSON and markdown (ignored by git)."""
@@ -96,12 +99,27 @@ class TimedRun:
         }
 
 
-async def timed_run(client: Client, spec: RunSpec) -> TimedRun:
-    """Start ``spec``, wait for its end and time its steps from its history (``served_times``)."""
+async def timed_run(client: Client, spec: RunSpec, watch_s: float | None = None) -> TimedRun:
+    """Start ``spec``, wait for its end and time its steps from its history (``served_times``); with
+    ``watch_s``, a client meanwhile asks the run for its status every ``watch_s`` seconds (as ``dgrpo train``
+    does every second), to see what watching costs."""
     started = time.perf_counter()
     handle = await run_control.start_run(client, spec)
-    served, final = await asyncio.gather(served_times(client, handle), handle.result())
+    result = asyncio.ensure_future(handle.result())
+    watcher = None if watch_s is None else asyncio.create_task(watch(handle, result, watch_s))
+    served = await served_times(client, handle)
+    final = await result
+    if watcher is not None:
+        await watcher
     return TimedRun(status=final, served_at=served, total_s=time.perf_counter() - started)
+
+
+async def watch(handle: WorkflowHandle[Any, Any], result: asyncio.Future[Any], every_s: float) -> None:
+    """Query the run's status every ``every_s`` until ``result`` is done."""
+    while not result.done():
+        with contextlib.suppress(RPCError, WorkflowQueryFailedError):  # a busy worker: ask again
+            await handle.query(TrainingRun.status)
+        await asyncio.wait({result}, timeout=every_s)
 
 
 async def served_times(client: Client, handle: WorkflowHandle[Any, Any]) -> dict[int, float]:

@@ -206,7 +206,7 @@ def steady_mean(run: TimedRun) -> float:
     return sum(steps.values()) / len(steps)
 
 
-async def bench(steps: int, rounds: int, home: Path) -> dict[str, Any]:
+async def bench(steps: int, rounds: int, home: Path, watch_s: float | None) -> dict[str, Any]:
     queues = TaskQueues(
         control=f"bench-control-{uuid.uuid4().hex[:6]}",
         inference=f"bench-inference-{uuid.uuid4().hex[:6]}",
@@ -229,7 +229,7 @@ async def bench(steps: int, rounds: int, home: Path) -> dict[str, Any]:
                 spec = demo_run_spec(f"bench-orch-{side}-{r}-{uuid.uuid4().hex[:6]}", steps, queues)
                 print(f"round {r + 1}/{rounds}: {side} ({steps} steps) ...", flush=True)
                 if side == "temporal":
-                    run = await timed_run(client, spec)
+                    run = await timed_run(client, spec, watch_s)
                     assert run.status is not None
                     run_phases = [h.seconds for h in run.status.history if h.step >= 2]
                 else:
@@ -291,9 +291,15 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=4, help="steps per run (>= 3)")
     parser.add_argument("--rounds", type=int, default=2, help="temporal/direct pairs")
+    parser.add_argument(
+        "--watch-s",
+        type=float,
+        default=None,
+        help="on the Temporal side, a client queries the run's status this often (dgrpo train: 1 s)",
+    )
     args = parser.parse_args()
     with private_stack() as (_stack, home):
-        results = asyncio.run(bench(args.steps, args.rounds, home))
+        results = asyncio.run(bench(args.steps, args.rounds, home, args.watch_s))
     results["command"] = command_line()
     write_results("orchestration", results, report(results, args.steps, args.rounds))
 
