@@ -24,7 +24,7 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 PACKS_PER_LAYER = 2
-"""Weight tensors a layer keeps packed: its own and one folded adapter's."""
+"""Weight tensors a layer keeps packed: its own (never dropped) and the newest other (a folded adapter's)."""
 ROWS_HINT = 32
 """The row count oneDNN tunes a packed layout for (any row count works with it)."""
 
@@ -36,6 +36,8 @@ class PackedLinear(torch.nn.Linear):
     """An ``nn.Linear`` that multiplies by its weight packed for oneDNN (see the module doc)."""
 
     packs: OrderedDict[int, Pack]
+    own: int
+    """Where the layer's own weight is (its pack is kept while others come and go)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
@@ -55,7 +57,7 @@ class PackedLinear(torch.nn.Linear):
         pack = torch.ops.mkldnn._reorder_linear_weight(source, ROWS_HINT)
         self.packs[key] = (source, _version(source), pack)
         while len(self.packs) > PACKS_PER_LAYER:
-            self.packs.popitem(last=False)
+            del self.packs[next(k for k in self.packs if k != self.own)]
         return pack
 
 
@@ -76,7 +78,7 @@ def pack_linears(model: torch.nn.Module) -> int:
         if type(module) is torch.nn.Linear and module.weight.dtype in (torch.float32, torch.bfloat16):
             module.__class__ = PackedLinear
             assert isinstance(module, PackedLinear)
-            module.packs = OrderedDict()
+            module.packs, module.own = OrderedDict(), module.weight.data_ptr()
             count += 1
     return count
 
