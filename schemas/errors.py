@@ -89,6 +89,10 @@ class UnsafePathError(DgrpoError, ValueError):
     """A local path built from a run's names would leave the directory it belongs under."""
 
 
+class UnsupportedModelError(DgrpoError, ValueError):
+    """The CPU engine cannot run this model's architecture (vLLM can)."""
+
+
 class BadRewardError(DgrpoError, ValueError):
     """A trajectory's reward is not finite or beyond the allowed magnitude."""
 

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from base_models.resolve import pad_token_id
 from host.cpu_share import CpuShare
+from schemas.errors import UnsupportedModelError
 from serving import ragged
 from serving.merged_lora import FoldedAdapter
 from serving.packed_linear import pack_linears
@@ -101,14 +102,14 @@ class GenerationEngine:
         cpu_share: CpuShare | None = None,
         pack_weights: bool = True,
     ) -> None:
+        reason = ragged.unsupported(AutoConfig.from_pretrained(model_path))
+        if reason is not None:
+            raise UnsupportedModelError(
+                f"the CPU engine cannot serve {model_path}: {reason}; serve it with vLLM (--engine vllm)"
+            )
         torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).eval()
-        reason = ragged.unsupported(self.base.config)
-        if reason is not None:
-            raise ValueError(
-                f"the CPU engine cannot serve {model_path}: {reason}; serve it with vLLM (--engine vllm)"
-            )
         if pack_weights:  # oneDNN matmuls on packed weights (serving/packed_linear.py)
             pack_linears(self.base)
         self.peft: torch.nn.Module | None = None

@@ -32,6 +32,7 @@ from pydantic import ValidationError
 
 from base_models.resolve import resolve_base_model
 from host.cpu_share import CpuShare
+from schemas.errors import DgrpoError
 from serving.api import (
     ChatCompletionRequest,
     LoadLoraAdapterRequest,
@@ -319,7 +320,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m serving.server", description=__doc__.splitlines()[0])
     add_arguments(parser)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    serve(options_from_args(parser.parse_args(argv)))
+    options = options_from_args(parser.parse_args(argv))
+    try:
+        serve(options)
+    except DgrpoError as err:  # a model it cannot load or run: the reason, not a traceback
+        log.error("%s", err)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -3,10 +3,15 @@ rows decoding one token, rows joining with a cached prefix and rows joining with
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
+from host.processes import free_port
 from serving.kv_cache import GrowingLayer, restack
 from serving.ragged import Feed, forward, unsupported
 
@@ -86,3 +91,17 @@ def test_models_it_cannot_run_are_named_with_the_reason() -> None:
     sliding.sliding_window = 32
     assert "sliding window" in str(unsupported(sliding))
     assert "gpt2" in str(unsupported(AutoConfig.for_model("gpt2")))
+
+
+def test_the_server_refuses_a_model_it_cannot_run_naming_why_and_what_serves_it(tmp_path: Path) -> None:
+    config = AutoConfig.for_model("gpt2", n_layer=1, n_embd=32, n_head=2, vocab_size=64)
+    config.save_pretrained(tmp_path)  # the architecture is read before any weight or tokenizer is
+    done = subprocess.run(
+        [sys.executable, "-m", "serving.server", "--model", str(tmp_path), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2
+    assert "model type 'gpt2' is not one of llama" in done.stderr and "--engine vllm" in done.stderr
+    assert "Traceback" not in done.stderr
