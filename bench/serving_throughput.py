@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -29,7 +30,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
-from schemas.settings import EngineSettings
+from schemas.settings import ENV_ADAPTER_ROOT, EngineSettings
 from serving.launchers import CpuServerProcess
 
 TOPICS = ["cats", "the sea", "trains", "music", "rain", "chess", "bread", "stars"]
@@ -115,6 +116,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         adapters = make_adapters(Path(tmp))
+        os.environ[ENV_ADAPTER_ROOT] = tmp  # the server loads adapters only from under its adapter root
         for dtype in args.dtype:
             server = CpuServerProcess(
                 SMOLLM2_NAME, EngineSettings(dtype=dtype), max_batch=args.concurrency, threads=args.threads
