@@ -29,7 +29,6 @@ from typing import Any, Literal
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from base_models.resolve import pad_token_id
 from host.cpu_share import CpuShare
 from schemas.errors import UnsupportedModelError
 from serving import ragged
@@ -116,7 +115,6 @@ class GenerationEngine:
         self.max_batch = max_batch
         self.batch_window_s = batch_window_s
         self.max_model_len = max_model_len or int(getattr(self.base.config, "max_position_embeddings", 4096))
-        self.pad_id = pad_token_id(self.tokenizer)
         eos = self.base.generation_config.eos_token_id
         eos_ids = {*(eos if isinstance(eos, list) else [eos] if eos is not None else [])}
         if self.tokenizer.eos_token_id is not None:
@@ -401,8 +399,10 @@ class GenerationEngine:
         over HTTP) forwards only its last token, as the next turn of a conversation does."""
         seen: set[tuple[str | None, tuple[int, ...]]] = set()
         for i, (row, new) in enumerate(zip(batch.rows, batch.pending, strict=True)):
+            if row.tokens or len(new) <= BLOCK:  # past its prompt, or the cache held all but a block of it
+                continue
             key = (row.request.adapter, tuple(row.request.prompt_ids))
-            if not row.tokens and len(new) > BLOCK and key not in seen:
+            if key not in seen:
                 seen.add(key)
                 self._keep(batch, i, row.request.prompt_ids)
 
