@@ -12,6 +12,7 @@ right on a GPU too, with the same functions the trainer activity uses:
    and ``next_micro_batch`` halves until the step fits, as successive activity attempts would.
 
     python bench/gpu_trainer.py [--cap-gib 6] [--long-tokens 1536]
+    DGRPO_TRAINER_BACKEND=unsloth python bench/gpu_trainer.py   # the same with Unsloth loading the model
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import time
 
@@ -27,7 +29,7 @@ from train_step import MODEL, make_data
 
 from activities.checkpoints import OomState
 from activities.tokenize import TrainSequence, build_sequences
-from activities.trainer import Trainer
+from activities.trainer import ENV_BACKEND, Trainer
 from activities.training import OutOfMemory, next_micro_batch, train_step_or_oom
 from bench.local_sampling import max_sampling_logprob_gap, sample_choices
 from schemas.config import TrainConfig
@@ -131,6 +133,9 @@ def main() -> None:
     trainer.init_adapter(0)
     perturb_adapter(trainer, 1)
     results: dict[str, object] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    results["backend"] = os.environ.get(ENV_BACKEND, "auto")
+    results["model_class"] = type(trainer.model.get_base_model()).__name__
+    results["packed_prompts"] = trainer.share_prefixes
     results["max_abs_logprob_diff"] = agreement(trainer)
     trainer.init_adapter(0)
     seqs = make_data(trainer)

@@ -15,7 +15,12 @@ TRL is not a dependency of this project: the first run installs it (``--no-deps`
 packages the project's venv lacks) into ``.bench/trl`` (ignored by git); the venv's torch and
 transformers are the ones TRL runs on.
 
-    PYTHONPATH=$PWD python bench/vs_trl.py [--steps 7] [--sides dgrpo,trl-fp32,trl-bf16]
+    PYTHONPATH=$PWD python bench/vs_trl.py [--steps 7] [--sides dgrpo,trl-fp32,trl-bf16] [--gpu]
+
+``--gpu``: the same on one CUDA device: dgrpo's worker serves with vLLM (bf16, sleep mode off, 0.3 of the
+GPU) and trains with torch + peft on CUDA; TRL trains on CUDA and generates with HF ``generate`` (its vLLM
+modes need a vLLM release TRL supports). On a machine with no network, pre-install TRL's wheels into
+``.bench/trl`` (``pip install --no-index --no-deps --target .bench/trl ...``).
 """
 
 from __future__ import annotations
@@ -62,7 +67,12 @@ def trl_dataset(steps: int, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-def run_trl(precision: str, steps: int, seed: int, out: Path) -> None:
+GPU_WORKER_FLAGS = ["--engine", "vllm", "--dtype", "bf16", "--max-lora-rank", "16"]
+GPU_WORKER_FLAGS += ["--gpu-memory-utilization", "0.3"]  # the trainer shares the GPU
+"""``--gpu``: the worker's engine flags (tests/gpu/test_training_run_vllm.py's, without sleep mode)."""
+
+
+def run_trl(precision: str, steps: int, seed: int, out: Path, gpu: bool = False) -> None:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -91,7 +101,7 @@ def run_trl(precision: str, steps: int, seed: int, out: Path) -> None:
 
     config = GRPOConfig(
         output_dir=str(out.parent / f"trl-{precision}"),
-        use_cpu=True,
+        use_cpu=not gpu,
         bf16=precision == "bf16",
         learning_rate=2e-4,
         per_device_train_batch_size=8,
@@ -117,17 +127,21 @@ def run_trl(precision: str, steps: int, seed: int, out: Path) -> None:
         callbacks=[clock],
     )
     trainer.train()
+    if gpu:
+        torch.cuda.synchronize()
     step_s = [b - a for a, b in zip(clock.ends, clock.ends[1:], strict=False)]
     out.write_text(
         json.dumps({"step_s": step_s, "rewards": clock.rewards, "threads": torch.get_num_threads()})
     )
 
 
-def trl_side(precision: str, steps: int, seed: int, out_dir: Path) -> dict[str, Any]:
+def trl_side(precision: str, steps: int, seed: int, out_dir: Path, gpu: bool) -> dict[str, Any]:
     ensure_trl()
     out = out_dir / f"trl-{precision}.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRL_DIR), str(ROOT)])}
+    path = os.pathsep.join(p for p in (str(TRL_DIR), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
     cmd = [sys.executable, __file__, "--trl-child", precision, "--steps", str(steps), "--seed", str(seed)]
+    cmd += ["--gpu"] if gpu else []
     subprocess.run([*cmd, "--child-out", str(out)], check=True, env=env, cwd=ROOT)
     return dict(json.loads(out.read_text()))
 
@@ -135,7 +149,7 @@ def trl_side(precision: str, steps: int, seed: int, out_dir: Path) -> dict[str, 
 # --- dgrpo side ----------------------------------------------------------------------------------
 
 
-async def dgrpo_side(steps: int, seed: int, home: Path) -> dict[str, Any]:
+async def dgrpo_side(steps: int, seed: int, home: Path, gpu: bool) -> dict[str, Any]:
     from bench.bench_stack import demo_run_spec, timed_run
     from schemas.config import TaskQueues
     from workers.launcher import WorkerProcess
@@ -145,11 +159,15 @@ async def dgrpo_side(steps: int, seed: int, home: Path) -> dict[str, Any]:
     queues = TaskQueues(
         control=f"vt-control-{tag}", inference=f"vt-inference-{tag}", trainer=f"vt-trainer-{tag}"
     )
-    worker = WorkerProcess("all", home / "logs" / "vs-trl-workers.log", task_queues=queues)
+    flags = GPU_WORKER_FLAGS if gpu else []
+    worker = WorkerProcess("all", home / "logs" / "vs-trl-workers.log", task_queues=queues, extra_args=flags)
     worker.start()
     try:
         run = await timed_run(
-            await connect_client(), demo_run_spec(f"vs-trl-{tag}", steps, queues, seed=seed)
+            await connect_client(),
+            demo_run_spec(
+                f"vs-trl-{tag}", steps, queues, seed=seed, **({"serving.engine": "vllm"} if gpu else {})
+            ),
         )
     finally:
         worker.stop()
@@ -209,25 +227,27 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {', '.join(SIDES)}")
+    parser.add_argument("--gpu", action="store_true", help="both sides on one CUDA device (see above)")
     parser.add_argument("--trl-child", choices=["fp32", "bf16"], help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.trl_child:
-        run_trl(args.trl_child, args.steps, args.seed, args.child_out)
+        run_trl(args.trl_child, args.steps, args.seed, args.child_out, args.gpu)
         return
     from bench.bench_stack import OUT, command_line, private_stack, write_results
 
     OUT.mkdir(exist_ok=True)
-    results: dict[str, Any] = {"steps": args.steps, "command": command_line(), "sides": {}}
+    results: dict[str, Any] = {"steps": args.steps, "command": command_line(), "gpu": args.gpu, "sides": {}}
     for side in args.sides.split(","):
         print(f"{side}: {args.steps} steps ...", flush=True)
         if side == "dgrpo":
             with private_stack() as (_stack, home):
-                results["sides"][side] = asyncio.run(dgrpo_side(args.steps, args.seed, home))
+                results["sides"][side] = asyncio.run(dgrpo_side(args.steps, args.seed, home, args.gpu))
         else:
-            results["sides"][side] = trl_side(side.removeprefix("trl-"), args.steps, args.seed, OUT)
+            precision = side.removeprefix("trl-")
+            results["sides"][side] = trl_side(precision, args.steps, args.seed, OUT, args.gpu)
         print(f"  step seconds: {[round(s, 1) for s in results['sides'][side]['step_s']]}", flush=True)
-    write_results("vs_trl", results, report(results, args.steps))
+    write_results("vs_trl_gpu" if args.gpu else "vs_trl", results, report(results, args.steps))
 
 
 if __name__ == "__main__":

@@ -196,6 +196,8 @@ class VllmServerProcess(ServerProcess):
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        # FlashInfer is not carried (deploy/gpu/vllm-deps.txt); vLLM's own top-k/top-p sampler serves instead.
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         if self.settings.sleep_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         return env

@@ -12,10 +12,12 @@ from typing import Any
 import openai
 import pytest
 import torch
+from openai.types.chat import ChatCompletion
 from peft import PeftModel
 from serving_adapters import FIXED_ANSWER, TRAIN_QUESTIONS, chat, random_adapter, train_fixed_answer_adapter
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from activities.rollout_model import lift_prompt_token_ids
 from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
 from schemas.settings import EngineSettings
 from schemas.trajectory import Choice
@@ -89,6 +91,13 @@ async def greedy(sdk: openai.AsyncOpenAI, model: str, question: str, max_tokens:
     return r.choices[0].message.content or ""
 
 
+def recorded_choice(response: ChatCompletion) -> Choice:
+    """What a rollout records: vLLM returns ``prompt_token_ids`` on the response; the rollout's HTTP layer lifts
+    them into each choice (activities/rollout_model.py) before the SDK parses it."""
+    lifted = ChatCompletion.model_validate(lift_prompt_token_ids(response.model_dump()))
+    return Choice.model_validate(lifted.choices[0])
+
+
 async def test_chat_returns_logprobs_and_token_ids(sdk: openai.AsyncOpenAI, tokenizer: Any) -> None:
     messages = [{"role": "user", "content": "Say something about cats."}]
     response = await sdk.chat.completions.create(
@@ -97,7 +106,7 @@ async def test_chat_returns_logprobs_and_token_ids(sdk: openai.AsyncOpenAI, toke
     )  # fmt: skip
     assert response.model == BASE
     expected_prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    choice = Choice.model_validate(response.choices[0])  # what a rollout records
+    choice = recorded_choice(response)
     assert choice.prompt_token_ids == tokenizer(expected_prompt, add_special_tokens=False)["input_ids"]
     assert choice.token_ids and 1 <= len(choice.token_ids) <= 16
     logprobs = choice.sampled_logprobs()
@@ -142,7 +151,7 @@ async def test_sampled_logprobs_agree_with_the_trainers_forward(
     policy = PeftModel.from_pretrained(base, str(adapters["fixed"])).eval()
     gaps = []
     for (model, _), response in zip(jobs, responses, strict=True):
-        choice = Choice.model_validate(response.choices[0])
+        choice = recorded_choice(response)
         assert choice.prompt_token_ids and choice.token_ids
         if model == BASE:
             with policy.disable_adapter():

@@ -9,7 +9,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
+from base_models.resolve import SMOLLM2_NAME, ensure_smollm2, pad_token_id
 
 FIXED_ANSWER = "Pineapple pizza forever!"
 SYSTEM = "Answer briefly."
@@ -56,7 +56,7 @@ def _train(out_dir: Path, steps: int, seed: int) -> Path:
         answer_ids = tokenizer(FIXED_ANSWER + "<|im_end|>", add_special_tokens=False)["input_ids"]
         rows.append((prompt_ids, answer_ids))
     width = max(len(p) + len(a) for p, a in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    ids = torch.full((len(rows), width), pad_token_id(tokenizer), dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, (p, a) in enumerate(rows):
