@@ -138,9 +138,10 @@ class Trainer:
     def _load_unsloth(self) -> Any:
         from unsloth import FastLanguageModel
 
-        model, tokenizer = FastLanguageModel.from_pretrained(
-            self.base_path, dtype=torch.bfloat16 if self.precision == "bf16" else None, load_in_4bit=False
-        )
+        # dtype=None means bf16 to Unsloth on a bf16-capable GPU: an fp32 trainer would train bf16 weights
+        # (max |Δ logprob| 0.68 against its own sampler on the H100, 3e-5 with torch + peft).
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+        model, tokenizer = FastLanguageModel.from_pretrained(self.base_path, dtype=dtype, load_in_4bit=False)
         self.tokenizer = tokenizer
         return model
 
