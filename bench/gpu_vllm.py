@@ -70,6 +70,34 @@ async def sleep_wake(client: ServingClient) -> dict[str, float]:
     }
 
 
+async def measure(
+    server: VllmServerProcess, adapters: list[Path], a: argparse.Namespace, out: dict[str, Any]
+) -> None:
+    """Every measurement in one event loop (the server's HTTP client belongs to the loop it first ran in);
+    each result is written as soon as it is known, so a run cut short still reports what it measured."""
+    client, url = server.client, server.client.openai_base_url
+    chats = prompts(a.concurrency)
+    out["tok_s"] = {}
+    for label, models in (("base", [SMOLLM2_NAME]), ("base/A/B", [SMOLLM2_NAME, "a@1", "b@1"])):
+        if len(models) > 1:
+            await client.load_adapter("a@1", str(adapters[0]))
+            await client.load_adapter("b@1", str(adapters[1]))
+        best = max([await server_requests(url, chats, a.max_tokens, models) for _ in range(a.repeats)])
+        out["tok_s"][label] = round(best, 1)
+        report(out, a.out)
+    swaps = await swap_seconds(client, adapters, a.swaps)
+    out["adapter_swap_s"] = {"median": statistics.median(swaps), "all": swaps}
+    report(out, a.out)
+    out["sleep"] = await sleep_wake(client)
+
+
+def report(results: dict[str, Any], path: str | None) -> None:
+    text = json.dumps(results, indent=2)
+    print(text, flush=True)
+    if path:
+        Path(path).write_text(text + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -78,39 +106,24 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--swaps", type=int, default=5)
-    parser.add_argument("--out", help="also write the results as JSON here")
+    parser.add_argument("--out", help="also write the results as JSON here (rewritten as each one is known)")
     a = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this bench is for a GPU inference worker")
-    chats = prompts(a.concurrency)
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "settings": SETTINGS.model_dump()}
+    results.update(concurrency=a.concurrency, max_tokens=a.max_tokens)
     with tempfile.TemporaryDirectory() as tmp:
         adapters = make_adapters(Path(tmp))
         server = VllmServerProcess(SMOLLM2_NAME, SETTINGS, log_path=Path(tmp) / "vllm.log")
         started = time.perf_counter()
         server.start()
         results["start_s"] = time.perf_counter() - started
+        report(results, a.out)
         try:
-            client, url = server.client, server.client.openai_base_url
-            results["tok_s"] = {}
-            for label, models in (("base", [SMOLLM2_NAME]), ("base/A/B", [SMOLLM2_NAME, "a@1", "b@1"])):
-                if len(models) > 1:
-                    asyncio.run(client.load_adapter("a@1", str(adapters[0])))
-                    asyncio.run(client.load_adapter("b@1", str(adapters[1])))
-                best = max(
-                    asyncio.run(server_requests(url, chats, a.max_tokens, models)) for _ in range(a.repeats)
-                )
-                results["tok_s"][label] = round(best, 1)
-            swaps = asyncio.run(swap_seconds(client, adapters, a.swaps))
-            results["adapter_swap_s"] = {"median": statistics.median(swaps), "all": swaps}
-            results["sleep"] = asyncio.run(sleep_wake(client))
+            asyncio.run(measure(server, adapters, a, results))
         finally:
             server.stop()
-    results.update(concurrency=a.concurrency, max_tokens=a.max_tokens)
-    text = json.dumps(results, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    report(results, a.out)
 
 
 if __name__ == "__main__":
