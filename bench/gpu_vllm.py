@@ -114,7 +114,8 @@ def main() -> None:
     results.update(concurrency=a.concurrency, max_tokens=a.max_tokens)
     with tempfile.TemporaryDirectory() as tmp:
         adapters = make_adapters(Path(tmp))
-        server = VllmServerProcess(SMOLLM2_NAME, SETTINGS, log_path=Path(tmp) / "vllm.log")
+        log = Path(a.out).with_suffix(".vllm.log") if a.out else Path(tmp) / "vllm.log"  # kept beside --out
+        server = VllmServerProcess(SMOLLM2_NAME, SETTINGS, log_path=log)
         started = time.perf_counter()
         server.start()
         results["start_s"] = time.perf_counter() - started
