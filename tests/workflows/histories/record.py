@@ -1,0 +1,109 @@
+"""Record the Temporal histories that tests/workflows/test_replay.py replays on every change.
+
+    PYTHONPATH=$PWD .venv/bin/python tests/workflows/histories/record.py [--out DIR]
+
+On a private embedded stack with one real ``dgrpo worker all`` (CPU server and CPU trainer, SmolLM2-135M):
+a sync ``TrainingRun`` of 3 steps that continues as new after 2, a pipelined run of 3 steps, a shared run of
+2 steps, and the ART-style client (``examples/art_style.py`` through ``TemporalBackend``: ``ServeModel`` and
+two ``TrainStep``s). Every execution's history, each run of a continue-as-new chain included, is written as
+``<workflow id>__<n>.json`` (Temporal's JSON history format). Record again only on purpose: the files are
+what runs in flight look like, and a change that cannot replay them would break those runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO))
+
+from dgrpo import run_control  # noqa: E402
+from schemas.config import RunSpec, TaskQueues  # noqa: E402
+from schemas.settings import ENV_HOME  # noqa: E402
+from workers.launcher import WorkerProcess  # noqa: E402
+from workers.stack import EmbeddedStack  # noqa: E402
+from workers.temporal import connect_client  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+RUNS: dict[str, dict[str, Any]] = {
+    "replay-sync": {"mode": "sync", "steps": 3, "continue_as_new_every": 2},
+    "replay-pipelined": {"mode": "pipelined", "steps": 3},
+    "replay-shared": {"mode": "shared", "steps": 2},
+}
+
+
+def spec(run_id: str, queues: TaskQueues, overrides: dict[str, Any]) -> RunSpec:
+    data = json.loads((REPO / "examples" / "run.json").read_text())
+    data.update(run_id=run_id, task_queues=queues.model_dump(), metrics={"wandb": False}, **overrides)
+    data["model"]["name"] = run_id
+    data["train"] = {"learning_rate": 2e-4}
+    return RunSpec.model_validate(data)
+
+
+async def training_runs() -> None:
+    client = await connect_client()
+    for run_id, overrides in RUNS.items():
+        print(f"{run_id}: {overrides}", flush=True)
+        handle = await run_control.start_run(client, spec(run_id, queues=TaskQueues(), overrides=overrides))
+        await run_control.watch(handle, lambda _: None, interval=1.0)
+
+
+async def art_program(inference_url: str) -> None:
+    """``examples/art_style.py`` to step 2 through ``TemporalBackend``: a ``TrainStep`` per step it trains, and
+    a ``ServeModel`` when its newest checkpoint is not on the (new) server it registers with."""
+    art = [sys.executable, str(REPO / "examples" / "art_style.py"), "--backend", "temporal", "--steps", "2"]
+    art += ["--name", "replay-art", "--project", "replay", "--inference-url", inference_url]
+    proc = await asyncio.create_subprocess_exec(*art, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    if await proc.wait() != 0:
+        raise SystemExit("examples/art_style.py failed")
+
+
+async def write_histories(out: Path) -> None:
+    client = await connect_client()
+    written = 0
+    async for execution in client.list_workflows():
+        runs = [e async for e in client.list_workflows(f"WorkflowId = '{execution.id}'")]
+        if execution.run_id != max(runs, key=lambda e: e.start_time).run_id:
+            continue  # every run of a chain is written once, from its newest execution's listing
+        for n, run in enumerate(sorted(runs, key=lambda e: e.start_time)):
+            history = await client.get_workflow_handle(run.id, run_id=run.run_id).fetch_history()
+            (out / f"{run.id}__{n}.json").write_text(history.to_json())
+            written += 1
+    print(f"{written} histories in {out}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=HERE)
+    out = parser.parse_args().out
+    home = Path(tempfile.mkdtemp(prefix="dgrpo-record-"))
+    stack = EmbeddedStack(home, free_ports=True, ui=False, tied_to_parent=True)
+    stack.start()
+    os.environ.update({**stack.env(), ENV_HOME: str(home)})
+    try:
+        for n, phase in enumerate(("train", "serve again")):
+            worker = WorkerProcess("all", home / f"worker-{n}.log", task_queues=TaskQueues(), cwd=REPO)
+            worker.start()
+            try:
+                if phase == "train":
+                    asyncio.run(training_runs())
+                print(f"art_style.py ({phase})", flush=True)
+                asyncio.run(art_program(worker.server_urls[0]))
+            finally:
+                worker.stop()  # the second worker's server starts empty: registering runs ServeModel
+        asyncio.run(write_histories(out))
+    finally:
+        stack.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Runs in flight survive a change to workflow code: histories recorded from real runs (histories/, made by
+histories/record.py: sync with a continue-as-new, pipelined, shared, and the ART client's ServeModel and
+TrainSteps) are replayed with Temporal's ``Replayer`` against today's workflows. A change that would make a
+recorded run take another path (a new activity, a reordered timer, a removed step) fails here; guard such a
+change with ``workflow.patched`` so old histories keep their path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio import workflow
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+from temporalio.workflow import NondeterminismError
+
+from schemas.config import RunSpec
+from workflows.serve_model import ServeModel
+from workflows.train_step import TrainStep
+from workflows.training_run import TrainingRun
+
+HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+WORKFLOWS = [TrainingRun, TrainStep, ServeModel]
+
+
+def load(path: Path) -> WorkflowHistory:
+    return WorkflowHistory.from_json(path.stem.split("__")[0], path.read_text())
+
+
+def workflow_type(history: WorkflowHistory) -> str:
+    start = history.events[0].workflow_execution_started_event_attributes
+    return str(start.workflow_type.name)
+
+
+def test_the_recorded_histories_cover_every_workflow_and_mode() -> None:
+    names = {p.stem for p in HISTORIES}
+    assert {workflow_type(load(p)) for p in HISTORIES} == {w.__name__ for w in WORKFLOWS}
+    assert {"replay-sync__0", "replay-sync__1", "replay-pipelined__0", "replay-shared__0"} <= names
+    chain = load(Path(__file__).parent / "histories" / "replay-sync__0.json")
+    assert any(e.HasField("workflow_execution_continued_as_new_event_attributes") for e in chain.events)
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+async def test_a_recorded_run_replays_on_todays_workflow_code(path: Path) -> None:
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(load(path))  # raises on any nondeterminism
+
+
+@workflow.defn(name="TrainingRun", sandboxed=False)  # defined in a test module
+class ChangedTrainingRun:
+    """A TrainingRun that would start differently: the first command is a timer, not the recorded activity."""
+
+    @workflow.run
+    async def run(self, spec: RunSpec, state: object = None) -> None:
+        await workflow.sleep(1)
+
+
+async def test_a_workflow_that_takes_another_path_fails_the_replay() -> None:
+    replayer = Replayer(workflows=[ChangedTrainingRun], data_converter=pydantic_data_converter)
+    with pytest.raises(NondeterminismError):
+        await replayer.replay_workflow(load(Path(__file__).parent / "histories" / "replay-sync__0.json"))
