@@ -1,0 +1,90 @@
+"""A run on a cluster whose hosts share nothing but Temporal and S3 (tests/cluster/netns.py): host 1 runs the
+stack, hosts 2-4 a control, an inference and a trainer worker started as ``dgrpo worker ROLE`` (what
+deploy/cluster/compose.yaml runs), host 5 the client. Each host has its own address, hostname, /tmp and
+directories, and cannot see another's files."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from netns import Cluster, Host, wait_for
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+PYTHON = sys.executable
+ROLES = ("control", "inference", "trainer")
+STEPS = 2
+
+
+def healthy(host: Host, role: str, env: dict[str, str]) -> bool:
+    """The worker's own health probe (deploy/k8s's readiness probe), run on its host."""
+    try:
+        host.run([PYTHON, "-m", "workers.health", role], env, timeout=30, cwd=REPO)
+    except (RuntimeError, TimeoutError):
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
+    with Cluster(["stack", *ROLES, "client"]) as c:
+        stack = c["stack"]
+        env_file = stack.root / "stack-env.json"
+        stack.spawn(
+            [PYTHON, str(HERE / "stack_host.py"), stack.address, str(env_file)], {}, stack.root / "stack.log"
+        )
+        wait_for(env_file.exists, "the stack host's Temporal and S3 answering")
+        env = json.loads(env_file.read_text())
+        env["PYTHONPATH"] = str(REPO)
+        for role in ROLES:
+            c[role].spawn(
+                [PYTHON, "-m", "dgrpo.cli", "worker", role], env, c[role].root / "worker.log", cwd=REPO
+            )
+        for role in ROLES:
+            wait_for(lambda r=role: healthy(c[r], r, env), f"the {role} worker polling Temporal", timeout=300)
+        yield c, env
+
+
+def logs(c: Cluster) -> str:
+    out = []
+    for host in c.hosts.values():
+        for log in host.root.glob("*.log"):
+            out.append(f"--- {host.name}: {log.name}\n" + log.read_text(errors="replace")[-3000:])
+    return "\n".join(out)
+
+
+def test_hosts_see_neither_each_others_files_nor_the_machines_tmp(
+    cluster: tuple[Cluster, dict[str, str]],
+) -> None:
+    c, env = cluster
+    (c["trainer"].root / "written-by-trainer").write_text("x")
+    look = ["sh", "-c", f"ls -A {c['trainer'].root} /tmp"]
+    assert "written-by-trainer" in c["trainer"].run(look, env, timeout=30)
+    assert c["inference"].run(look, env, timeout=30).split() == ["/tmp:", f"{c['trainer'].root}:"]
+
+
+def test_a_run_completes_on_workers_that_share_nothing_but_temporal_and_s3(
+    cluster: tuple[Cluster, dict[str, str]],
+) -> None:
+    c, env = cluster
+    run_id = f"cluster-{uuid.uuid4().hex[:6]}"
+    try:
+        out = c["client"].run(
+            [PYTHON, str(HERE / "client.py"), run_id, str(STEPS)], env, timeout=900, cwd=REPO
+        )
+    except (RuntimeError, TimeoutError) as err:
+        raise AssertionError(f"{err}\n{logs(c)}") from err
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["phase"] == "done" and report["step"] == STEPS, logs(c)
+    assert [h["step"] for h in report["history"]] == list(range(1, STEPS + 1))
+    assert all(h["n_trajectories"] == 8 for h in report["history"])
+    assert report["trajectories"] == [True] * STEPS
+    assert report["manifests"] == [True] * (STEPS + 1)
+    for role in ROLES:
+        assert all(p.poll() is None for p in c[role].processes), f"{role} worker died:\n{logs(c)}"
