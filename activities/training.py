@@ -56,7 +56,7 @@ from activities.checkpoints import (
 from activities.errors import application_error
 from activities.object_store import ObjectStore
 from activities.tokenize import TrainSequence, build_sequences
-from activities.trainer import StepStats, Trainer
+from activities.trainer import StepStats, Trainer, check_finite_adapter
 from host.files import write_json_atomic
 from schemas import layout
 from schemas.activities import (
@@ -371,6 +371,7 @@ class TrainerActivities:
                 f"{staged} does not exist on trainer {self.worker_id}; train step {inp.step} again"
             )
         state = read_trainer_state(staged)
+        check_finite_adapter(staged)
         ref = publish_staged(self.store, staged, inp.run_id, inp.step, {**state.model_dump(), **inp.metrics})
         with self._lock:
             if self._memory == (inp.run_id, inp.step):
@@ -390,6 +391,7 @@ class TrainerActivities:
                 staging_dir(self.staging_root, inp.run_id, 0), trainer.save_state, state, {}
             )
             self._memory, self._memory_sha = (inp.run_id, 0), None
+        check_finite_adapter(staged)
         ref = publish_staged(self.store, staged, inp.run_id, 0, state.model_dump())
         with self._lock:
             if self._memory == (inp.run_id, 0):
