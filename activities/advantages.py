@@ -145,7 +145,7 @@ def compute_step_advantages(groups: Sequence[TrajectoryGroup], config: TrainConf
     return StepAdvantages(kept, advantages, len(groups), dropped)
 
 
-def read_step_table(store: ObjectStore | None, ref: ObjectRef) -> pa.Table:
+def read_step_table(store: ObjectStore, ref: ObjectRef) -> pa.Table:
     """The Arrow table behind a trajectories/advantages ref, verified against its recorded sha256."""
     return trajectory_store.read_ref(store, ref)
 

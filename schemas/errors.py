@@ -76,6 +76,11 @@ class StoreAuthError(StoreError):
     failure_type = STORE_AUTH
 
 
+class ForeignObjectError(DgrpoError, ValueError):
+    """A ref names something outside the worker's object store (a local file, another bucket, another
+    scheme): a worker reads only its own store's objects."""
+
+
 class CorruptCheckpointError(DgrpoError):
     """A checkpoint is incomplete (no manifest) or corrupt (sha256 mismatch)."""
 
