@@ -76,6 +76,10 @@ class StoreAuthError(StoreError):
     failure_type = STORE_AUTH
 
 
+class CheckpointMismatchError(RunSpecError):
+    """A run's newest checkpoint was trained for another base model or LoRA shape than its spec says."""
+
+
 class ForeignObjectError(DgrpoError, ValueError):
     """A ref names something outside the worker's object store (a local file, another bucket, another
     scheme): a worker reads only its own store's objects."""
