@@ -434,6 +434,10 @@ ROWS = [
         ]
     ),
     # --- sampling logprobs: finite and within [-60, 0], the offending token named; nothing written
+    Row("rollout-logprob-placeholder", "inference", "rollouts",
+        lambda h: rollouts_input(f"{TASKS}:rollout", f"{TASKS}:placeholder_logprob_scenarios"),
+        BAD_LOGPROB, ("(scenario 'broken'), trajectory 0, choice 0, token 0 has sampling logprob -9999.0",
+                      "placeholder")),
     *(
         Row(f"uploaded-logprob-{kind}", "control", "compute_advantages",
             lambda h, kind=kind: advantages_input(h.bad_scored[f"logprob-{kind}"]),
