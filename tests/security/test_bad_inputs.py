@@ -34,10 +34,10 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.object_store import ObjectStore
 from activities.trajectory_store import upload_groups
-from schemas.activities import AdvantagesInput, JudgeInput, RolloutsInput
+from schemas.activities import AdvantagesInput, JudgeInput, ReloadInput, RolloutsInput
 from schemas.config import JudgeConfig, TaskQueues, TaskSpec, TrainConfig
 from schemas.errors import BAD_LOGPROB, BAD_REWARD, CONFIG_ERROR, TASK_IMPORT
-from schemas.refs import TrajectoriesRef
+from schemas.refs import CheckpointRef, TrajectoriesRef
 from schemas.settings import ENV_HOME, ENV_S3_BUCKET, ENV_S3_SECRET_KEY, S3Settings
 from schemas.trajectory import Choice, ChoiceLogprobs, TokenLogprob, Trajectory, TrajectoryGroup
 from workers.launcher import WorkerProcess
@@ -432,6 +432,15 @@ ROWS = [
              "s3://someone-elses/runs/x/steps/000001/trajectories.parquet"),
             ("judge", lambda h: judge_input(h, kind="ruler"), "file-worker-home", "file:///etc/hostname"),
         ]
+    ),
+    *(
+        Row(f"reload-checkpoint-{label}", "inference", "reload",
+            lambda h, uri=uri: ReloadInput(
+                model_name="agent",
+                checkpoint=CheckpointRef(run_id=RUN, step=1, uri=uri, manifest_sha256="0" * 64),
+            ),
+            CONFIG_ERROR, (f"{uri} is not in this worker's object store", "upload the file there"))
+        for label, uri in [("file-etc", "file:///etc/"), ("other-bucket", "s3://someone-elses/runs/x/000001/")]
     ),
     # --- sampling logprobs: finite and within [-60, 0], the offending token named; nothing written
     Row("rollout-logprob-placeholder", "inference", "rollouts",
