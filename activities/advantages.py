@@ -26,7 +26,7 @@ from activities.object_store import ObjectStore
 from schemas import layout
 from schemas.activities import ActivityName, AdvantagesInput, AdvantagesResult
 from schemas.config import TrainConfig
-from schemas.errors import BadRewardError
+from schemas.errors import BadLogprobError, BadRewardError
 from schemas.refs import ObjectRef
 from schemas.trajectory import TrajectoryGroup
 
@@ -38,6 +38,22 @@ MAX_ABS_REWARD = 1e6
 """Larger rewards are refused: they are a reward function's bug, and squared they overflow the std."""
 
 
+MIN_SAMPLING_LOGPROB = -60.0
+"""Lower sampling logprobs are refused. vLLM and our engine return ``log_softmax`` of fp32 logits, and no
+sampler draws a token of probability e^-60 (~1e-26); OpenAI's placeholder for "no value" is -9999. Above
+this bound the importance ratio ``exp(logprob - sampling_logprob)`` stays finite in fp32 (it overflows past
+e^88), so one bad number cannot turn a step's loss into inf."""
+MAX_SAMPLING_LOGPROB = 1e-3
+"""A log-probability is at most 0; this much above it is rounding."""
+
+
+def _group_label(group: TrajectoryGroup, g: int) -> str:
+    """``group <g>`` and its scenario, as an error names it."""
+    scenario = group.metadata.get("scenario_id")
+    scenario = group.metadata.get("scenario_index") if scenario is None else scenario
+    return f"group {g}" + (f" (scenario {scenario!r})" if scenario is not None else "")
+
+
 def check_rewards(groups: Sequence[TrajectoryGroup], source: str) -> None:
     """Raise ``BadRewardError`` naming the first trajectory whose reward is NaN, infinite or beyond
     ``MAX_ABS_REWARD`` (group and trajectory are 0-based indices in the step's file)."""
@@ -46,13 +62,35 @@ def check_rewards(groups: Sequence[TrajectoryGroup], source: str) -> None:
             reward = trajectory.reward
             if math.isfinite(reward) and abs(reward) <= MAX_ABS_REWARD:
                 continue
-            scenario = group.metadata.get("scenario_id")
-            scenario = group.metadata.get("scenario_index") if scenario is None else scenario
-            where = f"group {g}" + (f" (scenario {scenario!r})" if scenario is not None else "")
             raise BadRewardError(
-                f"{source}: {where}, trajectory {i} has reward {reward!r}; a reward must be a finite number "
-                f"with |reward| <= {MAX_ABS_REWARD:g}; fix the function that sets it"
+                f"{source}: {_group_label(group, g)}, trajectory {i} has reward {reward!r}; a reward must be a "
+                f"finite number with |reward| <= {MAX_ABS_REWARD:g}; fix the function that sets it"
             )
+
+
+def check_logprobs(groups: Sequence[TrajectoryGroup], source: str) -> None:
+    """Raise ``BadLogprobError`` naming the first trajectory with a sampling logprob (of a choice's sampled
+    tokens) that is NaN, infinite or outside ``[MIN_SAMPLING_LOGPROB, MAX_SAMPLING_LOGPROB]``."""
+    for g, group in enumerate(groups):
+        for i, trajectory in enumerate(group.trajectories):
+            for c, choice in enumerate(trajectory.choices()):
+                for t, logprob in enumerate(choice.sampled_logprobs() or ()):
+                    if MIN_SAMPLING_LOGPROB <= logprob <= MAX_SAMPLING_LOGPROB:  # False for NaN
+                        continue
+                    raise BadLogprobError(
+                        f"{source}: {_group_label(group, g)}, trajectory {i}, choice {c}, token {t} has "
+                        f"sampling logprob {logprob!r}; a sampled token's logprob must be finite and within "
+                        f"[{MIN_SAMPLING_LOGPROB:g}, 0] (-9999 is a server's placeholder, not a value); "
+                        "send the logprobs the server returned for the sampled tokens, or none (logprobs=None "
+                        "trains that choice with ratio 1)"
+                    )
+
+
+def check_numbers(groups: Sequence[TrajectoryGroup], source: str) -> None:
+    """Every reward and sampling logprob of ``groups`` checked before it counts (``check_rewards``,
+    ``check_logprobs``)."""
+    check_rewards(groups, source)
+    check_logprobs(groups, source)
 
 
 def group_advantages(rewards: Sequence[float], scale: bool = True, eps: float = 1e-6) -> list[float] | None:
@@ -87,8 +125,9 @@ class StepAdvantages:
 
 
 def compute_step_advantages(groups: Sequence[TrajectoryGroup], config: TrainConfig) -> StepAdvantages:
-    """Advantages for every group of a step; pure (no I/O). A bad reward raises ``BadRewardError``."""
-    check_rewards(groups, "the step's scored trajectories")
+    """Advantages for every group of a step; pure (no I/O). A bad reward raises ``BadRewardError``, a bad
+    sampling logprob ``BadLogprobError``."""
+    check_numbers(groups, "the step's scored trajectories")
     kept: list[TrajectoryGroup] = []
     advantages: list[list[float]] = []
     dropped = 0
@@ -106,7 +145,7 @@ def compute_step_advantages(groups: Sequence[TrajectoryGroup], config: TrainConf
     return StepAdvantages(kept, advantages, len(groups), dropped)
 
 
-def read_step_table(store: ObjectStore | None, ref: ObjectRef) -> pa.Table:
+def read_step_table(store: ObjectStore, ref: ObjectRef) -> pa.Table:
     """The Arrow table behind a trajectories/advantages ref, verified against its recorded sha256."""
     return trajectory_store.read_ref(store, ref)
 
@@ -127,7 +166,7 @@ class AdvantagesActivities:
         groups = trajectory_store.table_to_groups(read_step_table(self.store, ref), ref.uri)
         try:
             step = compute_step_advantages(groups, inp.train)
-        except BadRewardError as err:
+        except (BadRewardError, BadLogprobError) as err:
             raise ApplicationError(f"{ref.uri}: {err}", type=err.failure_type, non_retryable=True) from err
         written = trajectory_store.upload_groups(
             self.store,

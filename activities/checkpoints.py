@@ -27,7 +27,8 @@ from pydantic import BaseModel, ConfigDict
 from activities.object_store import ObjectStore, sha256_file
 from host.files import write_json_atomic
 from schemas import layout
-from schemas.errors import CorruptCheckpointError, UnsafePathError
+from schemas.config import ModelSpec
+from schemas.errors import CheckpointMismatchError, CorruptCheckpointError, UnsafePathError
 from schemas.refs import CheckpointRef
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class TrainerState(BaseModel):
     micro_batch_size: int | None = None
     """The micro-batch the step finished with (None at step 0)."""
     worker_id: str = ""
+    lora: dict[str, Any] | None = None
+    """The run's ``model.lora`` the adapter was trained with (None in checkpoints written before it was kept)."""
 
 
 class OomState(BaseModel):
@@ -121,6 +124,28 @@ def stage_checkpoint(
 
 def read_trainer_state(directory: str | Path) -> TrainerState:
     return TrainerState.model_validate_json((Path(directory) / TRAINER_STATE_FILE).read_text())
+
+
+def published_trainer_state(store: ObjectStore, ref: CheckpointRef) -> TrainerState:
+    """``trainer_state.json`` of a published checkpoint, read from the store (a few hundred bytes)."""
+    return TrainerState.model_validate_json(store.get_bytes(ref.uri + TRAINER_STATE_FILE))
+
+
+def check_checkpoint_fits(state: TrainerState, model: ModelSpec, where: str) -> None:
+    """Raise ``CheckpointMismatchError`` when checkpoint ``where`` was trained for another base model or LoRA
+    shape than ``model`` (the run's spec), naming each: resuming it would train (or fail on) the wrong one."""
+    differ = []
+    if state.base_model != model.base_model:
+        differ.append(f"base_model {state.base_model!r} (the spec says {model.base_model!r})")
+    spec_lora = model.lora.model_dump(mode="json")
+    if state.lora is not None and state.lora != spec_lora:
+        differ.append(f"lora {state.lora} (the spec says {spec_lora})")
+    if differ:
+        raise CheckpointMismatchError(
+            f"checkpoint {where} (step {state.step} of run {state.run_id}) was trained with "
+            f"{' and '.join(differ)}; resume the run with the spec it was trained with, or start this spec "
+            "under another run_id"
+        )
 
 
 def publish_staged(

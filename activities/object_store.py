@@ -26,7 +26,7 @@ from minio.error import S3Error
 
 from schemas import layout
 from schemas import settings as env_names
-from schemas.errors import CorruptCheckpointError, StoreAuthError, StoreError
+from schemas.errors import CorruptCheckpointError, ForeignObjectError, StoreAuthError, StoreError
 from schemas.refs import CheckpointRef, Manifest, ManifestEntry, ObjectRef
 from schemas.settings import S3Settings
 
@@ -113,12 +113,20 @@ class ObjectStore:
         return f"s3://{self.bucket}/{key}"
 
     def key(self, key_or_uri: str) -> str:
-        """Accept a key or an ``s3://`` URI of this bucket; return the key."""
-        if not key_or_uri.startswith("s3://"):
+        """Accept a key or an ``s3://`` URI of this bucket; return the key. Any other URI (``file://``, another
+        bucket) raises ``ForeignObjectError``: whatever a workflow input names, a worker reads only its store."""
+        if "://" not in key_or_uri:
             return key_or_uri
-        bucket, key = parse_uri(key_or_uri)
-        if bucket != self.bucket:
-            raise StoreError(f"{key_or_uri} is in bucket {bucket!r}, but this store uses {self.bucket!r}")
+        try:
+            bucket, key = parse_uri(key_or_uri)
+        except ValueError:
+            bucket, key = "", ""
+        if bucket != self.bucket or not key:
+            raise ForeignObjectError(
+                f"{key_or_uri[:200]} is not in this worker's object store (s3://{self.bucket}/): a worker reads "
+                "only its own store's objects; upload the file there (model.train and "
+                "trajectory_store.upload_groups do) and pass the s3:// URI they return"
+            )
         return key
 
     @contextmanager

@@ -13,8 +13,8 @@ shards it took.
 Task code is the inference worker's operator's: it is imported only from the packages the worker was
 started with (``dgrpo worker --task-module``, ``$DGRPO_TASK_MODULES``, default ``examples.``), checked
 before the import runs any of it; scenario files are read only from under the worker's working
-directory. A reward that is not finite or beyond ``MAX_ABS_REWARD`` fails the step before anything is
-stored, naming the trajectory.
+directory. A reward that is not finite or beyond ``MAX_ABS_REWARD``, or a sampling logprob outside
+``[MIN_SAMPLING_LOGPROB, 0]``, fails the step before anything is stored, naming the trajectory.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pydantic import BaseModel, ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.advantages import check_rewards
+from activities.advantages import check_numbers
 from activities.object_store import ObjectStore
 from activities.rollout_model import RolloutModel, discover_base_model, own_server_api_key
 from activities.serving import ServingActivities
@@ -408,8 +408,8 @@ class RolloutActivities:
             for model in models:
                 await model.aclose()
         try:
-            check_rewards(groups, f"rollout {input.task.rollout}")
-        except DgrpoError as err:  # nothing is written: a bad reward never reaches the store
+            check_numbers(groups, f"rollout {input.task.rollout}")
+        except DgrpoError as err:  # nothing is written: a bad reward or logprob never reaches the store
             raise ApplicationError(str(err), type=err.failure_type, non_retryable=True) from err
         key = rollout_shard_key(input.run_id, input.step, input.shard) if input.shards > 1 else None
         return await asyncio.to_thread(upload_groups, self.store, groups, input.run_id, input.step, key=key)

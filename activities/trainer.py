@@ -37,6 +37,7 @@ from activities.tokenize import TrainSequence
 from base_models.resolve import pad_token_id, resolve_base_model
 from host.cpu_share import CpuShare
 from schemas.config import ModelSpec, TrainConfig
+from schemas.errors import NonFiniteUpdateError
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,31 @@ def token_weights(sequences: list[TrainSequence], length_weighting: bool) -> lis
         w = 1.0 / per_traj[s.trajectory_index] if length_weighting else 1.0
         out.append([w if t else 0.0 for t in s.trainable])
     return out
+
+
+def check_finite_update(step: int, loss: float, grad_norm: float) -> None:
+    """Raise ``NonFiniteUpdateError`` unless the step's loss and gradient norm are finite: called before
+    ``optimizer.step()``, so a NaN or inf never reaches the adapter (or its optimizer state)."""
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        return
+    raise NonFiniteUpdateError(
+        f"step {step}: loss {loss!r}, gradient norm {grad_norm!r}; the update is not finite and was not "
+        "applied (nothing is published). A sampling logprob far below the policy's, a huge advantage or a "
+        "too-high learning_rate does this: check the step's trajectories and train config"
+    )
+
+
+def check_finite_adapter(directory: str | Path) -> None:
+    """Raise ``NonFiniteUpdateError`` naming the first tensor of ``directory``'s adapter that holds a NaN or
+    an inf (checked before a checkpoint is published)."""
+    weights = load_file(str(Path(directory) / ADAPTER_WEIGHTS))
+    for name, tensor in weights.items():
+        if not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise NonFiniteUpdateError(
+                f"{directory}: adapter tensor {name} holds {bad} NaN or infinite value(s) of {tensor.numel()}; "
+                "a checkpoint with non-finite weights is never published"
+            )
 
 
 class Trainer:
@@ -329,6 +355,7 @@ class Trainer:
                     if progress is not None:
                         progress(index + 1, len(micro_batches), micro_batch_size)
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm))
+                check_finite_update(step, sums["loss"], grad_norm)
                 self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         n_trainable = sum(s.n_trainable for s in sequences)

@@ -44,6 +44,7 @@ from activities.advantages import read_step_table
 from activities.checkpoints import (
     OomState,
     TrainerState,
+    check_checkpoint_fits,
     download_checkpoint,
     oom_state_file,
     publish_staged,
@@ -56,7 +57,7 @@ from activities.checkpoints import (
 from activities.errors import application_error
 from activities.object_store import ObjectStore
 from activities.tokenize import TrainSequence, build_sequences
-from activities.trainer import StepStats, Trainer
+from activities.trainer import StepStats, Trainer, check_finite_adapter
 from host.files import write_json_atomic
 from schemas import layout
 from schemas.activities import (
@@ -285,6 +286,7 @@ class TrainerActivities:
             return  # the warm trainer holds exactly this checkpoint (it trained and published it)
         local = run_dir(self.staging_root, inp.run_id) / ".inputs" / layout.step_name(ref.step)
         download_checkpoint(self.store, ref, local)
+        check_checkpoint_fits(read_trainer_state(local), inp.model, ref.uri)
         trainer.load_state(local)
 
     def train_sync(
@@ -329,6 +331,7 @@ class TrainerActivities:
                 seed=inp.train.seed,
                 micro_batch_size=micro_batch,
                 worker_id=self.worker_id,
+                lora=inp.model.lora.model_dump(mode="json"),
             )
             staged = stage_checkpoint(
                 staging_dir(self.staging_root, inp.run_id, inp.step), trainer.save_state, state, metrics
@@ -371,6 +374,7 @@ class TrainerActivities:
                 f"{staged} does not exist on trainer {self.worker_id}; train step {inp.step} again"
             )
         state = read_trainer_state(staged)
+        check_finite_adapter(staged)
         ref = publish_staged(self.store, staged, inp.run_id, inp.step, {**state.model_dump(), **inp.metrics})
         with self._lock:
             if self._memory == (inp.run_id, inp.step):
@@ -385,11 +389,18 @@ class TrainerActivities:
         with self._lock:
             trainer = self.trainer_for(inp.model, "fp32")
             trainer.init_adapter(inp.seed)
-            state = TrainerState(run_id=inp.run_id, step=0, base_model=inp.model.base_model, seed=inp.seed)
+            state = TrainerState(
+                run_id=inp.run_id,
+                step=0,
+                base_model=inp.model.base_model,
+                seed=inp.seed,
+                lora=inp.model.lora.model_dump(mode="json"),
+            )
             staged = stage_checkpoint(
                 staging_dir(self.staging_root, inp.run_id, 0), trainer.save_state, state, {}
             )
             self._memory, self._memory_sha = (inp.run_id, 0), None
+        check_finite_adapter(staged)
         ref = publish_staged(self.store, staged, inp.run_id, 0, state.model_dump())
         with self._lock:
             if self._memory == (inp.run_id, 0):

@@ -320,15 +320,11 @@ def download_table(store: ObjectStore, key_or_uri: str, columns: Sequence[str] |
     return _read_table(pa.BufferReader(data), store.uri(store.key(key_or_uri)), columns)
 
 
-def read_ref(store: ObjectStore | None, ref: ObjectRef, columns: Sequence[str] | None = None) -> pa.Table:
-    """The table behind ``ref`` (``s3://`` through ``store``, or ``file://``), refused unless its bytes are
-    the ones recorded when it was written: a late attempt that overwrote the file is caught here."""
-    if ref.uri.startswith("file://"):
-        data = Path(url2pathname(urlparse(ref.uri).path)).read_bytes()
-    elif store is None:
-        raise ValueError(f"{ref.uri} is in an object store, but no store was given")
-    else:
-        data = store.get_bytes(ref.uri)
+def read_ref(store: ObjectStore, ref: ObjectRef, columns: Sequence[str] | None = None) -> pa.Table:
+    """The table behind ``ref``, an object of ``store`` (any other URI, ``file://`` included, raises
+    ``ForeignObjectError``), refused unless its bytes are the ones recorded when it was written: a late
+    attempt that overwrote the file is caught here."""
+    data = store.get_bytes(ref.uri)
     sha256 = hashlib.sha256(data).hexdigest()
     if sha256 != ref.sha256 or len(data) != ref.size:
         raise CorruptTrajectoriesError(
@@ -338,7 +334,7 @@ def read_ref(store: ObjectStore | None, ref: ObjectRef, columns: Sequence[str] |
     return _read_table(pa.BufferReader(data), ref.uri, columns)
 
 
-def read_ref_groups(store: ObjectStore | None, ref: ObjectRef) -> list[TrajectoryGroup]:
+def read_ref_groups(store: ObjectStore, ref: ObjectRef) -> list[TrajectoryGroup]:
     """The groups behind ``ref``, verified as ``read_ref`` does."""
     return table_to_groups(read_ref(store, ref, GROUP_COLUMNS), ref.uri)
 

@@ -1,7 +1,7 @@
 """``Model``: ART's ``art.Model``, a model the client runs but does not train (a baseline, a judge), and
 the base of ``TrainableModel`` (dgrpo/trainable_model.py): naming, the OpenAI client, ``log``.
 
-A model's records live under ``runs/<project>-<name>/`` in the object store, like a ``TrainingRun``'s.
+A model's records live under ``runs/<project>-<name>/`` in the object store (``Model.run_id``), like a ``TrainingRun``'s.
 """
 
 from __future__ import annotations
@@ -72,9 +72,12 @@ class Model:
 
     @property
     def run_id(self) -> str:
-        """Where the model's records live in the object store: ``runs/<project>-<name>/``."""
-        run_id = f"{self.project}-{self.name}"
-        if not re.fullmatch(NAME_PATTERN, run_id):
+        """Where the model's records live in the object store: ``runs/<project>-<name>/``, each ``-`` of the
+        project doubled, so no two (project, name) pairs share one: ``rl``/``math-agent`` is ``rl-math-agent``,
+        ``rl-math``/``agent`` is ``rl--math-agent`` (the first lone ``-`` ends the project; a name starts with
+        a letter or digit)."""
+        run_id = f"{self.project.replace('-', '--')}-{self.name}"
+        if not re.fullmatch(NAME_PATTERN, run_id) or not re.fullmatch(NAME_PATTERN, self.name):
             raise RunSpecError(
                 f"model name {self.name!r} in project {self.project!r} cannot name a run ({run_id!r} must match "
                 f"{NAME_PATTERN}); give the endpoint's model id as inference_model_name= and a plain name="

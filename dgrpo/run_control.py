@@ -6,11 +6,18 @@ import asyncio
 import json
 from collections.abc import Callable
 
-from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowQueryFailedError
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+)
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.checkpoints import check_checkpoint_fits, published_trainer_state
 from activities.object_store import ObjectStore
+from dgrpo.attach import started_input
 from schemas.config import RunSpec, parse_run_spec
 from schemas.errors import DgrpoError, RunSpecError
 from schemas.layout import spec_key
@@ -22,6 +29,10 @@ from workflows.training_run import TrainingRun
 
 class RunNotFoundError(DgrpoError, LookupError):
     """No workflow, and no stored spec, for this run id."""
+
+
+class RunAlreadyRunningError(DgrpoError, RuntimeError):
+    """A run was started under the id of a run that is still running."""
 
 
 def store_for(spec: RunSpec) -> ObjectStore:
@@ -38,17 +49,26 @@ def store_for(spec: RunSpec) -> ObjectStore:
 async def start_run(
     client: Client, spec: RunSpec, store: ObjectStore | None = None
 ) -> WorkflowHandle[TrainingRun, RunStatus]:
-    """Keep the spec in the object store (``runs/<run>/spec.json``), then start the workflow.
+    """Start the workflow, then keep the spec in the object store (``runs/<run>/spec.json``): a start that
+    fails (the run id is already running) leaves the stored spec as it was.
 
     The workflow id is the run id: starting a run whose earlier workflow was terminated, failed or whose
     stack died resumes it from its newest checkpoint.
     """
     store = store or store_for(spec)
     await asyncio.to_thread(store.ensure_bucket)
+    try:
+        handle = await client.start_workflow(
+            TrainingRun.run, spec, id=spec.run_id, task_queue=spec.task_queues.control
+        )
+    except WorkflowAlreadyStartedError as err:
+        raise RunAlreadyRunningError(
+            f"run {spec.run_id!r} is already running; its stored spec is unchanged. Watch it with "
+            f"`dgrpo status {spec.run_id} --watch`, stop it first (`dgrpo stop {spec.run_id}`), or give this "
+            "spec another run_id"
+        ) from err
     await asyncio.to_thread(store.put_bytes, spec_key(spec.run_id), spec.model_dump_json(indent=2).encode())
-    return await client.start_workflow(
-        TrainingRun.run, spec, id=spec.run_id, task_queue=spec.task_queues.control
-    )
+    return handle
 
 
 def handle_of(client: Client, run_id: str) -> WorkflowHandle[TrainingRun, RunStatus]:
@@ -72,23 +92,26 @@ async def stored_spec(client: Client, run_id: str, store: ObjectStore | None = N
     if await asyncio.to_thread(store.exists, key):
         data = json.loads(await asyncio.to_thread(store.get_bytes, key))
         return parse_run_spec(data, store.uri(key))
-    try:
-        async for event in client.get_workflow_handle(run_id).fetch_history_events():
-            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
-                payload = event.workflow_execution_started_event_attributes.input.payloads[0]
-                return parse_run_spec(json.loads(payload.data), f"workflow {run_id} input")
-    except RPCError as err:
-        if err.status != RPCStatusCode.NOT_FOUND:
-            raise
+    data = await started_input(client.get_workflow_handle(run_id))
+    if data is not None:
+        return parse_run_spec(data, f"workflow {run_id} input")
     raise RunNotFoundError(f"no run {run_id!r}: neither a workflow nor {store.uri(key)} exists")
 
 
-async def resume_run(client: Client, run_id: str) -> tuple[str, RunStatus | None]:
-    """Resume a paused run, or restart a terminated/failed/dead one from its newest checkpoint."""
+async def resume_run(
+    client: Client, run_id: str, store: ObjectStore | None = None
+) -> tuple[str, RunStatus | None]:
+    """Resume a paused run, or restart a terminated/failed/dead one from its newest checkpoint, refused when
+    that checkpoint was trained for another base model or LoRA shape than the stored spec says."""
     if await is_running(client, run_id):
         return "resumed", await handle_of(client, run_id).execute_update(TrainingRun.resume)
-    spec = await stored_spec(client, run_id)
-    await start_run(client, spec)
+    store = store or ObjectStore.from_env()
+    spec = await stored_spec(client, run_id, store)
+    newest = await asyncio.to_thread(store.latest_checkpoint, run_id)
+    if newest is not None:
+        state = await asyncio.to_thread(published_trainer_state, store, newest)
+        check_checkpoint_fits(state, spec.model, newest.uri)
+    await start_run(client, spec, store)
     return "restarted", None
 
 

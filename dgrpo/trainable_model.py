@@ -1,6 +1,6 @@
 """``TrainableModel``: ART's trainable model, with every ``model.train`` a durable ``TrainStep`` workflow.
 
-The model's run id is ``<project>-<name>``; its trajectories and checkpoints live under ``runs/<run_id>/``
+The model's run id is ``<project>-<name>`` (a ``-`` in the project doubled, see ``Model.run_id``); its trajectories and checkpoints live under ``runs/<run_id>/``
 like a ``TrainingRun``'s. ``train`` derives the workflow id from the model and the step, so a client that
 crashed and calls ``train`` again for the same step attaches to the running workflow (or collects the
 finished one's result) instead of training twice.
@@ -25,6 +25,7 @@ from activities.retention import delete_checkpoints, select_checkpoints_to_delet
 from activities.rollout_model import discover_base_model, own_server_api_key
 from activities.trajectory_store import upload_groups
 from dgrpo.art_config import lora_from_internal_config, train_config_fields
+from dgrpo.attach import check_train_step
 from dgrpo.backends import Backend
 from dgrpo.errors import (
     BackendError,
@@ -213,7 +214,7 @@ class TrainableModel(Model):
     # ---- training ---------------------------------------------------------------------------------
     def train_workflow_id(self, step: int) -> str:
         """The ``TrainStep`` workflow id of ``step``: one workflow per (model, step), ever."""
-        return f"train-{self.project}-{self.name}-{layout.step_name(step)}"
+        return f"train-{self.run_id}-{layout.step_name(step)}"
 
     async def train(
         self,
@@ -241,7 +242,8 @@ class TrainableModel(Model):
         step = self._step + 1
         handle = client.get_workflow_handle(self.train_workflow_id(step), result_type=TrainStepResult)
         if await _status(handle) in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED):
-            # Its input is already uploaded: attach, and never overwrite the trajectories it reads.
+            # Its input is already uploaded: attach (when it is this model's), never overwrite what it reads.
+            await check_train_step(handle, self.run_id, self.spec, config)
             log.info("step %d: attaching to %s", step, handle.id)
             result = await self._result(handle)
         else:

@@ -27,6 +27,11 @@ CORRUPT_LOCAL_COPY = "CorruptLocalCopy"
 """A worker's downloaded copy of a checkpoint failed verification; the retry downloads it again."""
 BAD_REWARD = "BadReward"
 """A reward is NaN, infinite or too large; the message names the group and trajectory."""
+BAD_LOGPROB = "BadLogprob"
+"""A sampling logprob is NaN, infinite or outside the range a sampler returns; the message names the group
+and trajectory."""
+NON_FINITE_UPDATE = "NonFiniteUpdate"
+"""A step's loss, gradient norm or adapter weights are NaN or infinite: the update is refused, never published."""
 
 RETRYABLE: dict[str, bool] = {
     CONFIG_ERROR: False,
@@ -38,6 +43,8 @@ RETRYABLE: dict[str, bool] = {
     ROLLOUT_FAILED: True,
     TASK_IMPORT: False,
     BAD_REWARD: False,
+    BAD_LOGPROB: False,
+    NON_FINITE_UPDATE: False,
 }
 """Every failure type, and whether another attempt can help."""
 NON_RETRYABLE: tuple[str, ...] = tuple(name for name, retry in RETRYABLE.items() if not retry)
@@ -69,6 +76,15 @@ class StoreAuthError(StoreError):
     failure_type = STORE_AUTH
 
 
+class CheckpointMismatchError(RunSpecError):
+    """A run's newest checkpoint was trained for another base model or LoRA shape than its spec says."""
+
+
+class ForeignObjectError(DgrpoError, ValueError):
+    """A ref names something outside the worker's object store (a local file, another bucket, another
+    scheme): a worker reads only its own store's objects."""
+
+
 class CorruptCheckpointError(DgrpoError):
     """A checkpoint is incomplete (no manifest) or corrupt (sha256 mismatch)."""
 
@@ -97,3 +113,15 @@ class BadRewardError(DgrpoError, ValueError):
     """A trajectory's reward is not finite or beyond the allowed magnitude."""
 
     failure_type = BAD_REWARD
+
+
+class BadLogprobError(DgrpoError, ValueError):
+    """A trajectory's sampling logprob is not finite or outside ``[MIN_SAMPLING_LOGPROB, 0]``."""
+
+    failure_type = BAD_LOGPROB
+
+
+class NonFiniteUpdateError(DgrpoError, ArithmeticError):
+    """A step's loss, gradient norm or adapter weights are not finite; nothing is applied or published."""
+
+    failure_type = NON_FINITE_UPDATE

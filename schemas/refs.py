@@ -25,7 +25,9 @@ class ObjectRef(_Strict):
     """One object in the store (or a local file), pinned by its content hash."""
 
     uri: str = Field(pattern=r"^(s3://[^/]+/.+|file://.+)$")
-    """``s3://bucket/key`` or ``file:///abs/path``."""
+    """``s3://bucket/key``, or ``file:///abs/path`` for a local copy a client wrote and reads itself
+    (``trajectory_store.write_groups``): a worker reads only its own store's ``s3://`` objects and refuses any
+    other URI with a ``ForeignObjectError`` (non-retryable), before it opens anything."""
     size: int = Field(ge=0)
     """Size in bytes."""
     sha256: str = Field(pattern=SHA256_PATTERN)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from activities import trajectory_store as ts
 from activities.object_store import ObjectStore
 from schemas import layout
-from schemas.errors import CorruptTrajectoriesError
+from schemas.errors import CorruptTrajectoriesError, ForeignObjectError
 from schemas.trajectory import (
     SCHEMA_VERSION,
     Choice,
@@ -261,9 +261,7 @@ def test_non_finite_rewards_survive() -> None:
     assert math.isnan(back[0].trajectories[0].reward) and back[0].trajectories[0].metrics["x"] == math.inf
 
 
-def test_a_file_overwritten_after_it_was_recorded_is_refused(
-    object_store: ObjectStore, tmp_path: Path
-) -> None:
+def test_a_file_overwritten_after_it_was_recorded_is_refused(object_store: ObjectStore) -> None:
     groups = sample_groups()
     ref = ts.upload_groups(object_store, groups, "run-late", 1).ref
     assert [len(g.trajectories) for g in ts.read_ref_groups(object_store, ref)] == [
@@ -273,8 +271,25 @@ def test_a_file_overwritten_after_it_was_recorded_is_refused(
     assert late.uri == ref.uri and late.sha256 != ref.sha256
     with pytest.raises(CorruptTrajectoriesError, match="overwritten after it was written"):
         ts.read_ref(object_store, ref)
-    local = ts.write_groups(groups, tmp_path / "t.parquet").ref
-    assert same(ts.read_ref_groups(None, local), groups)
-    (tmp_path / "t.parquet").write_bytes((tmp_path / "t.parquet").read_bytes()[:-1] + b"\0")
-    with pytest.raises(CorruptTrajectoriesError, match=local.sha256[:12]):
-        ts.read_ref(None, local)
+
+
+def test_a_ref_outside_the_store_is_refused_before_anything_is_read(
+    object_store: ObjectStore, tmp_path: Path
+) -> None:
+    """A worker reads only its own store: a ``file://`` ref (even to a real trajectories file, even one that
+    would pass the sha256 check) or another bucket's object is refused, non-retryably, naming the store."""
+    local = ts.write_groups(sample_groups(), tmp_path / "t.parquet").ref
+    other = ts.upload_groups(object_store, sample_groups(), "run-x", 1).ref
+    foreign = [
+        local,
+        local.model_copy(update={"uri": "file:///proc/self/environ"}),
+        other.model_copy(update={"uri": other.uri.replace(object_store.bucket, "someone-elses", 1)}),
+        other.model_copy(update={"uri": "http://169.254.169.254/latest/meta-data"}),
+    ]
+    for ref in foreign:
+        with pytest.raises(
+            ForeignObjectError, match=rf"not in this worker's object store \(s3://{object_store.bucket}/\)"
+        ) as err:
+            ts.read_ref_groups(object_store, ref)
+        assert not err.value.retryable
+        assert ref.sha256[:12] not in str(err.value)  # nothing about the file was read or reported

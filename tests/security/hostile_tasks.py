@@ -11,7 +11,7 @@ from asyncio import sleep as imported_sleep  # noqa: F401  (a coroutine function
 from os import getcwd  # noqa: F401  (a function defined elsewhere)
 from typing import Any
 
-from schemas.trajectory import Trajectory
+from schemas.trajectory import Choice, ChoiceLogprobs, TokenLogprob, Trajectory
 
 
 def scenarios() -> list[dict[str, Any]]:
@@ -38,6 +38,10 @@ def just_too_big_scenarios() -> list[dict[str, Any]]:
     return [{"id": "broken", "reward": 1_000_001.0}]
 
 
+def placeholder_logprob_scenarios() -> list[dict[str, Any]]:
+    return [{"id": "fine", "reward": 0.5}, {"id": "broken", "reward": 1.0, "logprob": -9999.0}]
+
+
 def raising_scenarios() -> list[dict[str, Any]]:
     raise RuntimeError("the scenario source is down")
 
@@ -54,11 +58,17 @@ class Scenarios:
 
 
 async def rollout(model: Any, scenario: dict[str, Any]) -> Trajectory:
-    """Returns the scenario's ``reward`` (a number or the string of one, such as ``"nan"``)."""
+    """Returns the scenario's ``reward`` (a number or the string of one, such as ``"nan"``); with a
+    ``logprob``, its answer is a choice the rollout built itself, sampled (it says) at that logprob."""
+    answer: Any = {"role": "assistant", "content": "done"}
+    if "logprob" in scenario:
+        answer = Choice(
+            message=answer,
+            token_ids=[100],
+            prompt_token_ids=[1, 2],
+            logprobs=ChoiceLogprobs(content=[TokenLogprob(token="done", logprob=float(scenario["logprob"]))]),
+        )
     return Trajectory(
-        messages_and_choices=[
-            {"role": "user", "content": f"scenario {scenario['id']}"},
-            {"role": "assistant", "content": "done"},
-        ],
+        messages_and_choices=[{"role": "user", "content": f"scenario {scenario['id']}"}, answer],
         reward=float(scenario["reward"]),
     )

@@ -34,12 +34,12 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.object_store import ObjectStore
 from activities.trajectory_store import upload_groups
-from schemas.activities import AdvantagesInput, JudgeInput, RolloutsInput
+from schemas.activities import AdvantagesInput, JudgeInput, ReloadInput, RolloutsInput
 from schemas.config import JudgeConfig, TaskQueues, TaskSpec, TrainConfig
-from schemas.errors import BAD_REWARD, CONFIG_ERROR, TASK_IMPORT
-from schemas.refs import TrajectoriesRef
+from schemas.errors import BAD_LOGPROB, BAD_REWARD, CONFIG_ERROR, TASK_IMPORT
+from schemas.refs import CheckpointRef, TrajectoriesRef
 from schemas.settings import ENV_HOME, ENV_S3_BUCKET, ENV_S3_SECRET_KEY, S3Settings
-from schemas.trajectory import Trajectory, TrajectoryGroup
+from schemas.trajectory import Choice, ChoiceLogprobs, TokenLogprob, Trajectory, TrajectoryGroup
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
 from workers.temporal import connect_client
@@ -53,6 +53,13 @@ JUDGE_KEY_ENV = "DGRPO_TEST_JUDGE_KEY"
 UNSET_KEY_ENV = "DGRPO_TEST_UNSET_KEY"
 """Allowed, but not set."""
 HERE = Path(__file__).resolve().parent
+LOGPROBS = [
+    ("placeholder", -9999.0),
+    ("nan", float("nan")),
+    ("negative-inf", float("-inf")),
+    ("positive", 2.0),
+]
+"""Sampling logprobs no sampler returns, uploaded as a client's own Choices could carry them."""
 
 
 @workflow.defn(name="SecurityProbe")
@@ -156,6 +163,26 @@ def scored_with(reward: float) -> list[TrajectoryGroup]:
     ]
 
 
+def scored_with_logprob(logprob: float) -> list[TrajectoryGroup]:
+    """Scored groups whose group 1, trajectory 1 sampled a token at ``logprob`` (as a client's own Choices can)."""
+
+    def traj(r: float, lp: float) -> Trajectory:
+        choice = Choice(
+            message={"role": "assistant", "content": "a"},
+            token_ids=[100, 101],
+            prompt_token_ids=[1, 2],
+            logprobs=ChoiceLogprobs(
+                content=[TokenLogprob(token="a", logprob=-0.5), TokenLogprob(token="b", logprob=lp)]
+            ),
+        )
+        return Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, choice], reward=r)
+
+    return [
+        TrajectoryGroup([traj(0.0, -1.0), traj(1.0, -2.0)], metadata={"scenario_id": "fine"}),
+        TrajectoryGroup([traj(1.0, -0.1), traj(0.0, logprob)], metadata={"scenario_id": "broken"}),
+    ]
+
+
 async def expect_ok(h: Harness, queue: str, activity: str, input: Any) -> dict[str, Any]:
     out = await h.call(queue, activity, input)
     assert out["ok"], out
@@ -216,6 +243,15 @@ async def harness(
                 for step, (kind, reward) in enumerate(
                     [("nan", float("nan")), ("inf", float("inf")), ("huge", 1e200)], start=2
                 )
+            } | {
+                f"logprob-{kind}": upload_groups(
+                    store,
+                    scored_with_logprob(logprob),
+                    RUN,
+                    step,
+                    key=f"runs/{RUN}/uploaded/logprob-{kind}.parquet",
+                )
+                for step, (kind, logprob) in enumerate(LOGPROBS, start=5)
             }
             h = Harness(
                 client, queues, probe_queue, store, own, allowed, trap, control, inference,
@@ -382,6 +418,42 @@ ROWS = [
             lambda h, kind=kind: advantages_input(h.bad_scored[kind]),
             BAD_REWARD, (f"uploaded/{kind}.parquet", "group 1 (scenario 'broken'), trajectory 1 has reward", shown))
         for kind, shown in [("nan", "nan"), ("inf", "inf"), ("huge", "1e+200")]
+    ),
+    # --- refs: a worker reads only its own object store's objects, never a local file or another bucket
+    *(
+        Row(f"{activity}-trajectories-{label}", "control", activity,
+            lambda h, build=build, uri=uri: replaced(build(h), ("trajectories", "ref", "uri"), uri),
+            CONFIG_ERROR, (f"{uri} is not in this worker's object store", "upload the file there"))
+        for activity, build, label, uri in [
+            ("compute_advantages", lambda h: advantages_input(h.scored), "file-etc-passwd", "file:///etc/passwd"),
+            ("compute_advantages", lambda h: advantages_input(h.scored), "file-proc-environ",
+             "file:///proc/self/environ"),
+            ("compute_advantages", lambda h: advantages_input(h.scored), "other-bucket",
+             "s3://someone-elses/runs/x/steps/000001/trajectories.parquet"),
+            ("judge", lambda h: judge_input(h, kind="ruler"), "file-worker-home", "file:///etc/hostname"),
+        ]
+    ),
+    *(
+        Row(f"reload-checkpoint-{label}", "inference", "reload",
+            lambda h, uri=uri: ReloadInput(
+                model_name="agent",
+                checkpoint=CheckpointRef(run_id=RUN, step=1, uri=uri, manifest_sha256="0" * 64),
+            ),
+            CONFIG_ERROR, (f"{uri} is not in this worker's object store", "upload the file there"))
+        for label, uri in [("file-etc", "file:///etc/"), ("other-bucket", "s3://someone-elses/runs/x/000001/")]
+    ),
+    # --- sampling logprobs: finite and within [-60, 0], the offending token named; nothing written
+    Row("rollout-logprob-placeholder", "inference", "rollouts",
+        lambda h: rollouts_input(f"{TASKS}:rollout", f"{TASKS}:placeholder_logprob_scenarios"),
+        BAD_LOGPROB, ("(scenario 'broken'), trajectory 0, choice 0, token 0 has sampling logprob -9999.0",
+                      "placeholder")),
+    *(
+        Row(f"uploaded-logprob-{kind}", "control", "compute_advantages",
+            lambda h, kind=kind: advantages_input(h.bad_scored[f"logprob-{kind}"]),
+            BAD_LOGPROB, (f"uploaded/logprob-{kind}.parquet",
+                          "group 1 (scenario 'broken'), trajectory 1, choice 0, token 1 has sampling logprob",
+                          repr(logprob), "within [-60, 0]"))
+        for kind, logprob in LOGPROBS
     ),
 ]  # fmt: skip
 
