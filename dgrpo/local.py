@@ -14,7 +14,7 @@ from typing import Any
 from dgrpo import local_backend
 from dgrpo.art_config import train_config_fields
 from dgrpo.errors import NotRegisteredError
-from dgrpo.metrics import group_metrics, train_result_metrics, zero_variance_groups
+from dgrpo.metrics import group_metrics, train_result_metrics
 from dgrpo.trainable_model import TrainableModel
 from dgrpo.types import LocalTrainResult
 from schemas.trajectory import TrajectoryGroup
@@ -55,9 +55,6 @@ class LocalBackend(local_backend.LocalBackend):
         config = model.step_config(None, train_config_fields("backend.train", options))
         groups = list(trajectory_groups)
         result = await model.train(groups, config)
-        if result is None:  # nothing to learn from: skipped as in ART, the step stays
-            skipped = {"discarded/step/zero_variance_groups": float(zero_variance_groups(groups))}
-            return LocalTrainResult(step=await model.get_step(), metrics=skipped)
         data = {k: v for k, v in group_metrics(groups, "train").items() if k.startswith("data/")}
         metrics = {**data, **train_result_metrics(result)}
         return LocalTrainResult(step=result.step, metrics=metrics, checkpoint_path=result.checkpoint.uri)

@@ -79,7 +79,11 @@ def train_result_metrics(result: TrainStepResult) -> dict[str, float]:
     """A trained step's numbers under ART's names (``backend.train``'s result metrics)."""
     # (Not result.n_trajectories, the trajectories kept: ART's data/step_num_trajectories counts all
     # submitted, which group_metrics records.)
-    metrics = {"discarded/step/zero_variance_groups": float(result.n_groups_zero_variance)}
+    metrics = {
+        "discarded/step/zero_variance_groups": float(result.n_groups_zero_variance),
+        # ART >= 0.4.4 advances a step that trains nothing; this flag says which steps those were.
+        "data/step_skipped": 0.0 if result.trained else 1.0,
+    }
     if result.loss is not None:
         metrics["loss/train"] = result.loss
     metrics.update({f"time/step_{phase}_s": seconds for phase, seconds in result.seconds.items()})

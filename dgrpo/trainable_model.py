@@ -221,12 +221,13 @@ class TrainableModel(Model):
         config: TrainConfig | None = None,
         _config: Mapping[str, Any] | None = None,
         verbose: bool = False,
-    ) -> TrainStepResult | None:
+    ) -> TrainStepResult:
         """Train one GRPO step on the groups; returns once the new adapter is served.
 
-        As in ART, a batch with nothing to learn from (no groups, every rollout failed, or every group's
-        rewards equal) is skipped: its numbers are logged at the current step, which does not advance, and
-        ``None`` is returned. ``_config`` takes ART's ``dev.TrainConfig`` keys that dgrpo has (``epsilon``,
+        As in ART >= 0.4.4, a batch with nothing to learn from (no groups, every rollout failed, or every
+        group's rewards equal) trains nothing but still advances the step: the current checkpoint is
+        published again as the next one and served (``result.trained`` is False, the step's metrics say
+        ``data/step_skipped``). ``_config`` takes ART's ``dev.TrainConfig`` keys that dgrpo has (``epsilon``,
         ``epsilon_high``, ``scale_rewards``) and refuses the others; ``verbose`` is accepted (the workers
         log each stage).
         """
@@ -235,8 +236,7 @@ class TrainableModel(Model):
         backend = self._require_backend()
         store = backend.object_store()
         if not any(trainable(g) for g in groups):
-            await asyncio.to_thread(self._log_skipped, groups)
-            return None
+            log_skipped(self._step + 1, groups)
         client = await backend.temporal_client()
         step = self._step + 1
         handle = client.get_workflow_handle(self.train_workflow_id(step), result_type=TrainStepResult)
@@ -252,23 +252,6 @@ class TrainableModel(Model):
             await asyncio.to_thread(self._record, step, train_result_metrics(result))
         self._step, self._served = result.step, result.adapter
         return result
-
-    def _log_skipped(self, groups: list[TrajectoryGroup]) -> None:
-        """ART's skipped step: say why, and record the batch's numbers at the step that stays current."""
-        zero_variance = zero_variance_groups(groups)
-        log.warning(
-            "step %d: skipping training: no group of the %d has rewards that differ (%d with equal rewards, "
-            "%d without two finished rollouts); the step does not advance",
-            self._step + 1,
-            len(groups),
-            zero_variance,
-            len(groups) - zero_variance,
-        )
-        metrics = {
-            **group_metrics(groups, "train"),
-            "discarded/step/zero_variance_groups": float(zero_variance),
-        }
-        self._record(self._step, metrics)
 
     def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
         """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's
@@ -295,6 +278,7 @@ class TrainableModel(Model):
             train=config,
             step=step,
             task_queues=backend.task_queues,
+            advance_without_signal=True,
         )
         handle = await client.start_workflow(
             "TrainStep",
@@ -366,6 +350,19 @@ def check_trainable(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
             "trajectory.messages_and_choices"
         )
     return groups
+
+
+def log_skipped(step: int, groups: list[TrajectoryGroup]) -> None:
+    """Say why ``step`` trains nothing (it still advances, as in ART >= 0.4.4)."""
+    zero_variance = zero_variance_groups(groups)
+    log.warning(
+        "step %d: skipping training: no group of the %d has rewards that differ (%d with equal rewards, "
+        "%d without two finished rollouts); the step advances with the adapter unchanged",
+        step,
+        len(groups),
+        zero_variance,
+        len(groups) - zero_variance,
+    )
 
 
 async def _status(handle: WorkflowHandle[Any, Any]) -> WorkflowExecutionStatus | None:
