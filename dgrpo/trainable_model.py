@@ -24,7 +24,7 @@ from activities.object_store import ObjectStore
 from activities.retention import delete_checkpoints, select_checkpoints_to_delete
 from activities.rollout_model import discover_base_model, own_server_api_key
 from activities.trajectory_store import upload_groups
-from dgrpo.art_config import lora_from_internal_config, train_config_fields
+from dgrpo.art_config import lora_from_internal_config, lora_from_lora_config, train_config_fields
 from dgrpo.backends import Backend
 from dgrpo.errors import (
     BackendError,
@@ -75,6 +75,7 @@ class TrainableModel(Model):
         base_model: str = "smollm2-135m-instruct",
         *,
         lora: LoraConfig | None = None,
+        lora_config: Mapping[str, Any] | None = None,
         entity: str | None = None,
         id: str | None = None,
         run_id: str | None = None,
@@ -98,11 +99,16 @@ class TrainableModel(Model):
                 "the prefix its checkpoints and metrics live under; leave run_id out"
             )
         internal_lora, self.max_seq_len = lora_from_internal_config(_internal_config or {})
-        if lora is not None and internal_lora is not None and lora != internal_lora:
-            raise UnsupportedArtOption("give the LoRA shape once: lora= or _internal_config['peft_args']")
+        given = [c for c in (lora, internal_lora) if c is not None]
+        if lora_config is not None:
+            given.append(lora_from_lora_config(lora_config))
+        if any(c != given[0] for c in given):
+            raise UnsupportedArtOption(
+                "give the LoRA shape once: lora=, lora_config= or _internal_config['peft_args']"
+            )
         self.base_model = base_model
         self.spec = ModelSpec(
-            name=name, project=project, base_model=base_model, lora=lora or internal_lora or LoraConfig()
+            name=name, project=project, base_model=base_model, lora=given[0] if given else LoraConfig()
         )
         self._served: str | None = None
         self._base_served: str | None = None
@@ -194,11 +200,10 @@ class TrainableModel(Model):
     def get_inference_name(self, step: int | None = None) -> str:
         """The served name of the newest step (``<name>@<step>``, or the base model at step 0), or of
         checkpoint ``step``: ``<name>@<step>`` (served while the newest step or a lease holds it), and
-        for step 0 of a fresh LoRA the base model itself (a baseline to compare with)."""
+        for step 0 of a fresh LoRA the base model itself (a baseline to compare with). Before
+        ``register`` it is ART's unregistered name: ``name``, or ``name@<step>``."""
         if self._served is None or self._base_served is None:
-            raise NotRegisteredError(
-                f"model {self.name!r} is not registered: call `await model.register(backend)` before using it"
-            )
+            return super().get_inference_name(step)
         if step is None or step == self._step:
             return self._served
         if step == 0 and not self.warm_start:
