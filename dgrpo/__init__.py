@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from activities.judge import ruler_score_group
-    from dgrpo import dev, local, pipeline_trainer, rewards, trajectories, types, utils
+    from dgrpo import costs, dev, local, metrics, model, pipeline_trainer, rewards, trajectories, types, utils
     from dgrpo.backends import Backend, TemporalBackend
     from dgrpo.batches import trajectory_group_batches
     from dgrpo.dev import LoRAConfig
@@ -113,7 +113,18 @@ UNSUPPORTED = {
 }
 """Public names of ART 0.5 (its ``__all__`` and main-branch additions) dgrpo refuses, with the reason."""
 
-_SUBMODULES = ("dev", "local", "pipeline_trainer", "rewards", "trajectories", "types", "utils")
+_SUBMODULES = (
+    "costs",
+    "dev",
+    "local",
+    "metrics",
+    "model",
+    "pipeline_trainer",
+    "rewards",
+    "trajectories",
+    "types",
+    "utils",
+)
 """ART's submodules a program reaches as attributes (``art.dev.InternalModelConfig``, ``art.utils...``)."""
 
 __all__ = [
@@ -144,11 +155,14 @@ __all__ = [
     "Trajectory",
     "TrajectoryGroup",
     "UnsupportedArtOption",
+    "costs",
     "dev",
     "gather_trajectories",
     "gather_trajectory_groups",
     "local",
     "make_group_rollout_fn",
+    "metrics",
+    "model",
     "pipeline_trainer",
     "retry",
     "rewards",

@@ -1,6 +1,9 @@
 """The client's metrics under ART's names, in the run's metrics Parquet (the one the metrics activity keeps
 for ``TrainingRun``): one row per step, so ``model.train``'s and ``model.log``'s numbers sit next to each
-other. Which checkpoints ``delete_checkpoints`` removes is activities/retention.py's (TrainingRun's too)."""
+other. Which checkpoints ``delete_checkpoints`` removes is activities/retention.py's (TrainingRun's too).
+
+ART's ``art.metrics`` names live here too: ``MetricsBuilder`` (dgrpo/metrics_builder.py) and ``track_api_cost``
+(dgrpo/costs.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from collections import defaultdict
 
 from activities.metrics import record_step, reward_curve_png
 from activities.object_store import ObjectStore
+from dgrpo.costs import track_api_cost
+from dgrpo.metrics_builder import MetricsBuilder
 from schemas import layout
 from schemas.run_state import TrainStepResult
 from schemas.trajectory import TrajectoryGroup
@@ -105,3 +110,15 @@ def record_metrics(
     if curve_title is not None:
         store.put_bytes(layout.reward_curve_key(run_id), reward_curve_png(rows, curve_title))
     log.info("step %d: %s", step, ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
+
+
+__all__ = [
+    "MetricsBuilder",
+    "group_metrics",
+    "qualified",
+    "record_metrics",
+    "track_api_cost",
+    "train_result_metrics",
+    "trainable",
+    "zero_variance_groups",
+]

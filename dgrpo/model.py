@@ -12,6 +12,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable
+from contextvars import Token
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,9 @@ from pydantic import BaseModel
 from activities.metrics import WandbSink
 from activities.rollout_model import DEFAULT_API_KEY, routed_openai_client
 from dgrpo.backends import Backend
+from dgrpo.costs import CostRecorder
 from dgrpo.errors import NotRegisteredError
-from dgrpo.metrics import group_metrics, qualified, record_metrics
+from dgrpo.metrics import MetricsBuilder, group_metrics, qualified, record_metrics
 from schemas.activities import MetricsInput
 from schemas.config import NAME_PATTERN
 from schemas.errors import RunSpecError
@@ -71,6 +73,7 @@ class Model:
         self._step = 0
         self._wandb: WandbSink | None = None
         self._wandb_config: dict[str, Any] = {}
+        self._metrics = MetricsBuilder("train")
 
     @property
     def run_id(self) -> str:
@@ -151,6 +154,7 @@ class Model:
             row.update(group_metrics(_as_groups(trajectories), split))
         for name, value in (metrics or {}).items():
             row[qualified(name, split)] = float(value)
+        row.update(await self._metrics_for_split(split).flush())  # the split's API costs, ...
         if not row:
             raise ValueError("model.log got neither trajectories nor metrics; nothing to record")
         at = await self.get_step() if step is None else step
@@ -183,6 +187,19 @@ class Model:
         if self.report_metrics is None:
             return "WANDB_API_KEY" in os.environ
         return "wandb" in self.report_metrics
+
+    def metrics_builder(self, cost_context: str | None = None) -> MetricsBuilder:
+        """The model's ``MetricsBuilder`` (``cost_context`` picks ``costs/<context>/...``); ``log`` flushes it:
+        split ``train`` the ``train`` context's numbers, ``val`` and ``test`` the ``eval`` context's."""
+        return self._metrics if cost_context is None else self._metrics.for_cost_context(cost_context)
+
+    def activate_metrics_context(self, cost_context: str) -> Token[CostRecorder]:
+        """Record ``track_api_cost`` calls (in this task and those it starts) as ``costs/<cost_context>/...``."""
+        return self.metrics_builder(cost_context).activate()
+
+    def _metrics_for_split(self, split: str) -> MetricsBuilder:
+        context = "eval" if split in ("val", "test") else split
+        return self._metrics.for_cost_context(context, buffer_scope=context)
 
     def update_wandb_config(self, config: dict[str, Any]) -> None:
         """Merge ``config`` into the model's W&B run config (ART's): before the run exists it is given to
