@@ -235,7 +235,9 @@ def merged_wandb_config(existing: dict[str, Any], updates: dict[str, Any], path:
         elif isinstance(merged[key], dict) and isinstance(value, dict):
             merged[key] = merged_wandb_config(merged[key], value, where)
         elif merged[key] != value:
-            raise ValueError(f"W&B config is immutable once set: {where!r} is {merged[key]!r}, not {value!r}")
+            raise ValueError(
+                f"W&B config is immutable once set. Conflicting value for {where!r}: {merged[key]!r} set, {value!r} given"
+            )
     return merged
 
 

@@ -3,6 +3,7 @@
 - ``iterate_dataset``: a training loop's batches (``DatasetBatch``), resumable at a step.
 - ``strip_logprobs``: a copy of a nested structure without its ``logprobs``.
 - ``trajectory_logging``: trajectory groups to and from ART's Parquet log format.
+- ``trajectory_migration``: ART's older JSONL logs read, written and converted to Parquet.
 - ``litellm``: a litellm ``Choices`` as the openai ``Choice`` a trajectory holds.
 - ``retry`` (from ``dgrpo.retries``).
 """

@@ -109,3 +109,49 @@ def test_a_litellm_choice_becomes_an_openai_choice() -> None:
     assert choice.logprobs.content[0].logprob == -0.1
     with pytest.raises(TypeError, match="only a non-streaming litellm choice"):
         convert_litellm_choice_to_openai(SimpleNamespace(delta={"content": "x"}, index=0, finish_reason=None))
+
+
+def test_jsonl_logs_round_trip_and_migrate_to_parquet(tmp_path: Path) -> None:
+    from openai.types.chat.chat_completion import Choice as OpenAIChoice
+
+    from dgrpo.utils.trajectory_migration import (
+        deserialize_trajectory_groups,
+        migrate_jsonl_to_parquet,
+        migrate_model_dir,
+        serialize_trajectory_groups,
+    )
+
+    sampled = OpenAIChoice.model_validate(
+        {
+            "finish_reason": "stop",
+            "index": 0,
+            "message": {"role": "assistant", "content": "4"},
+            "logprobs": {"content": [{"token": "4", "logprob": -0.1, "bytes": [52], "top_logprobs": []}]},
+        }
+    )
+    group = art.TrajectoryGroup(
+        [
+            art.Trajectory(
+                messages_and_choices=[{"role": "user", "content": "2+2?"}, sampled], reward=1.0, logs=["x"]
+            )
+        ]
+    )
+    text = serialize_trajectory_groups([group, art.TrajectoryGroup([])])
+    assert "logprob" not in text  # the log leaves logprobs out
+    back = deserialize_trajectory_groups(text)
+    assert [len(g.trajectories) for g in back] == [1, 0]
+    assert back[0].trajectories[0].messages()[1]["content"] == "4" and back[0].trajectories[0].logs == ["x"]
+
+    log_dir = tmp_path / "model" / "trajectories" / "train"
+    log_dir.mkdir(parents=True)
+    (log_dir / "0001.jsonl").write_text(text)
+    (log_dir / "0002.jsonl").write_text("not json {")
+    (log_dir / "notes.txt").write_text("skipped")
+    result = migrate_model_dir(tmp_path / "model")
+    assert (result.files_migrated, len(result.errors)) == (1, 1) and "0002.jsonl" in result.errors[0]
+    assert not (log_dir / "0001.jsonl").exists() and (log_dir / "0002.jsonl").exists()
+    assert read_trajectory_groups_parquet(log_dir / "0001.parquet")[0].trajectories[0].reward == 1.0
+    assert migrate_jsonl_to_parquet(log_dir / "notes.txt").files_skipped == 1
+    kept = migrate_jsonl_to_parquet(log_dir / "0002.jsonl", dry_run=True)
+    assert kept.files_migrated == 1 and not (log_dir / "0002.parquet").exists()
+    assert migrate_jsonl_to_parquet(log_dir / "0001.jsonl").errors  # already migrated: reported, not raised
