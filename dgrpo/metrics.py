@@ -16,6 +16,7 @@ from activities.metrics import record_step, reward_curve_png
 from activities.object_store import ObjectStore
 from dgrpo.costs import track_api_cost
 from dgrpo.metrics_builder import MetricsBuilder
+from dgrpo.metrics_taxonomy import build_data_metrics_from_summary, summarize_trajectory_groups, trainable
 from schemas import layout
 from schemas.run_state import TrainStepResult
 from schemas.trajectory import TrajectoryGroup
@@ -49,13 +50,9 @@ def group_metrics(groups: list[TrajectoryGroup], split: str) -> dict[str, float]
     out[f"{split}/reward_std_dev"] = statistics.fmean(stds) if stds else 0.0
     if trajectories or exceptions:
         out[f"{split}/exception_rate"] = exceptions / (len(trajectories) + exceptions)
-    data = {
-        "data/step_num_scenarios": float(len(groups)),
-        "data/step_num_trajectories": float(len(trajectories) + exceptions),
-        "data/step_num_groups_submitted": float(len(groups)),
-    }
-    if split == "train":
-        data["data/step_num_groups_trainable"] = float(sum(trainable(g) for g in groups))
+    data = build_data_metrics_from_summary(
+        summarize_trajectory_groups(groups), include_trainable_groups=split == "train"
+    )
     out.update(data if split == "train" else {f"{split}/{k}": v for k, v in data.items()})
     values: dict[str, list[float]] = defaultdict(list)
     for t in trajectories:
@@ -68,11 +65,6 @@ def group_metrics(groups: list[TrajectoryGroup], split: str) -> dict[str, float]
     for name, vs in values.items():
         out.setdefault(name, statistics.fmean(vs))
     return out
-
-
-def trainable(group: TrajectoryGroup) -> bool:
-    """A group GRPO can learn from: two or more trajectories whose rewards differ."""
-    return len({t.reward for t in group.trajectories}) > 1
 
 
 def zero_variance_groups(groups: list[TrajectoryGroup]) -> int:
