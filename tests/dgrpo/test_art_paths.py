@@ -49,7 +49,10 @@ def test_refused_names_are_refused_by_from_imports_too() -> None:
 def test_art_module_paths_resolve_to_dgrpo() -> None:
     from dgrpo.local import LocalBackend
     from dgrpo.local.backend import LocalBackend as BackendModuleLocalBackend
+    from dgrpo.metrics import MetricsBuilder, track_api_cost
+    from dgrpo.metrics_taxonomy import summarize_trajectory_groups
     from dgrpo.model import Model, TrainableModel
+    from dgrpo.pipeline_trainer.trainer import PipelineTrainer
     from dgrpo.utils.iterate_dataset import iterate_dataset
     from dgrpo.utils.litellm import convert_litellm_choice_to_openai
     from dgrpo.utils.strip_logprobs import strip_logprobs
@@ -57,7 +60,8 @@ def test_art_module_paths_resolve_to_dgrpo() -> None:
 
     assert LocalBackend is BackendModuleLocalBackend is art.LocalBackend
     assert (Model, TrainableModel) == (art.Model, art.TrainableModel)
-    assert iterate_dataset is art.utils.iterate_dataset
+    assert iterate_dataset is art.utils.iterate_dataset and PipelineTrainer is art.PipelineTrainer
+    assert (art.metrics.MetricsBuilder, art.costs.track_api_cost) == (MetricsBuilder, track_api_cost)
     assert all(
         callable(f)
         for f in (
@@ -65,6 +69,7 @@ def test_art_module_paths_resolve_to_dgrpo() -> None:
             strip_logprobs,
             read_trajectory_groups_parquet,
             write_trajectory_groups_parquet,
+            summarize_trajectory_groups,
         )
     )
     assert art.utils.retry is art.retry  # dgrpo.utils is a package keeping the module's names
