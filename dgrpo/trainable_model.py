@@ -240,10 +240,10 @@ class TrainableModel(Model):
         groups = check_trainable(list(trajectory_groups))
         backend = self._require_backend()
         store = backend.object_store()
-        if not any(trainable(g) for g in groups):
-            log_skipped(self._step + 1, groups)
-        client = await backend.temporal_client()
         step = self._step + 1
+        if not any(trainable(g) for g in groups):
+            log_skipped(step, groups)
+        client = await backend.temporal_client()
         handle = client.get_workflow_handle(self.train_workflow_id(step), result_type=TrainStepResult)
         if await _status(handle) in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED):
             # Its input is already uploaded: attach, and never overwrite the trajectories it reads.
