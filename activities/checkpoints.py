@@ -172,6 +172,20 @@ def publish_staged(
     return store.publish_checkpoint(staging, run_id, step, meta)
 
 
+def republish_checkpoint(
+    store: ObjectStore, staging_root: str | Path, source: CheckpointRef, step: int
+) -> CheckpointRef:
+    """Publish ``source`` again as checkpoint ``step`` of its run, its trainer state saying so: the step
+    that trained nothing (every group's rewards equal) still advances, as in ART >= 0.4.4."""
+    target = staging_dir(staging_root, source.run_id, step)
+    if target.exists():  # a retried attempt's partial copy
+        shutil.rmtree(target)
+    store.get_checkpoint(source, target)
+    state = read_trainer_state(target).model_dump(mode="json")
+    write_json_atomic(target / TRAINER_STATE_FILE, {**state, "step": step, "copied_from_step": source.step})
+    return publish_staged(store, target, source.run_id, step, {"copied_from_step": source.step})
+
+
 def download_checkpoint(store: ObjectStore, ref: CheckpointRef, local: Path) -> Path:
     """Download the published checkpoint ``ref`` (``ObjectStore.get_checkpoint``: its manifest is the one
     published, every file sha256-verified) into ``local``; a copy verified against that manifest is reused."""

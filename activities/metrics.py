@@ -130,6 +130,17 @@ class WandbSink:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.runs: dict[str, Any] = {}
+        self.configs: dict[str, dict[str, Any]] = {}
+        """Run id -> the W&B run config (given to ``wandb.init``, or to the open run when it changes)."""
+
+    def update_config(self, run_id: str, config: dict[str, Any]) -> None:
+        """The run's W&B config: set on the open run now, or given to ``wandb.init`` when it opens."""
+        if not config:
+            return
+        self.configs[run_id] = config
+        run = self.runs.get(run_id)
+        if run is not None:
+            run.config.update(config)
 
     def log(self, input: MetricsInput) -> None:
         import wandb
@@ -146,6 +157,7 @@ class WandbSink:
                 mode="online" if os.environ.get("WANDB_API_KEY") else "offline",
                 resume="allow",
                 reinit="create_new",
+                config=self.configs.get(input.run_id),
                 settings=wandb.Settings(silent=True, console="off"),
             )
             run.define_metric(WANDB_STEP)

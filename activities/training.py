@@ -50,6 +50,7 @@ from activities.checkpoints import (
     publish_staged,
     read_oom_state,
     read_trainer_state,
+    republish_checkpoint,
     run_dir,
     stage_checkpoint,
     staging_dir,
@@ -65,6 +66,7 @@ from schemas.activities import (
     CheckpointLookup,
     InitialAdapterInput,
     PublishInput,
+    RepublishInput,
     TrainInput,
     TrainResult,
 )
@@ -160,7 +162,7 @@ def died_training(heartbeat: Any) -> bool:
 
 
 class TrainerActivities:
-    """Activities ``train``, ``publish``, ``publish_initial``, ``latest_checkpoint`` (see module doc)."""
+    """Activities ``train``, ``publish``, ``publish_initial``, ``republish``, ``latest_checkpoint``."""
 
     def __init__(self, store: ObjectStore, staging_root: str | Path, worker_id: str | None = None) -> None:
         self.store = store
@@ -177,7 +179,7 @@ class TrainerActivities:
         self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
 
     def all(self) -> list[Callable[..., Any]]:
-        return [self.train, self.publish, self.publish_initial, self.latest_checkpoint]
+        return [self.train, self.publish, self.publish_initial, self.republish, self.latest_checkpoint]
 
     # ---- activities -------------------------------------------------------------------------------
     @activity.defn(name=ActivityName.TRAIN)
@@ -238,6 +240,14 @@ class TrainerActivities:
     async def publish_initial(self, inp: InitialAdapterInput) -> CheckpointRef:
         """Stage and publish checkpoint 0: a fresh LoRA from ``inp.seed`` or the warm-start adapter."""
         return await self._in_thread(lambda _stop: self.publish_initial_sync(inp), {"publishing": 0})
+
+    @activity.defn(name=ActivityName.REPUBLISH)
+    async def republish(self, inp: RepublishInput) -> CheckpointRef:
+        """Publish checkpoint ``inp.source`` again as ``inp.step`` (a step with nothing to train on)."""
+        return await self._in_thread(
+            lambda _stop: republish_checkpoint(self.store, self.staging_root, inp.source, inp.step),
+            {"publishing": inp.step},
+        )
 
     @activity.defn(name=ActivityName.LATEST_CHECKPOINT)
     async def latest_checkpoint(self, inp: CheckpointLookup) -> CheckpointRef | None:

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from activities.judge import ruler_score_group
-    from dgrpo import dev, local, pipeline_trainer, rewards, trajectories, types, utils
+    from dgrpo import costs, dev, local, metrics, model, pipeline_trainer, rewards, trajectories, types, utils
     from dgrpo.backends import Backend, TemporalBackend
     from dgrpo.batches import trajectory_group_batches
+    from dgrpo.dev import LoRAConfig
     from dgrpo.errors import (
         BackendError,
         EmptyGroupsError,
@@ -64,6 +65,7 @@ _EXPORTS = {
     "TooManyRolloutErrors": "dgrpo.errors",
     "UnsupportedArtOption": "dgrpo.errors",
     "LoraConfig": "schemas.config",
+    "LoRAConfig": "dgrpo.dev",
     "RunSpec": "schemas.config",
     "TrainConfig": "dgrpo.types",
     "TrainResult": "dgrpo.types",
@@ -77,7 +79,52 @@ _EXPORTS = {
     "TrajectoryGroup": "schemas.trajectory",
 }
 
-_SUBMODULES = ("dev", "local", "pipeline_trainer", "rewards", "trajectories", "types", "utils")
+_CAPTURE = (
+    "automatic trajectory capture (ART records a rollout's OpenAI calls into a Trajectory) is not supported "
+    "yet: build the Trajectory explicitly, appending each `completion.choices[0]` to messages_and_choices"
+)
+_SFT = "supervised fine-tuning (train_sft) is not supported yet: dgrpo trains GRPO steps only"
+_HOSTED = (
+    "hosted training services are not supported: use dgrpo.LocalBackend, or TemporalBackend on your cluster"
+)
+_TOKENIZING = (
+    "ART's client-side tokenizing is not supported: dgrpo's trainer tokenizes the stored trajectories itself"
+)
+UNSUPPORTED = {
+    "auto_trajectory": _CAPTURE,
+    "capture_auto_trajectory": _CAPTURE,
+    "capture_yielded_trajectory": _CAPTURE,
+    "yield_trajectory": _CAPTURE,
+    "current_trajectory": _CAPTURE,
+    "no_capture": _CAPTURE,
+    "trajectory": _CAPTURE,
+    "trajectory_group": _CAPTURE,
+    "TrainSFTConfig": _SFT,
+    "train_sft": _SFT,
+    "MegatronTopologyConfig": "Megatron training is not supported: dgrpo trains LoRA adapters with torch + peft",
+    "ServerlessBackend": _HOSTED,
+    "ServerlessTrainResult": _HOSTED,
+    "TinkerBackend": _HOSTED,
+    "SkyPilotBackend": _HOSTED,
+    "MetricDefinition": "ART's metric definitions are not supported: log numbers with model.log(metrics=...)",
+    "get_tokenizer": _TOKENIZING,
+    "tokenize": _TOKENIZING,
+    "tensorize": _TOKENIZING,
+}
+"""Public names of ART 0.5 (its ``__all__`` and main-branch additions) dgrpo refuses, with the reason."""
+
+_SUBMODULES = (
+    "costs",
+    "dev",
+    "local",
+    "metrics",
+    "model",
+    "pipeline_trainer",
+    "rewards",
+    "trajectories",
+    "types",
+    "utils",
+)
 """ART's submodules a program reaches as attributes (``art.dev.InternalModelConfig``, ``art.utils...``)."""
 
 __all__ = [
@@ -86,6 +133,7 @@ __all__ = [
     "Choice",
     "EmptyGroupsError",
     "History",
+    "LoRAConfig",
     "LocalBackend",
     "LocalTrainResult",
     "LoraConfig",
@@ -107,11 +155,14 @@ __all__ = [
     "Trajectory",
     "TrajectoryGroup",
     "UnsupportedArtOption",
+    "costs",
     "dev",
     "gather_trajectories",
     "gather_trajectory_groups",
     "local",
     "make_group_rollout_fn",
+    "metrics",
+    "model",
     "pipeline_trainer",
     "retry",
     "rewards",
@@ -126,6 +177,10 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f"dgrpo.{name}")
+    if name in UNSUPPORTED:
+        from dgrpo.errors import UnsupportedArtFeature  # here: `import dgrpo` stays light
+
+        raise UnsupportedArtFeature(f"art.{name}: {UNSUPPORTED[name]}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'dgrpo' has no attribute {name!r}")

@@ -21,6 +21,9 @@ PEFT_ARGS = {
 }
 """ART ``_internal_config["peft_args"]`` keys -> ``LoraConfig`` fields."""
 
+LORA_CONFIG = {"rank": "rank", "alpha": "alpha", "dropout": "dropout", "target_modules": "target_modules"}
+"""ART 0.5 ``TrainableModel(lora_config=...)`` keys -> ``LoraConfig`` fields."""
+
 TRAIN_OPTIONS = {
     "learning_rate": "learning_rate",
     "beta": "kl_coef",
@@ -83,6 +86,16 @@ def lora_from_internal_config(internal: Mapping[str, Any]) -> tuple[LoraConfig |
         else:
             raise _refuse("_internal_config", section, values)
     return (LoraConfig(**lora) if lora else None), max_seq_len
+
+
+def lora_from_lora_config(lora_config: Mapping[str, Any]) -> LoraConfig:
+    """The ``LoraConfig`` an ART 0.5 ``lora_config`` (``art.LoRAConfig``) asks for."""
+    fields: dict[str, Any] = {}
+    for key, value in lora_config.items():
+        if key not in LORA_CONFIG:
+            raise _refuse("lora_config", key, value)
+        fields[LORA_CONFIG[key]] = value
+    return LoraConfig(**fields)
 
 
 def train_config_fields(where: str, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Both backends give the client the same three things: a Temporal client (pydantic data converter), the
 object store the workers use, and the inference server's OpenAI-compatible URL. ``LocalBackend`` starts
 what is missing (the embedded stack, the three workers) and stops only what it started;
-``TemporalBackend`` starts nothing. ``LocalBackend`` lives in dgrpo/local_backend.py.
+``TemporalBackend`` starts nothing. ``LocalBackend`` lives in dgrpo/local/.
 """
 
 from __future__ import annotations

@@ -24,6 +24,15 @@ class PeftArgs(TypedDict, total=False):
     target_modules: list[str]
 
 
+class LoRAConfig(TypedDict, total=False):
+    """ART 0.5's ``TrainableModel(lora_config=...)``: ``rank``, ``alpha``, ``dropout``, ``target_modules``."""
+
+    rank: int
+    alpha: float
+    dropout: float
+    target_modules: list[str]
+
+
 class EngineArgs(TypedDict, total=False):
     """vLLM engine options: the inference worker operator's settings in dgrpo, refused on a model."""
 

@@ -31,3 +31,7 @@ class BackendError(DgrpoError, RuntimeError):
 
 class UnsupportedArtOption(RunSpecError):
     """An ART setting (``_internal_config``, a train option) that dgrpo cannot honour; the message says why."""
+
+
+class UnsupportedArtFeature(NotImplementedError):
+    """A public ART name whose feature dgrpo does not have (yet); the message names the feature and why."""

@@ -58,8 +58,17 @@ class _Progress:
         )
 
 
-async def _one(group: Awaitable[TrajectoryGroup], after_each: AfterEach | None) -> list[TrajectoryGroup]:
-    finished = await group
+async def _one(
+    group: Awaitable[TrajectoryGroup], after_each: AfterEach | None, progress: _Progress
+) -> list[TrajectoryGroup]:
+    try:
+        finished = await group
+    except Exception as err:
+        if isinstance(group, TrajectoryGroup):
+            raise  # not a rollout's failure: a group records those and never raises them
+        # A group coroutine that raised is one failure against max_exceptions (as in ART), its group dropped.
+        progress(err)
+        return []
     if not isinstance(finished, TrajectoryGroup):
         raise TypeError(f"gather_trajectory_groups awaits TrajectoryGroups, got {type(finished).__name__}")
     kept = finished if after_each is None else await after_each(finished)
@@ -80,7 +89,8 @@ async def gather_trajectory_groups(
     """Await every group concurrently and return them in order (groups ``after_each`` dropped left out,
     and the groups of a list it returned in the place of the one it got).
 
-    Rollouts that raise are recorded in their group's ``exceptions``; once more than ``max_exceptions``
+    Rollouts that raise are recorded in their group's ``exceptions``, and a group awaitable (not a
+    ``TrajectoryGroup``) that raises is dropped and counted likewise; once more than ``max_exceptions``
     have raised (a count, or a fraction of all rollouts when a float below 1), the rest are cancelled
     and ``TooManyRolloutErrors`` is raised. ``pbar_desc=None`` hides the progress bar. ART's
     ``pbar_total_completion_tokens`` and ``max_metrics`` (what its bar shows) are accepted; the bar
@@ -93,7 +103,7 @@ async def gather_trajectory_groups(
     token = ROLLOUT_DONE.set(progress)
     try:
         # Tasks copy the context now, so every rollout of every group reports to this bar.
-        results = await _all_unless_too_many(progress, [_one(g, after_each) for g in pending])
+        results = await _all_unless_too_many(progress, [_one(g, after_each, progress) for g in pending])
     finally:
         ROLLOUT_DONE.reset(token)
     return [g for kept in results for g in kept]

@@ -1,6 +1,9 @@
 """The client's metrics under ART's names, in the run's metrics Parquet (the one the metrics activity keeps
 for ``TrainingRun``): one row per step, so ``model.train``'s and ``model.log``'s numbers sit next to each
-other. Which checkpoints ``delete_checkpoints`` removes is activities/retention.py's (TrainingRun's too)."""
+other. Which checkpoints ``delete_checkpoints`` removes is activities/retention.py's (TrainingRun's too).
+
+ART's ``art.metrics`` names live here too: ``MetricsBuilder`` (dgrpo/metrics_builder.py) and ``track_api_cost``
+(dgrpo/costs.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,9 @@ from collections import defaultdict
 
 from activities.metrics import record_step, reward_curve_png
 from activities.object_store import ObjectStore
+from dgrpo.costs import track_api_cost
+from dgrpo.metrics_builder import MetricsBuilder
+from dgrpo.metrics_taxonomy import build_data_metrics_from_summary, summarize_trajectory_groups, trainable
 from schemas import layout
 from schemas.run_state import TrainStepResult
 from schemas.trajectory import TrajectoryGroup
@@ -44,13 +50,9 @@ def group_metrics(groups: list[TrajectoryGroup], split: str) -> dict[str, float]
     out[f"{split}/reward_std_dev"] = statistics.fmean(stds) if stds else 0.0
     if trajectories or exceptions:
         out[f"{split}/exception_rate"] = exceptions / (len(trajectories) + exceptions)
-    data = {
-        "data/step_num_scenarios": float(len(groups)),
-        "data/step_num_trajectories": float(len(trajectories) + exceptions),
-        "data/step_num_groups_submitted": float(len(groups)),
-    }
-    if split == "train":
-        data["data/step_num_groups_trainable"] = float(sum(trainable(g) for g in groups))
+    data = build_data_metrics_from_summary(
+        summarize_trajectory_groups(groups), include_trainable_groups=split == "train"
+    )
     out.update(data if split == "train" else {f"{split}/{k}": v for k, v in data.items()})
     values: dict[str, list[float]] = defaultdict(list)
     for t in trajectories:
@@ -65,11 +67,6 @@ def group_metrics(groups: list[TrajectoryGroup], split: str) -> dict[str, float]
     return out
 
 
-def trainable(group: TrajectoryGroup) -> bool:
-    """A group GRPO can learn from: two or more trajectories whose rewards differ."""
-    return len({t.reward for t in group.trajectories}) > 1
-
-
 def zero_variance_groups(groups: list[TrajectoryGroup]) -> int:
     """Groups of two or more trajectories whose rewards are all equal (ART discards and counts them)."""
     return sum(len(g.trajectories) > 1 and not trainable(g) for g in groups)
@@ -79,7 +76,11 @@ def train_result_metrics(result: TrainStepResult) -> dict[str, float]:
     """A trained step's numbers under ART's names (``backend.train``'s result metrics)."""
     # (Not result.n_trajectories, the trajectories kept: ART's data/step_num_trajectories counts all
     # submitted, which group_metrics records.)
-    metrics = {"discarded/step/zero_variance_groups": float(result.n_groups_zero_variance)}
+    metrics = {
+        "discarded/step/zero_variance_groups": float(result.n_groups_zero_variance),
+        # ART >= 0.4.4 advances a step that trains nothing; this flag says which steps those were.
+        "data/step_skipped": 0.0 if result.trained else 1.0,
+    }
     if result.loss is not None:
         metrics["loss/train"] = result.loss
     metrics.update({f"time/step_{phase}_s": seconds for phase, seconds in result.seconds.items()})
@@ -101,3 +102,15 @@ def record_metrics(
     if curve_title is not None:
         store.put_bytes(layout.reward_curve_key(run_id), reward_curve_png(rows, curve_title))
     log.info("step %d: %s", step, ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
+
+
+__all__ = [
+    "MetricsBuilder",
+    "group_metrics",
+    "qualified",
+    "record_metrics",
+    "track_api_cost",
+    "train_result_metrics",
+    "trainable",
+    "zero_variance_groups",
+]

@@ -1,4 +1,4 @@
-"""``Model``: ART's ``art.Model``, a model the client runs but does not train (a baseline, a judge), and
+"""``Model``: ART's ``art.model.Model``, a model the client runs but does not train (a baseline, a judge), and
 the base of ``TrainableModel`` (dgrpo/trainable_model.py): naming, the OpenAI client, ``log``.
 
 A model's records live under ``runs/<project>-<name>/`` in the object store (``Model.run_id``), like a ``TrainingRun``'s.
@@ -7,10 +7,12 @@ A model's records live under ``runs/<project>-<name>/`` in the object store (``M
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import re
 from collections.abc import Iterable
+from contextvars import Token
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,9 @@ from pydantic import BaseModel
 from activities.metrics import WandbSink
 from activities.rollout_model import DEFAULT_API_KEY, routed_openai_client
 from dgrpo.backends import Backend
+from dgrpo.costs import CostRecorder
 from dgrpo.errors import NotRegisteredError
-from dgrpo.metrics import group_metrics, qualified, record_metrics
+from dgrpo.metrics import MetricsBuilder, group_metrics, qualified, record_metrics
 from schemas.activities import MetricsInput
 from schemas.config import NAME_PATTERN
 from schemas.errors import RunSpecError
@@ -69,6 +72,8 @@ class Model:
         self._backend: Backend | None = None
         self._step = 0
         self._wandb: WandbSink | None = None
+        self._wandb_config: dict[str, Any] = {}
+        self._metrics = MetricsBuilder("train")
 
     @property
     def run_id(self) -> str:
@@ -120,14 +125,14 @@ class Model:
         return self._client
 
     def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
-        """``litellm.acompletion(**params, messages=...)`` keyword arguments for this model (ART's)."""
-        if self.inference_base_url is None:
-            raise NotRegisteredError(f"model {self.name!r} has no inference_base_url (register it first)")
+        """``litellm.acompletion(**params, messages=...)`` keyword arguments for this model (ART's); before
+        ``register`` (no server yet) ``base_url`` is None, as in ART."""
         name = self.get_inference_name(step)
+        url = self.inference_base_url
         return {
             # litellm's provider prefix for an OpenAI-compatible vLLM server.
             "model": f"hosted_vllm/{name}" if self.trainable else name,
-            "base_url": openai_base_url(self.inference_base_url),
+            "base_url": None if url is None else openai_base_url(url),
             "api_key": self.inference_api_key,
             "temperature": 1,  # sampling at the policy's own distribution, as GRPO assumes
         }
@@ -152,6 +157,7 @@ class Model:
             row.update(group_metrics(_as_groups(trajectories), split))
         for name, value in (metrics or {}).items():
             row[qualified(name, split)] = float(value)
+        row.update(await self._metrics_for_split(split).flush())  # the split's API costs, ...
         if not row:
             raise ValueError("model.log got neither trajectories nor metrics; nothing to record")
         at = await self.get_step() if step is None else step
@@ -167,6 +173,7 @@ class Model:
             return
         if self._wandb is None:
             self._wandb = WandbSink(Path(self.base_path) / "wandb")
+            self._wandb.update_config(self.run_id, self._wandb_config)
         inp = MetricsInput(
             run_id=self.run_id, project=self.project, model_name=self.name, step=step, metrics=metrics
         )
@@ -184,6 +191,29 @@ class Model:
             return "WANDB_API_KEY" in os.environ
         return "wandb" in self.report_metrics
 
+    def metrics_builder(self, cost_context: str | None = None) -> MetricsBuilder:
+        """The model's ``MetricsBuilder`` (``cost_context`` picks ``costs/<context>/...``); ``log`` flushes it:
+        split ``train`` the ``train`` context's numbers, ``val`` and ``test`` the ``eval`` context's."""
+        return self._metrics if cost_context is None else self._metrics.for_cost_context(cost_context)
+
+    def activate_metrics_context(self, cost_context: str) -> Token[CostRecorder]:
+        """Record ``track_api_cost`` calls (in this task and those it starts) as ``costs/<cost_context>/...``."""
+        return self.metrics_builder(cost_context).activate()
+
+    def _metrics_for_split(self, split: str) -> MetricsBuilder:
+        context = "eval" if split in ("val", "test") else split
+        return self._metrics.for_cost_context(context, buffer_scope=context)
+
+    def update_wandb_config(self, config: dict[str, Any]) -> None:
+        """Merge ``config`` into the model's W&B run config (ART's): before the run exists it is given to
+        ``wandb.init``, after it updates the run. A key already set to another value is refused (W&B's
+        config is immutable once set); nested dicts merge."""
+        if not isinstance(config, dict):
+            raise TypeError(f"config must be a dict[str, Any], not {type(config).__name__}")
+        self._wandb_config = merged_wandb_config(self._wandb_config, config)
+        if self._wandb is not None:
+            self._wandb.update_config(self.run_id, self._wandb_config)
+
     def finish_wandb(self) -> None:
         """Finish the model's W&B run (dgrpo only; ART leaves it to the process's exit)."""
         if self._wandb is not None:
@@ -195,6 +225,23 @@ class Model:
                 f"model {self.name!r} is not registered: call `await model.register(backend)` first"
             )
         return self._backend
+
+
+def merged_wandb_config(existing: dict[str, Any], updates: dict[str, Any], path: str = "") -> dict[str, Any]:
+    """``existing`` with ``updates`` merged in (nested dicts key by key); a different value for a key already
+    set raises ValueError naming the key's dotted path."""
+    merged = dict(existing)
+    for key, value in updates.items():
+        where = f"{path}.{key}" if path else key
+        if key not in merged:
+            merged[key] = value
+        elif isinstance(merged[key], dict) and isinstance(value, dict):
+            merged[key] = merged_wandb_config(merged[key], value, where)
+        elif merged[key] != value:
+            raise ValueError(
+                f"W&B config is immutable once set. Conflicting value for {where!r}: {merged[key]!r} set, {value!r} given"
+            )
+    return merged
 
 
 def check_config(config: Any) -> None:
@@ -216,3 +263,11 @@ def _as_groups(items: Iterable[Any]) -> list[TrajectoryGroup]:
     if all(isinstance(i, Trajectory | BaseException) for i in listed):
         return [TrajectoryGroup(listed)]
     raise TypeError("model.log takes TrajectoryGroups, or Trajectories (and exceptions), not a mix")
+
+
+def __getattr__(name: str) -> Any:
+    """``from art.model import TrainableModel`` works here too: loaded on first use, since
+    dgrpo/trainable_model.py is built on this module."""
+    if name == "TrainableModel":
+        return importlib.import_module("dgrpo.trainable_model").TrainableModel
+    raise AttributeError(f"module 'dgrpo.model' has no attribute {name!r}")

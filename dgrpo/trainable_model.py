@@ -24,7 +24,7 @@ from activities.object_store import ObjectStore
 from activities.retention import delete_checkpoints, select_checkpoints_to_delete
 from activities.rollout_model import discover_base_model, own_server_api_key
 from activities.trajectory_store import upload_groups
-from dgrpo.art_config import lora_from_internal_config, train_config_fields
+from dgrpo.art_config import lora_from_internal_config, lora_from_lora_config, train_config_fields
 from dgrpo.attach import check_train_step
 from dgrpo.backends import Backend
 from dgrpo.errors import (
@@ -76,6 +76,7 @@ class TrainableModel(Model):
         base_model: str = "smollm2-135m-instruct",
         *,
         lora: LoraConfig | None = None,
+        lora_config: Mapping[str, Any] | None = None,
         entity: str | None = None,
         id: str | None = None,
         run_id: str | None = None,
@@ -99,11 +100,16 @@ class TrainableModel(Model):
                 "the prefix its checkpoints and metrics live under; leave run_id out"
             )
         internal_lora, self.max_seq_len = lora_from_internal_config(_internal_config or {})
-        if lora is not None and internal_lora is not None and lora != internal_lora:
-            raise UnsupportedArtOption("give the LoRA shape once: lora= or _internal_config['peft_args']")
+        given = [c for c in (lora, internal_lora) if c is not None]
+        if lora_config is not None:
+            given.append(lora_from_lora_config(lora_config))
+        if any(c != given[0] for c in given):
+            raise UnsupportedArtOption(
+                "give the LoRA shape once: lora=, lora_config= or _internal_config['peft_args']"
+            )
         self.base_model = base_model
         self.spec = ModelSpec(
-            name=name, project=project, base_model=base_model, lora=lora or internal_lora or LoraConfig()
+            name=name, project=project, base_model=base_model, lora=given[0] if given else LoraConfig()
         )
         self._served: str | None = None
         self._base_served: str | None = None
@@ -195,11 +201,10 @@ class TrainableModel(Model):
     def get_inference_name(self, step: int | None = None) -> str:
         """The served name of the newest step (``<name>@<step>``, or the base model at step 0), or of
         checkpoint ``step``: ``<name>@<step>`` (served while the newest step or a lease holds it), and
-        for step 0 of a fresh LoRA the base model itself (a baseline to compare with)."""
+        for step 0 of a fresh LoRA the base model itself (a baseline to compare with). Before
+        ``register`` it is ART's unregistered name: ``name``, or ``name@<step>``."""
         if self._served is None or self._base_served is None:
-            raise NotRegisteredError(
-                f"model {self.name!r} is not registered: call `await model.register(backend)` before using it"
-            )
+            return super().get_inference_name(step)
         if step is None or step == self._step:
             return self._served
         if step == 0 and not self.warm_start:
@@ -222,12 +227,13 @@ class TrainableModel(Model):
         config: TrainConfig | None = None,
         _config: Mapping[str, Any] | None = None,
         verbose: bool = False,
-    ) -> TrainStepResult | None:
+    ) -> TrainStepResult:
         """Train one GRPO step on the groups; returns once the new adapter is served.
 
-        As in ART, a batch with nothing to learn from (no groups, every rollout failed, or every group's
-        rewards equal) is skipped: its numbers are logged at the current step, which does not advance, and
-        ``None`` is returned. ``_config`` takes ART's ``dev.TrainConfig`` keys that dgrpo has (``epsilon``,
+        As in ART >= 0.4.4, a batch with nothing to learn from (no groups, every rollout failed, or every
+        group's rewards equal) trains nothing but still advances the step: the current checkpoint is
+        published again as the next one and served (``result.trained`` is False, the step's metrics say
+        ``data/step_skipped``). ``_config`` takes ART's ``dev.TrainConfig`` keys that dgrpo has (``epsilon``,
         ``epsilon_high``, ``scale_rewards``) and refuses the others; ``verbose`` is accepted (the workers
         log each stage).
         """
@@ -235,11 +241,10 @@ class TrainableModel(Model):
         groups = check_trainable(list(trajectory_groups))
         backend = self._require_backend()
         store = backend.object_store()
-        if not any(trainable(g) for g in groups):
-            await asyncio.to_thread(self._log_skipped, groups)
-            return None
-        client = await backend.temporal_client()
         step = self._step + 1
+        if not any(trainable(g) for g in groups):
+            log_skipped(step, groups)
+        client = await backend.temporal_client()
         handle = client.get_workflow_handle(self.train_workflow_id(step), result_type=TrainStepResult)
         if await _status(handle) in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED):
             # Its input is already uploaded: attach (when it is this model's), never overwrite what it reads.
@@ -254,23 +259,6 @@ class TrainableModel(Model):
             await asyncio.to_thread(self._record, step, train_result_metrics(result))
         self._step, self._served = result.step, result.adapter
         return result
-
-    def _log_skipped(self, groups: list[TrajectoryGroup]) -> None:
-        """ART's skipped step: say why, and record the batch's numbers at the step that stays current."""
-        zero_variance = zero_variance_groups(groups)
-        log.warning(
-            "step %d: skipping training: no group of the %d has rewards that differ (%d with equal rewards, "
-            "%d without two finished rollouts); the step does not advance",
-            self._step + 1,
-            len(groups),
-            zero_variance,
-            len(groups) - zero_variance,
-        )
-        metrics = {
-            **group_metrics(groups, "train"),
-            "discarded/step/zero_variance_groups": float(zero_variance),
-        }
-        self._record(self._step, metrics)
 
     def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
         """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's
@@ -297,6 +285,7 @@ class TrainableModel(Model):
             train=config,
             step=step,
             task_queues=backend.task_queues,
+            advance_without_signal=True,
         )
         handle = await client.start_workflow(
             "TrainStep",
@@ -368,6 +357,19 @@ def check_trainable(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
             "trajectory.messages_and_choices"
         )
     return groups
+
+
+def log_skipped(step: int, groups: list[TrajectoryGroup]) -> None:
+    """Say why ``step`` trains nothing (it still advances, as in ART >= 0.4.4)."""
+    zero_variance = zero_variance_groups(groups)
+    log.warning(
+        "step %d: skipping training: no group of the %d has rewards that differ (%d with equal rewards, "
+        "%d without two finished rollouts); the step advances with the adapter unchanged",
+        step,
+        len(groups),
+        zero_variance,
+        len(groups) - zero_variance,
+    )
 
 
 async def _status(handle: WorkflowHandle[Any, Any]) -> WorkflowExecutionStatus | None:

@@ -65,8 +65,10 @@ async def main(args: argparse.Namespace) -> int:
             result = await model.train(
                 train_groups, config=dgrpo.TrainConfig(learning_rate=args.learning_rate)
             )
-            if result is None:
-                console.print(f"step {step}: every group's rewards were equal; nothing to learn, skipped")
+            if not result.trained:  # as in ART >= 0.4.4 the step still advances, the adapter unchanged
+                console.print(
+                    f"step {result.step}: every group's rewards were equal; nothing trained, skipped"
+                )
                 continue
             console.print(
                 f"step {result.step}: reward {sum(rewards) / max(len(rewards), 1):.3f} over {len(rewards)} "

@@ -32,6 +32,7 @@ class ActivityName(StrEnum):
     TRAIN = "train"
     PUBLISH = "publish"
     PUBLISH_INITIAL = "publish_initial"
+    REPUBLISH = "republish_checkpoint"
     LATEST_CHECKPOINT = "latest_checkpoint"
     RETAIN_CHECKPOINTS = "retain_checkpoints"
 
@@ -199,6 +200,13 @@ class PublishInput(_Strict):
     step: int = Field(ge=0)
     staging_dir: str
     metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class RepublishInput(_Strict):
+    """Publish checkpoint ``source`` again as checkpoint ``step`` of its run: a step that trained nothing."""
+
+    source: CheckpointRef
+    step: int = Field(ge=1)
 
 
 class CheckpointLookup(_Strict):

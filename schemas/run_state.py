@@ -111,6 +111,9 @@ class TrainStepInput(_Strict):
     task_queues: TaskQueues = Field(default_factory=TaskQueues)
     shared_device: bool = False
     """Sleep the inference engine while training (one device)."""
+    advance_without_signal: bool = False
+    """When no group's rewards differ, publish checkpoint ``step - 1`` again as ``step`` and serve it (the
+    step advances and nothing is trained, as in ART >= 0.4.4) instead of failing with ``NoLearningSignal``."""
 
 
 class TrainStepResult(_Strict):
@@ -122,6 +125,8 @@ class TrainStepResult(_Strict):
     n_groups_zero_variance: int = 0
     skipped: bool = False
     """True when checkpoint ``step`` already existed (a retried client call) and was only reloaded."""
+    trained: bool = True
+    """False when no group's rewards differed: checkpoint ``step`` is checkpoint ``step - 1`` published again."""
     seconds: dict[str, float] = Field(default_factory=dict)
 
 

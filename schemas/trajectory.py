@@ -219,6 +219,10 @@ class Trajectory(_Conversation):
     """Free-text notes the rollout wants to keep."""
     policy_step: int | None = Field(None, ge=0)
     """The training step whose adapter sampled the choices (None when unknown)."""
+    initial_policy_version: int | None = None
+    """ART's: the policy version (step) when the rollout began, as the program set it; stored, not read."""
+    final_policy_version: int | None = None
+    """ART's: the policy version (step) when the rollout ended, as the program set it; stored, not read."""
     start_time: datetime = Field(default_factory=datetime.now, exclude=True)
     """When the rollout began (``finish()`` measures from here); not stored."""
 
@@ -315,6 +319,18 @@ class TrajectoryGroup(_Strict):
     def log(self, message: str) -> None:
         """Keep a free-text note with the group."""
         self.logs.append(message)
+
+    def __copy__(self) -> TrajectoryGroup:
+        """A group with its own lists and dicts (as ART's ``copy.copy``), holding the same trajectories: adding
+        to or dropping from the copy leaves this group as it was."""
+        copied = super().__copy__()
+        copied.trajectories = list(self.trajectories)
+        copied.exceptions = list(self.exceptions)
+        copied.metadata = dict(self.metadata)
+        copied.metrics = dict(self.metrics)
+        copied.logs = list(self.logs)
+        copied._pending = list(self._pending)
+        return copied
 
     @property
     def pending(self) -> int:

@@ -5,7 +5,7 @@
 - inference: rollouts, reload and sleep/wake, in front of a serving engine: ``server_url`` attaches to a
   running one (vLLM or ours); otherwise ``engine`` (our CPU server, or ``vllm serve``) is started for
   ``model`` on ``serve_port``.
-- trainer: train, publish, publish_initial and latest_checkpoint, polling the trainer queue and its own
+- trainer: train, publish, publish_initial, republish_checkpoint and latest_checkpoint, polling the trainer queue and its own
   worker-specific queue (publish runs where the trained step is staged).
 
 Temporal and the object store come from the environment (``DGRPO_TEMPORAL_*``, ``DGRPO_S3_*``). A worker started

@@ -61,6 +61,7 @@ PUBLISH = Stage(
     ActivityName.PUBLISH, timedelta(minutes=30), max_attempts=5, schedule_to_start=timedelta(minutes=1)
 )
 PUBLISH_INITIAL = Stage(ActivityName.PUBLISH_INITIAL, timedelta(minutes=30))
+REPUBLISH = Stage(ActivityName.REPUBLISH, timedelta(minutes=30))
 LATEST_CHECKPOINT = Stage(ActivityName.LATEST_CHECKPOINT, timedelta(minutes=2), max_attempts=10)
 RELOAD = Stage(ActivityName.RELOAD, timedelta(minutes=15), max_attempts=10)
 SERVING_CONTROL = Stage(ActivityName.SERVING_CONTROL, timedelta(minutes=10), max_attempts=5)

@@ -19,9 +19,11 @@ with workflow.unsafe.imports_passed_through():
         AdvantagesInput,
         AdvantagesResult,
         CheckpointLookup,
+        InitialAdapterInput,
         PublishInput,
         ReloadInput,
         ReloadResult,
+        RepublishInput,
         ServingControlInput,
         TrainInput,
         TrainResult,
@@ -36,7 +38,9 @@ from workflows.stages import (
     LATEST_CHECKPOINT,
     NO_LEARNING_SIGNAL,
     PUBLISH,
+    PUBLISH_INITIAL,
     RELOAD,
+    REPUBLISH,
     RETRAINS_AFTER_LOST_WORKER,
     SERVING_CONTROL,
     TRAIN,
@@ -48,6 +52,9 @@ from workflows.stages import (
 )
 
 PhaseCallback = Callable[[str], None]
+
+ADVANCE_WITHOUT_SIGNAL_PATCH = "train-step-advance-without-signal"
+"""Marks histories whose untrained step (no group's rewards differ) was republished rather than failed."""
 
 
 class PhaseClock:
@@ -149,6 +156,8 @@ async def train_and_serve(inp: TrainStepInput, on_phase: PhaseCallback | None = 
         result_type=AdvantagesResult,
     )
     if advantages.n_trajectories == 0:
+        if inp.advance_without_signal and workflow.patched(ADVANCE_WITHOUT_SIGNAL_PATCH):
+            return await advance_untrained(inp, advantages, clock)
         raise NoLearningSignal(
             f"step {inp.step}: no learning signal: in all {advantages.n_groups} groups every rollout got the "
             "same reward; use a larger group_size or a finer-grained reward",
@@ -181,6 +190,43 @@ async def train_and_serve(inp: TrainStepInput, on_phase: PhaseCallback | None = 
         loss=trained.loss,
         n_trajectories=advantages.n_trajectories,
         n_groups_zero_variance=advantages.n_groups_zero_variance,
+        seconds=clock.seconds,
+    )
+
+
+async def advance_untrained(
+    inp: TrainStepInput, advantages: AdvantagesResult, clock: PhaseClock
+) -> TrainStepResult:
+    """ART >= 0.4.4's skipped step: checkpoint ``step - 1`` published again as ``step`` and served."""
+    clock.enter("publish")
+    source = inp.start_from
+    if source is None:  # a fresh LoRA's step 0, served as the base model until now: publish it first
+        source = await run_stage(
+            PUBLISH_INITIAL,
+            InitialAdapterInput(run_id=inp.run_id, model=inp.model, seed=inp.train.seed),
+            task_queue=inp.task_queues.trainer,
+            step=0,
+            result_type=CheckpointRef,
+        )
+    workflow.logger.warning(
+        "step %d: no group of the %d has rewards that differ; nothing trained, checkpoint %d served as step %d",
+        inp.step, advantages.n_groups, source.step, inp.step,
+    )  # fmt: skip
+    checkpoint = await run_stage(
+        REPUBLISH,
+        RepublishInput(source=source, step=inp.step),
+        task_queue=inp.task_queues.trainer,
+        step=inp.step,
+        result_type=CheckpointRef,
+    )
+    adapter = await serve_checkpoint(inp, checkpoint, clock)
+    clock.stop()
+    return TrainStepResult(
+        step=inp.step,
+        checkpoint=checkpoint,
+        adapter=adapter,
+        n_groups_zero_variance=advantages.n_groups_zero_variance,
+        trained=False,
         seconds=clock.seconds,
     )
 

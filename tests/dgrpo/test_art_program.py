@@ -3,8 +3,8 @@
 Multi-turn rollouts append each ``completion.choices[0]`` (an openai ``Choice``) and send
 ``traj.messages()`` back; a non-trainable ``art.Model`` baseline is logged as ``val``; step 1 trains with
 ART 0.5's ``backend.train`` + ``model.log(metrics=...)``, step 2 with ``model.train``; before step 1,
-batches with nothing to learn from (equal rewards, none, all failed) are skipped as ART skips them. The
-numbers are read back from the run's metrics Parquet, not just found to exist.
+batches with nothing to learn from (equal rewards, none, all failed) are skipped as ART >= 0.4.4 skips them:
+nothing trained, the step still advances. The numbers are read back from the run's metrics Parquet, not just found to exist.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ async def program(home: Path) -> dict[str, Any]:
             )
             seen.setdefault("groups", []).append(groups)
             if batch.step == 0:
-                # Batches with nothing to learn from are skipped, as in ART: logged, the step stays.
+                # Batches with nothing to learn from are skipped, as in ART >= 0.4.4: steps 1-3 train nothing.
                 flat = [
                     art.TrajectoryGroup([t.model_copy(update={"reward": 1.0}) for t in g]) for g in groups
                 ]
@@ -121,19 +121,25 @@ async def test_an_art_program_trains_two_steps_and_logs(tmp_path: Path) -> None:
         assert roles == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
 
     skipped = seen["skipped"]
-    assert (skipped.step, skipped.checkpoint_path) == (0, None)
+    assert skipped.step == 1 and skipped.checkpoint_path.endswith("/checkpoints/000001/")
     assert skipped.metrics["discarded/step/zero_variance_groups"] == 2
-    assert (seen["skipped_empty"], seen["skipped_failed"], seen["step_after_skips"]) == (None, None, 0)
-    # The last skipped batch (every rollout failed) is what step 0's train row shows.
-    assert seen["records_after_skips"][0]["train/exception_rate"] == 1.0
-    assert seen["records_after_skips"][0]["data/step_num_groups_trainable"] == 0
+    assert skipped.metrics["data/step_skipped"] == 1.0 and "loss/train" not in skipped.metrics
+    empty, failed = seen["skipped_empty"], seen["skipped_failed"]
+    assert (empty.step, empty.trained, failed.step, failed.trained, seen["step_after_skips"]) == (
+        2, False, 3, False, 3
+    )  # fmt: skip
+    # Each skipped batch's numbers are its own step's row (step 3: every rollout failed).
+    records = seen["records_after_skips"]
+    assert records[3]["train/exception_rate"] == 1.0 and records[3]["data/step_skipped"] == 1.0
+    assert [records[s]["data/step_num_groups_trainable"] for s in (1, 2, 3)] == [0, 0, 0]
 
     result = seen["result"]
-    assert result.step == 1 and result.checkpoint_path.endswith("/checkpoints/000001/")
+    assert result.step == 4 and result.checkpoint_path.endswith("/checkpoints/000004/")
     assert result.metrics["loss/train"] == result.metrics["loss/train"]  # a number, not NaN
-    assert (seen["step"], seen["served"]) == (2, "art-compat-agent@2")
+    assert result.metrics["data/step_skipped"] == 0.0
+    assert (seen["step"], seen["served"]) == (5, "art-compat-agent@5")
 
-    step1 = seen["records"][1]
+    step1 = seen["records"][4]
     rewards = [t.reward for g in first for t in g]
     assert step1["train/reward"] == pytest.approx(statistics.fmean(rewards))
     assert step1["loss/train"] == pytest.approx(result.metrics["loss/train"])
@@ -142,5 +148,5 @@ async def test_an_art_program_trains_two_steps_and_logs(tmp_path: Path) -> None:
     )
     assert step1["data/step_num_trajectories"] == result.metrics["data/step_num_trajectories"] > 0
     assert step1["train/turns"] == 2
-    assert "train/reward" in seen["records"][2]
+    assert "train/reward" in seen["records"][5]
     assert seen["baseline_records"][0]["val/reward"] == pytest.approx(statistics.fmean(seen["val_rewards"]))

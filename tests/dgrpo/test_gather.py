@@ -64,3 +64,18 @@ async def test_after_each_rescores_and_may_drop_groups() -> None:
         after_each=double_or_drop,
     )
     assert [[t.reward for t in g.trajectories] for g in groups] == [[0, 2]]
+
+
+async def test_a_group_awaitable_that_raises_counts_against_max_exceptions() -> None:
+    async def group_of(reward: float, fail: bool = False) -> dgrpo.TrajectoryGroup:
+        await asyncio.sleep(0.01)
+        if fail:
+            raise ValueError(f"group {reward} failed to build")
+        return dgrpo.TrajectoryGroup([dgrpo.Trajectory(reward=reward)])
+
+    kept = await dgrpo.gather_trajectory_groups(
+        [group_of(1.0), group_of(2.0, fail=True), group_of(3.0)], pbar_desc=None, max_exceptions=1
+    )
+    assert [g.trajectories[0].reward for g in kept] == [1.0, 3.0]  # the failed group is dropped
+    with pytest.raises(TooManyRolloutErrors, match=r"group 2\.0 failed to build"):
+        await dgrpo.gather_trajectory_groups([group_of(1.0), group_of(2.0, fail=True)], pbar_desc=None)

@@ -72,6 +72,30 @@ async def test_train_step_trains_publishes_serves_and_is_idempotent(client: Clie
     assert "newest checkpoint is step 2" in cause.message and "train step 3 next" in cause.message
 
 
+async def test_a_step_without_learning_signal_advances_untrained_when_asked(
+    client: Client, task_queue: str
+) -> None:
+    # ART >= 0.4.4: every group's rewards equal -> nothing trained, the step still advances.
+    stubs = ScriptedActivities(no_signal={1: 1, 3: 1, 4: 1})
+    run_id = f"flat-{uuid.uuid4().hex[:8]}"
+    async with workers(stubs, client, task_queue):
+        # Step 1 of a fresh LoRA has no checkpoint 0 yet (step 0 is served as the base model).
+        flat = await run_step(
+            client, step_input(task_queue, run_id, 1, advance_without_signal=True), f"{run_id}-1"
+        )
+        await run_step(client, step_input(task_queue, run_id, 2), f"{run_id}-2")
+        flat_again = await run_step(
+            client, step_input(task_queue, run_id, 3, advance_without_signal=True), f"{run_id}-3"
+        )
+        with pytest.raises(WorkflowFailureError) as err:  # a caller that does not ask still fails
+            await run_step(client, step_input(task_queue, run_id, 4), f"{run_id}-4")
+    assert (flat.step, flat.adapter, flat.trained, flat.loss) == (1, f"{run_id}@1", False, None)
+    assert (flat_again.step, flat_again.trained, flat_again.n_groups_zero_variance) == (3, False, 2)
+    assert stubs.names("publish_initial") == [0] and stubs.names("republish") == [1, 3]
+    assert stubs.names("train") == [2] and stubs.names("reload") == [1, 2, 3]
+    assert "no learning signal" in str(err.value.cause)
+
+
 async def test_a_trainer_that_vanished_before_publishing_means_training_again(
     client: Client, task_queue: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -27,6 +27,7 @@ from schemas.activities import (
     PublishInput,
     ReloadInput,
     ReloadResult,
+    RepublishInput,
     RetentionInput,
     RolloutsInput,
     ServingControlInput,
@@ -210,6 +211,12 @@ class ScriptedActivities:
         self.calls.append(("publish", inp.step))
         return self._checkpoint(inp.run_id, inp.step)
 
+    @activity.defn(name=ActivityName.REPUBLISH)
+    async def republish(self, inp: RepublishInput) -> CheckpointRef:
+        self.calls.append(("republish", inp.step))
+        assert inp.source == self.checkpoints[inp.source.run_id][inp.step - 1], inp.source
+        return self._checkpoint(inp.source.run_id, inp.step)
+
     @activity.defn(name=ActivityName.RELOAD)
     async def reload(self, inp: ReloadInput) -> ReloadResult:
         self.calls.append(("reload", inp.checkpoint.step))
@@ -240,6 +247,7 @@ class ScriptedActivities:
         everything = [
             self.latest_checkpoint,
             self.publish_initial,
+            self.republish,
             self.rollouts,
             self.merge_rollouts,
             self.judge,

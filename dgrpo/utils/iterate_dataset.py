@@ -1,4 +1,4 @@
-"""ART's ``art.utils`` helpers a training loop uses: ``iterate_dataset`` (and ``retry``).
+"""ART's ``art.utils.iterate_dataset``: a training loop's batches of scenarios, step by step.
 
     for batch in iterate_dataset(scenarios, groups_per_step=4, num_epochs=2, initial_step=await model.get_step()):
         ...  # batch.items, batch.step, batch.epoch, batch.epoch_step
@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from tqdm.auto import tqdm
-
-from dgrpo.retries import retry
 
 T = TypeVar("T")
 
@@ -87,4 +85,4 @@ def iterate_dataset(
         bar.close()
 
 
-__all__ = ["DatasetBatch", "iterate_dataset", "retry"]
+__all__ = ["DatasetBatch", "epoch_order", "iterate_dataset"]

@@ -1,4 +1,5 @@
-"""``dgrpo.local``: where ``from art.local import LocalBackend`` points, with ART 0.5's ``backend.train``.
+"""``dgrpo.local.backend``: where ``from art.local(.backend) import LocalBackend`` points, with ART 0.5's
+``backend.train`` on top of the embedded stack's backend (dgrpo/local/stack.py).
 
 with LocalBackend() as backend:            # or ``async with``
     await model.register(backend)
@@ -11,16 +12,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from dgrpo import local_backend
 from dgrpo.art_config import train_config_fields
 from dgrpo.errors import NotRegisteredError
-from dgrpo.metrics import group_metrics, train_result_metrics, zero_variance_groups
+from dgrpo.local import stack
+from dgrpo.metrics import group_metrics, train_result_metrics
 from dgrpo.trainable_model import TrainableModel
 from dgrpo.types import LocalTrainResult
 from schemas.trajectory import TrajectoryGroup
 
 
-class LocalBackend(local_backend.LocalBackend):
+class LocalBackend(stack.LocalBackend):
     """``dgrpo.LocalBackend`` with ART's ``train(model, groups, ...)`` and a plain ``with`` block."""
 
     async def train(
@@ -55,9 +56,6 @@ class LocalBackend(local_backend.LocalBackend):
         config = model.step_config(None, train_config_fields("backend.train", options))
         groups = list(trajectory_groups)
         result = await model.train(groups, config)
-        if result is None:  # nothing to learn from: skipped as in ART, the step stays
-            skipped = {"discarded/step/zero_variance_groups": float(zero_variance_groups(groups))}
-            return LocalTrainResult(step=await model.get_step(), metrics=skipped)
         data = {k: v for k, v in group_metrics(groups, "train").items() if k.startswith("data/")}
         metrics = {**data, **train_result_metrics(result)}
         return LocalTrainResult(step=result.step, metrics=metrics, checkpoint_path=result.checkpoint.uri)
