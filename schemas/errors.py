@@ -27,6 +27,8 @@ CORRUPT_LOCAL_COPY = "CorruptLocalCopy"
 """A worker's downloaded copy of a checkpoint failed verification; the retry downloads it again."""
 BAD_REWARD = "BadReward"
 """A reward is NaN, infinite or too large; the message names the group and trajectory."""
+ENGINE_RESTARTED = "EngineRestarted"
+"""The inference server stopped answering (or died) and was restarted; the work that used it is retried."""
 
 RETRYABLE: dict[str, bool] = {
     CONFIG_ERROR: False,
@@ -38,6 +40,7 @@ RETRYABLE: dict[str, bool] = {
     ROLLOUT_FAILED: True,
     TASK_IMPORT: False,
     BAD_REWARD: False,
+    ENGINE_RESTARTED: True,
 }
 """Every failure type, and whether another attempt can help."""
 NON_RETRYABLE: tuple[str, ...] = tuple(name for name, retry in RETRYABLE.items() if not retry)
