@@ -29,8 +29,10 @@ class EngineLiveness:
         self.missed = 0
         """Probes missed in a row."""
         self.restarts = 0
-        self._up = asyncio.Event()
-        self._up.set()
+        self._up = True
+        self._ready = asyncio.Event()
+        """Set while the engine is up and answers its probes: only then does new work start on it."""
+        self._ready.set()
         self._lost = asyncio.Event()
         self._why = ""
 
@@ -40,10 +42,13 @@ class EngineLiveness:
 
     def answered(self) -> None:
         self.missed = 0
+        if self._up:
+            self._ready.set()
 
     def missed_probe(self) -> int:
         """Count one more missed probe; how many in a row now."""
         self.missed += 1
+        self._ready.clear()
         return self.missed
 
     def restarting(self, why: str) -> None:
@@ -51,21 +56,23 @@ class EngineLiveness:
         self.restarts += 1
         self.missed = 0  # our own restart, bounded by its start timeout: the waiting activities are alive
         self._why = why
-        self._up.clear()
+        self._up = False
+        self._ready.clear()
         self._lost.set()
         self._lost = asyncio.Event()
 
     def restarted(self) -> None:
-        self._up.set()
+        self._up = True
+        self._ready.set()
 
     async def guard(self, work: Awaitable[T]) -> T:
-        """``work``'s result, once the engine is up; an ``EngineRestarted`` failure (retryable) when the engine
-        is restarted while ``work`` runs (``work`` is then cancelled)."""
+        """``work``'s result, started once the engine is up and answering; an ``EngineRestarted`` failure
+        (retryable) when the engine is restarted while ``work`` runs (``work`` is then cancelled)."""
         try:
-            await asyncio.wait_for(self._up.wait(), RESTART_WAIT_S)
+            await asyncio.wait_for(self._ready.wait(), RESTART_WAIT_S)
         except TimeoutError:
             raise ApplicationError(
-                f"the inference server was not back within {RESTART_WAIT_S:.0f}s of its restart ({self._why})",
+                f"the inference server did not answer within {RESTART_WAIT_S:.0f}s ({self._why or 'probes missed'})",
                 type=ENGINE_RESTARTED,
             ) from None
         lost = self._lost
