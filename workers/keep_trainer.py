@@ -18,13 +18,15 @@ log = logging.getLogger(__name__)
 CHECK_EVERY_S = 1.0
 
 
-async def keep_trainer(child: WorkerProcess) -> None:
-    """Run until cancelled (before ``child.stop()``: a stopped child is not restarted); restart ``child``
-    whenever its process has ended."""
+async def keep_trainer(child: WorkerProcess, stop: asyncio.Event) -> None:
+    """Run until cancelled (before ``child.stop()``) or ``stop`` is set (a Ctrl+C reaches the child too): restart
+    ``child`` whenever its process has ended."""
     while True:
         await asyncio.sleep(CHECK_EVERY_S)
         if child.alive():
             continue
+        if stop.is_set():
+            return
         log.error("the trainer child exited; starting it again (log: %s)\n%s", child.log_path,
                   child.child.log_tail(1500))  # fmt: skip
         child.spawn()  # on the event loop's thread, the main one: the child still dies with this worker

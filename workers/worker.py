@@ -257,7 +257,7 @@ async def _serve(
 ) -> None:
     """Poll until ``stop`` (or a worker fails), then shut every worker (and the trainer child) down at once."""
     tasks = [asyncio.create_task(w.run(), name=f"worker:{w.task_queue}") for w in workers]
-    watch = None if trainer_child is None else asyncio.create_task(keep_trainer(trainer_child))
+    watch = None if trainer_child is None else asyncio.create_task(keep_trainer(trainer_child, stop))
     log.info("%s worker polling %s", opts.role, ", ".join(w.task_queue for w in workers))
     if opts.ready_file is not None:
         opts.ready_file.write_text(" ".join(server_urls) + "\n")
