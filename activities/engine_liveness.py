@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from temporalio.exceptions import ApplicationError
 
@@ -20,74 +20,76 @@ T = TypeVar("T")
 
 RESTART_WAIT_S = 600.0
 """How long an activity waits for a restarting engine before it fails (retryable) instead."""
+WAIT_STEP_S = 0.2
 
 
 class EngineLiveness:
-    """The answering state of one worker's engine(s); created and read on the worker's event loop."""
+    """The answering state of one worker's engine(s); read and changed on the worker's event loop. It holds
+    no asyncio primitive, so one instance serves any event loop (a test's as well as the worker's)."""
 
     def __init__(self) -> None:
         self.missed = 0
         """Probes missed in a row."""
         self.restarts = 0
-        self._up = True
-        self._ready = asyncio.Event()
-        """Set while the engine is up and answers its probes: only then does new work start on it."""
-        self._ready.set()
-        self._lost = asyncio.Event()
+        self.up = True
+        """False from the moment the engine is being replaced until the new one answers."""
+        self._users: set[asyncio.Future[Any]] = set()
+        self._lost: set[asyncio.Future[Any]] = set()
         self._why = ""
 
     def vouches(self) -> bool:
         """False while the engine leaves probes unanswered: heartbeats of the work that uses it stop."""
         return self.missed == 0
 
+    def ready(self) -> bool:
+        """Up and answering: only then does new work start on it."""
+        return self.up and self.missed == 0
+
     def answered(self) -> None:
         self.missed = 0
-        if self._up:
-            self._ready.set()
 
     def missed_probe(self) -> int:
         """Count one more missed probe; how many in a row now."""
         self.missed += 1
-        self._ready.clear()
         return self.missed
 
     def restarting(self, why: str) -> None:
-        """The engine is being replaced: fail the activities that used it, hold new ones until ``restarted``."""
+        """The engine is being replaced: fail the work that used it, hold new work until ``restarted``."""
         self.restarts += 1
         self.missed = 0  # our own restart, bounded by its start timeout: the waiting activities are alive
+        self.up = False
         self._why = why
-        self._up = False
-        self._ready.clear()
-        self._lost.set()
-        self._lost = asyncio.Event()
+        for user in self._users:
+            self._lost.add(user)
+            user.cancel()
 
     def restarted(self) -> None:
-        self._up = True
-        self._ready.set()
+        self.up = True
 
     async def guard(self, work: Awaitable[T]) -> T:
         """``work``'s result, started once the engine is up and answering; an ``EngineRestarted`` failure
         (retryable) when the engine is restarted while ``work`` runs (``work`` is then cancelled)."""
+        waited = 0.0
+        while not self.ready():
+            if waited >= RESTART_WAIT_S:
+                raise ApplicationError(
+                    f"the inference server did not answer within {RESTART_WAIT_S:.0f}s "
+                    f"({self._why or 'probes missed'})",
+                    type=ENGINE_RESTARTED,
+                )
+            await asyncio.sleep(WAIT_STEP_S)
+            waited += WAIT_STEP_S
+        task: asyncio.Future[T] = asyncio.ensure_future(work)
+        self._users.add(task)
         try:
-            await asyncio.wait_for(self._ready.wait(), RESTART_WAIT_S)
-        except TimeoutError:
+            return await task
+        except asyncio.CancelledError:
+            if task not in self._lost:
+                raise  # the activity itself was cancelled
             raise ApplicationError(
-                f"the inference server did not answer within {RESTART_WAIT_S:.0f}s ({self._why or 'probes missed'})",
+                f"the inference server {self._why} and was restarted; this attempt used it and is retried",
                 type=ENGINE_RESTARTED,
             ) from None
-        lost = self._lost
-        task = asyncio.ensure_future(work)
-        watch = asyncio.ensure_future(lost.wait())
-        try:
-            await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            watch.cancel()
-            if not task.done():
-                task.cancel()
-        if task.done() and not task.cancelled():
-            return task.result()
-        await asyncio.gather(task, return_exceptions=True)
-        raise ApplicationError(
-            f"the inference server {self._why} and was restarted; this attempt used it and is retried",
-            type=ENGINE_RESTARTED,
-        )
+            self._users.discard(task)
+            self._lost.discard(task)
