@@ -8,6 +8,10 @@
 - trainer: train, publish, publish_initial and latest_checkpoint, polling the trainer queue and its own
   worker-specific queue (publish runs where the trained step is staged).
 
+The server an inference worker starts is probed and started again when it dies or stops answering
+(``keep_serving.py``); with role ``all`` the trainer runs in a child process that is started again when it dies
+(``keep_trainer.py``).
+
 Temporal and the object store come from the environment (``DGRPO_TEMPORAL_*``, ``DGRPO_S3_*``). A worker started
 before Temporal keeps trying to connect (``WorkerLifecycle.temporal_wait_s``). On SIGTERM (a spot-preemption
 notice) it stops polling at once, gives its running activities ``WorkerLifecycle.grace_s`` to finish, fails
