@@ -367,6 +367,13 @@ class RolloutActivities:
 
     @activity.defn(name=ActivityName.ROLLOUTS)
     async def rollouts(self, input: RolloutsInput) -> TrajectoriesRef:
+        """Roll out ``input``'s share of the step; failed as retryable when the worker's server is restarted
+        (it stopped answering, or died) while the rollouts use it."""
+        if self.serving is None:
+            return await self._rollouts(input)
+        return await self.serving.liveness.guard(self._rollouts(input))
+
+    async def _rollouts(self, input: RolloutsInput) -> TrajectoriesRef:
         try:
             fn = load_rollout_function(input.task.rollout, self.task_modules)
             scenarios = await asyncio.to_thread(load_scenarios, input.task.scenarios, self.task_modules)

@@ -10,6 +10,8 @@
 - ``leases``: an ``AdapterLeases`` shared with the rollout activities; reload never evicts a held adapter.
 - ``engine``: the ``EngineSettings`` the servers run with (the operator's); ``reload`` refuses a run they
   cannot serve before loading anything.
+- ``liveness``: the servers' ``EngineLiveness`` (the worker's watch reports to it); every activity here and
+  the rollouts run under its ``guard``: failed as retryable when the server is restarted under them.
 
 Register ``ServingActivities(...).all()``: ``reload`` (``ReloadInput`` -> ``ReloadResult``) and
 ``serving_control`` (``ServingControlInput`` -> None).
@@ -31,6 +33,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.checkpoints import download_checkpoint
+from activities.engine_liveness import EngineLiveness
 from activities.errors import application_error
 from activities.object_store import WORKER_OUTAGE_S, ObjectStore
 from schemas import layout
@@ -88,6 +91,7 @@ class ServingActivities:
         adapter_root: str | Path | None = None,
         leases: AdapterLeases | None = None,
         engine: EngineSettings | None = None,
+        liveness: EngineLiveness | None = None,
     ) -> None:
         if not servers:
             raise ValueError("ServingActivities needs at least one server URL")
@@ -96,6 +100,7 @@ class ServingActivities:
         self.adapter_root = Path(adapter_root or Path(dgrpo_home()) / "adapters")
         self.leases = leases or AdapterLeases()
         self.engine = engine or EngineSettings()
+        self.liveness = liveness or EngineLiveness()
         self.served: dict[str, Path] = {}
         """Adapters this worker loaded and has not evicted: name -> verified local copy (for ``restore``)."""
         self._ensuring = asyncio.Lock()  # shards of one step on this worker: one downloads, the others wait
@@ -148,6 +153,9 @@ class ServingActivities:
     async def reload(self, input: ReloadInput) -> ReloadResult:
         """Download checkpoint ``input.checkpoint`` (sha256-verified), load it as ``<run id>@<step>`` on every
         server (replacing one of that name loaded from another run's checkpoint), then evict this model's adapters beyond the newest ``keep_adapters`` that no lease holds."""
+        return await self.liveness.guard(self._reload(input))
+
+    async def _reload(self, input: ReloadInput) -> ReloadResult:
         refusal = self.refusal(input)
         if refusal is not None:
             raise ApplicationError(f"this inference worker cannot serve the run: {refusal}", type=CONFIG_ERROR,
@@ -252,6 +260,9 @@ class ServingActivities:
     @activity.defn(name=ActivityName.SERVING_CONTROL)
     async def serving_control(self, input: ServingControlInput) -> None:
         """Put every server to sleep (shared mode, before training) or wake them up."""
+        await self.liveness.guard(self._serving_control(input))
+
+    async def _serving_control(self, input: ServingControlInput) -> None:
         for client in self.clients:
             if input.action == "sleep":
                 await client.sleep()

@@ -8,7 +8,13 @@ ports. Printed as markdown: every fault; for a worker kill, the seconds from the
 activity's next attempt (the history's ActivityTaskStarted against the recorded kill time); for a server,
 the seconds until the restarted one answered; and both runs' wall times.
 
+Then (``--suite liveness``, or ``all``, the default) the faults a live process hides, on a control worker and
+one ``dgrpo worker all`` (its server and its trainer child): ``kill -STOP`` of the server while it serves
+rollouts, and ``kill -9`` of the trainer child while it trains, at every step; nothing outside the worker
+restarts either. Again the seconds from the fault to the activity's next attempt.
+
     PYTHONPATH=$PWD python bench/chaos.py [--steps 6] [--groups 4] [--group-size 8] [--s3-outage 30]
+        [--suite all|faults|liveness]
 
 The default size is the demo's (4 x 8): on an idle machine a step of 2 x 4 takes seconds, and a kill that
 waits for an activity to have run a second or two finds none until late in the run.
@@ -82,6 +88,25 @@ def schedule(steps: int, s3_outage_s: float) -> list[Callable[[ChaosCluster, obj
     return faults
 
 
+def liveness_schedule(steps: int) -> list[Injection]:
+    """Per step: the server of the ``worker all`` stopped during rollouts, its trainer child killed during train."""
+
+    def at(phase: str, step: int, then: Injection) -> Injection:
+        async def inject(cluster: ChaosCluster, handle: object) -> object:
+            await wait_for_phase(handle, phase, step)  # type: ignore[arg-type]
+            return await then(cluster, handle)
+
+        return inject
+
+    faults: list[Injection] = []
+    for step in range(1, steps + 1):
+        faults += [
+            at("rollouts", step, lambda cluster, handle: cluster.stop_server_running(handle, "rollouts")),  # type: ignore[arg-type]
+            at("train", step, lambda cluster, handle: cluster.kill_trainer_child_running(handle)),  # type: ignore[arg-type]
+        ]
+    return faults
+
+
 async def timed_run(
     cluster: ChaosCluster, args: argparse.Namespace, faults: list[Injection]
 ) -> tuple[float, RunStatus, str]:
@@ -110,10 +135,11 @@ def report(
     faults: list[Fault],
     delays: dict[int, float | None],
     start: datetime,
+    title: str = "control + 2 inference + 2 trainer workers",
 ) -> str:
     lines = [
         f"Chaos bench: {args.steps} steps x {args.groups} groups x {args.group_size}, SmolLM2-135M on CPU, "
-        "control + 2 inference + 2 trainer workers",
+        + title,
         "",
         "| # | fault | target | activity (attempt) | at (s) | retry started after (s) | outage (s) |",
         "|---|---|---|---|---|---|---|",
@@ -131,28 +157,42 @@ def report(
         "",
         "| run | wall (s) | final phase | steps |",
         "|---|---|---|---|",
-        f"| undisturbed | {calm_s:.0f} | done | {args.steps} |",
+        *([f"| undisturbed | {calm_s:.0f} | done | {args.steps} |"] if calm_s else []),
         f"| under {len(faults)} faults | {chaos_s:.0f} | {final.phase} | {final.step} |",
     ]
     return "\n".join(lines)
 
 
 async def main(args: argparse.Namespace) -> None:
+    if args.suite in ("all", "faults"):
+        await bench(args, liveness=False)
+    if args.suite in ("all", "liveness"):
+        await bench(args, liveness=True)
+
+
+async def bench(args: argparse.Namespace, liveness: bool) -> None:
     suffix = uuid.uuid4().hex[:8]
     queues = TaskQueues(
         control=f"bc-control-{suffix}", inference=f"bc-inf-{suffix}", trainer=f"bc-tr-{suffix}"
     )
     with tempfile.TemporaryDirectory(prefix="dgrpo-chaos-") as root:
-        cluster = ChaosCluster(Path(root), queues)
+        if liveness:
+            cluster = ChaosCluster(Path(root), queues, inference=0, trainers=0, all_in_one=1)
+            title, faults = "control + 1 `worker all` (server + trainer child)", liveness_schedule(args.steps)
+        else:
+            cluster = ChaosCluster(Path(root), queues)
+            title, faults = "control + 2 inference + 2 trainer workers", schedule(args.steps, args.s3_outage)
         try:
             cluster.start()
-            calm_s, calm, _ = await timed_run(cluster, args, [])
-            assert calm.phase == "done", calm
+            calm_s = 0.0
+            if not liveness:
+                calm_s, calm, _ = await timed_run(cluster, args, [])
+                assert calm.phase == "done", calm
             start = datetime.now().astimezone()
-            chaos_s, final, run_id = await timed_run(cluster, args, schedule(args.steps, args.s3_outage))
+            chaos_s, final, run_id = await timed_run(cluster, args, faults)
             client = await connect_client(address=cluster.stack.temporal_address, wait_s=120)
             delays = await retry_delays(client, run_id, cluster.faults)
-            print(report(args, calm_s, chaos_s, final, cluster.faults, delays, start))
+            print(report(args, calm_s, chaos_s, final, cluster.faults, delays, start, title))
         finally:
             cluster.stop()
 
@@ -165,5 +205,6 @@ if __name__ == "__main__":
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--s3-outage", type=float, default=30.0, help="seconds S3 stays down")
+    parser.add_argument("--suite", choices=("all", "faults", "liveness"), default="all")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     asyncio.run(main(parser.parse_args()))

@@ -77,6 +77,8 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
             dtype=args.dtype,
             gpu_memory_utilization=args.gpu_memory_utilization,
             prefix_cache_mb=args.prefix_cache_mb,
+            probe_timeout_s=args.probe_timeout_s,
+            unanswered_probes=args.unanswered_probes,
         ),
         lifecycle=worker_lifecycle(args),
         staging_root=Path(args.staging) if args.staging else None,
@@ -202,6 +204,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         type=int,
         default=engine.prefix_cache_mb,
         help="CPU server's prefix cache; 0: off",
+    )
+    worker.add_argument(
+        "--probe-timeout-s",
+        type=float,
+        default=engine.probe_timeout_s,
+        help="the server's /health is asked every second; a later answer is a missed probe",
+    )
+    worker.add_argument(
+        "--unanswered-probes",
+        type=int,
+        default=engine.unanswered_probes,
+        help="missed probes in a row after which a hung server is killed and started again",
     )
     worker.add_argument(
         "--serve-port", type=int, help="port of the CPU server (default $DGRPO_SERVE_PORT or free)"

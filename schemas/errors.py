@@ -32,6 +32,8 @@ BAD_LOGPROB = "BadLogprob"
 and trajectory."""
 NON_FINITE_UPDATE = "NonFiniteUpdate"
 """A step's loss, gradient norm or adapter weights are NaN or infinite: the update is refused, never published."""
+ENGINE_RESTARTED = "EngineRestarted"
+"""The inference server stopped answering (or died) and was restarted; the work that used it is retried."""
 
 RETRYABLE: dict[str, bool] = {
     CONFIG_ERROR: False,
@@ -45,6 +47,7 @@ RETRYABLE: dict[str, bool] = {
     BAD_REWARD: False,
     BAD_LOGPROB: False,
     NON_FINITE_UPDATE: False,
+    ENGINE_RESTARTED: True,
 }
 """Every failure type, and whether another attempt can help."""
 NON_RETRYABLE: tuple[str, ...] = tuple(name for name, retry in RETRYABLE.items() if not retry)

@@ -119,6 +119,11 @@ class EngineSettings(BaseModel):
     prefix_cache_mb: int = Field(1024, ge=0)
     """CPU server: keys and values of finished sequences kept for prompts that extend them (multi-turn
     agents, a group's shared prompt); 0 turns prefix caching off (on vLLM too)."""
+    probe_timeout_s: float = Field(5.0, gt=0)
+    """The worker asks its engine's ``/health`` every second; an answer later than this is a missed probe."""
+    unanswered_probes: int = Field(3, ge=1)
+    """Missed probes in a row after which a hung engine is killed and started again with its adapters (the
+    activities using it fail as retryable); while probes go unanswered, its activities' heartbeats stop."""
 
     @property
     def can_sleep(self) -> bool:

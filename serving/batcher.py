@@ -159,6 +159,10 @@ class GenerationEngine:
     async def control(self, action: Action, name: str = "", path: str = "") -> None:
         await asyncio.wrap_future(self.command(action, name, path))
 
+    def alive(self) -> bool:
+        """False once the engine thread has ended (closed, or killed by an error): ``/health`` then says 503."""
+        return self._thread.is_alive()
+
     def close(self) -> None:
         self._inbox.put(None)
         self._thread.join(timeout=30)

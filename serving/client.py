@@ -17,8 +17,13 @@ import httpx
 
 from schemas.settings import ENV_SERVE_API_KEY
 
-DEFAULT_TIMEOUT_S = 600.0
-"""Unloading waits for the requests that use the adapter, so control calls get a long read timeout."""
+DEFAULT_TIMEOUT_S = 300.0
+"""Unloading waits for the requests that use the adapter, so control calls get a long read timeout; it fits
+inside the stages that make them (``workflows/stages.py``: reload 15 min, sleep/wake 10 min)."""
+QUERY_TIMEOUT_S = 30.0
+"""Calls that only read the server's state (models, adapters, is_sleeping) answer at once on a live server."""
+PROBE_TIMEOUT_S = 5.0
+"""``/health``: a server that does not answer within this is not answering."""
 
 
 class ServingError(RuntimeError):
@@ -84,18 +89,20 @@ class ServingClient:
     def __repr__(self) -> str:
         return f"ServingClient({self.base_url!r})"
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        timeout = httpx.Timeout(self.timeout_s, connect=5.0)
+    async def _request(
+        self, method: str, path: str, timeout_s: float | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        timeout = httpx.Timeout(min(timeout_s or self.timeout_s, self.timeout_s), connect=5.0)
         async with httpx.AsyncClient(timeout=timeout, headers=self.headers) as http:
             response = await http.request(method, self.base_url + path, **kwargs)
         if response.status_code >= 400:
             raise ServingError(self.base_url, response.status_code, _message(response))
         return response
 
-    async def health(self) -> bool:
-        """True when the server answers ``/health`` with 200."""
+    async def health(self, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+        """True when the server answers ``/health`` with 200 within ``timeout_s``."""
         try:
-            async with httpx.AsyncClient(timeout=5.0) as http:
+            async with httpx.AsyncClient(timeout=timeout_s) as http:
                 return (await http.get(self.base_url + "/health")).status_code == 200
         except httpx.HTTPError:
             return False
@@ -109,7 +116,7 @@ class ServingClient:
 
     async def models(self) -> list[dict[str, Any]]:
         """``/v1/models`` entries: the base model (``parent`` None) and every loaded adapter."""
-        return list((await self._request("GET", "/v1/models")).json()["data"])
+        return list((await self._request("GET", "/v1/models", QUERY_TIMEOUT_S)).json()["data"])
 
     async def base_model(self) -> str:
         """The served name of the base model (the entry with no ``parent`` that is no ``<model>@<step>``)."""
@@ -163,4 +170,4 @@ class ServingClient:
         await self._request("POST", "/wake_up")
 
     async def is_sleeping(self) -> bool:
-        return bool((await self._request("GET", "/is_sleeping")).json()["is_sleeping"])
+        return bool((await self._request("GET", "/is_sleeping", QUERY_TIMEOUT_S)).json()["is_sleeping"])

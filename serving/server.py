@@ -181,7 +181,8 @@ def build_app(
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200)
+        # As vLLM's: an HTTP loop that answers over a dead engine is not a healthy server.
+        return Response(status_code=200 if engine.alive() else 503)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -5,11 +5,16 @@ An activity heartbeats when it has news (a rollout done, a micro-batch trained);
 heartbeat timeout. So timeouts can be short (``workflows/stages.py``: 20 s) and a dead or hung worker
 is noticed in seconds, while a slow step on a live one is never mistaken for a dead worker. The ticker runs
 on the worker's event loop: it stops with the process, and activities run their heavy compute off the loop.
+
+A live process is not enough when the work waits on an engine: ``HeartbeatTicker(vouches)`` stops every
+heartbeat (the ticker's and the activity's own) while ``vouches()`` is false (the inference worker's engine
+leaves its probes unanswered), so Temporal's heartbeat timeout ends the attempt even if nothing else does.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -28,27 +33,44 @@ THROTTLE = timedelta(seconds=5)
 
 
 class HeartbeatTicker(Interceptor):
-    """Register on every ``Worker`` (``interceptors=[HeartbeatTicker()]``)."""
+    """Register on every ``Worker`` (``interceptors=[HeartbeatTicker()]``); ``vouches``: whether what the
+    worker's activities depend on still answers (default: always)."""
+
+    def __init__(self, vouches: Callable[[], bool] | None = None) -> None:
+        self.vouches = vouches or _always
 
     def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
-        return _Ticking(next)
+        return _Ticking(next, self.vouches)
+
+
+def _always() -> bool:
+    return True
 
 
 class _NewestDetails(ActivityOutboundInterceptor):
-    """Passes the activity's own heartbeats on, remembering the newest details."""
+    """Passes the activity's own heartbeats on while ``vouches()``, remembering the newest details."""
 
-    def __init__(self, next: ActivityOutboundInterceptor) -> None:
+    def __init__(self, next: ActivityOutboundInterceptor, vouches: Callable[[], bool]) -> None:
         super().__init__(next)
+        self.vouches = vouches
         self.details: tuple[Any, ...] = ()
 
     def heartbeat(self, *details: Any) -> None:
         self.details = details
-        self.next.heartbeat(*details)
+        self.beat()
+
+    def beat(self) -> None:
+        if self.vouches():
+            self.next.heartbeat(*self.details)
 
 
 class _Ticking(ActivityInboundInterceptor):
+    def __init__(self, next: ActivityInboundInterceptor, vouches: Callable[[], bool]) -> None:
+        super().__init__(next)
+        self.vouches = vouches
+
     def init(self, outbound: ActivityOutboundInterceptor) -> None:
-        self.outbound = _NewestDetails(outbound)
+        self.outbound = _NewestDetails(outbound, self.vouches)
         super().init(self.outbound)
 
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
@@ -64,4 +86,4 @@ class _Ticking(ActivityInboundInterceptor):
     async def _tick(self, every_s: float) -> None:
         while True:
             await asyncio.sleep(every_s)
-            self.outbound.next.heartbeat(*self.outbound.details)
+            self.outbound.beat()

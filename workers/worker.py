@@ -8,6 +8,10 @@
 - trainer: train, publish, publish_initial, republish_checkpoint and latest_checkpoint, polling the trainer queue and its own
   worker-specific queue (publish runs where the trained step is staged).
 
+The server an inference worker starts is probed and started again when it dies or stops answering
+(``keep_serving.py``); with role ``all`` the trainer runs in a child process that is started again when it dies
+(``keep_trainer.py``).
+
 Temporal and the object store come from the environment (``DGRPO_TEMPORAL_*``, ``DGRPO_S3_*``). A worker started
 before Temporal keeps trying to connect (``WorkerLifecycle.temporal_wait_s``). On SIGTERM (a spot-preemption
 notice) it stops polling at once, gives its running activities ``WorkerLifecycle.grace_s`` to finish, fails
@@ -29,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import Interceptor, Worker
 
 from activities.object_store import WORKER_OUTAGE_S, ObjectStore
 from activities.serving import ServingActivities
@@ -42,6 +46,7 @@ from workers.error_contract import ErrorContract
 from workers.heartbeat_ticker import THROTTLE as HEARTBEAT_THROTTLE
 from workers.heartbeat_ticker import HeartbeatTicker
 from workers.keep_serving import keep_serving
+from workers.keep_trainer import keep_trainer
 from workers.temporal import connect_client
 from workflows.serve_model import ServeModel
 from workflows.train_step import TrainStep
@@ -52,7 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INTERCEPTORS = [ErrorContract(), HeartbeatTicker()]
+INTERCEPTORS: list[Interceptor] = [ErrorContract(), HeartbeatTicker()]
 """On every worker: the one error contract, and heartbeats that do not wait for the work."""
 
 Role = Literal["control", "inference", "trainer", "all"]
@@ -131,12 +136,11 @@ def control_activities(
 
 
 def inference_activities(
-    store: ObjectStore, server_urls: Sequence[str], opts: WorkerOptions, serving: ServingActivities | None
+    store: ObjectStore, server_urls: Sequence[str], opts: WorkerOptions, serving: ServingActivities
 ) -> list[Callable[..., Any]]:
     from activities.rollouts import RolloutActivities
 
     urls = list(server_urls)
-    serving = serving or ServingActivities(urls, store, engine=opts.engine)
     rollouts = RolloutActivities(urls, store, task_modules=opts.task_modules, serving=serving)
     return [rollouts.rollouts, *serving.all()]
 
@@ -159,13 +163,14 @@ async def build_workers(
         activities: Sequence[Callable[..., Any]],
         workflows: Sequence[type] = (),
         max_concurrent_activities: int | None = None,
+        interceptors: Sequence[Interceptor] = INTERCEPTORS,
     ) -> Worker:
         return Worker(
             client,
             task_queue=queue,
             workflows=workflows,
             activities=activities,
-            interceptors=INTERCEPTORS,
+            interceptors=interceptors,
             graceful_shutdown_timeout=grace,  # then running activities are cancelled: failed, retried elsewhere
             # The SDK otherwise holds heartbeats back for up to 0.8 x the timeout; sent within 5 s, the last
             # beat before a kill is recent, so the server's timeout fires soon after the worker died.
@@ -179,11 +184,14 @@ async def build_workers(
         workflows = [TrainingRun, TrainStep, ServeModel]
         workers.append(worker(queues.control, control_activities(store, judge_url, opts), workflows))
     if "inference" in roles:
+        serving = serving or ServingActivities(list(server_urls), store, engine=opts.engine)
         workers.append(
             worker(
                 queues.inference,
                 inference_activities(store, server_urls, opts, serving),
                 max_concurrent_activities=opts.max_concurrent_activities,
+                # no heartbeat vouches for work whose engine leaves its probes unanswered
+                interceptors=[ErrorContract(), HeartbeatTicker(serving.liveness.vouches)],
             )
         )
     if "trainer" in roles:
@@ -253,6 +261,7 @@ async def _serve(
 ) -> None:
     """Poll until ``stop`` (or a worker fails), then shut every worker (and the trainer child) down at once."""
     tasks = [asyncio.create_task(w.run(), name=f"worker:{w.task_queue}") for w in workers]
+    watch = None if trainer_child is None else asyncio.create_task(keep_trainer(trainer_child, stop))
     log.info("%s worker polling %s", opts.role, ", ".join(w.task_queue for w in workers))
     if opts.ready_file is not None:
         opts.ready_file.write_text(" ".join(server_urls) + "\n")
@@ -263,6 +272,8 @@ async def _serve(
             if task is not stopped and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
     finally:
+        if watch is not None:
+            watch.cancel()  # before the child is stopped: a stopped child is not restarted
         grace = opts.lifecycle.grace_s
         log.info(
             "shutting down %s worker: no more polling; running activities get %.0fs to finish, then are "

@@ -25,6 +25,9 @@ HEARTBEAT = timedelta(seconds=20)
 """Every stage's heartbeat timeout: how long a dead or hung worker can hold an activity. With the 2 s first
 retry interval, a killed worker's activity starts again on another worker within about 22 s."""
 
+QUEUE_WAIT = timedelta(hours=1)
+"""What a stage's bound allows, beyond its attempts, for retry backoff and for waiting on a worker to poll."""
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -36,6 +39,12 @@ class Stage:
     max_attempts: int = 5
     schedule_to_start: timedelta | None = None
     """Set where the activity is pinned to one worker that may have died (publish)."""
+
+    @property
+    def schedule_to_close(self) -> timedelta:
+        """The bound on the whole activity, every attempt and every wait for a worker included: a stage whose
+        workers are all gone (a trainer queue nobody polls) fails, naming itself, instead of waiting forever."""
+        return self.start_to_close * self.max_attempts + QUEUE_WAIT
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(
@@ -49,7 +58,8 @@ class Stage:
 
 # Every worker heartbeats each activity from a ticker (workers/heartbeat_ticker.py), whatever the work is
 # doing, so a dead or hung worker is noticed within HEARTBEAT and the activity is retried on another one.
-ROLLOUTS = Stage(ActivityName.ROLLOUTS, timedelta(hours=2), max_attempts=3)
+# A hung engine can cost two attempts (one fails on it, one is failed by its restart): five, like most stages.
+ROLLOUTS = Stage(ActivityName.ROLLOUTS, timedelta(hours=2), max_attempts=5)
 # A step's shards are merged into its one Parquet on the control queue.
 MERGE_ROLLOUTS = Stage(ActivityName.MERGE_ROLLOUTS, timedelta(minutes=30), max_attempts=5)
 JUDGE = Stage(ActivityName.JUDGE, timedelta(hours=1), max_attempts=5)
@@ -110,6 +120,7 @@ async def run_stage(
             arg,
             task_queue=task_queue,
             start_to_close_timeout=stage.start_to_close,
+            schedule_to_close_timeout=stage.schedule_to_close,  # commands match on id and type: replay-safe
             schedule_to_start_timeout=stage.schedule_to_start,
             heartbeat_timeout=stage.heartbeat,
             retry_policy=stage.retry_policy(),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 import time
 from collections.abc import Awaitable
@@ -43,7 +44,8 @@ class Fault:
     """One injected fault: what was killed, when, and (for a worker) the activity attempt it was running."""
 
     kind: str
-    """``kill worker``, ``kill temporal`` or ``kill seaweed`` (the S3 server)."""
+    """``kill worker``, ``kill temporal``, ``kill seaweed`` (the S3 server), ``stop server`` (``kill -STOP`` of a
+    worker's inference server) or ``kill trainer child`` (of a ``worker all``)."""
     target: str
     at: datetime
     activity: str | None = None
@@ -63,6 +65,8 @@ class ChaosCluster:
     queues: TaskQueues
     inference: int = 2
     trainers: int = 2
+    all_in_one: int = 0
+    """``dgrpo worker all`` processes (each with its server and its trainer child), named ``all-<n>``."""
     stack: EmbeddedStack = field(init=False)
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
@@ -76,6 +80,7 @@ class ChaosCluster:
             ["control"]
             + [f"inference-{i}" for i in range(1, self.inference + 1)]
             + [f"trainer-{i}" for i in range(1, self.trainers + 1)]
+            + [f"all-{i}" for i in range(1, self.all_in_one + 1)]
         )
 
     def start(self) -> None:
@@ -112,8 +117,24 @@ class ChaosCluster:
 
     def stop(self) -> None:
         for worker in self.workers.values():
+            for child in self.children(worker, ""):  # a stopped server handles no signal until continued
+                child.send_signal(signal.SIGCONT)
             worker.kill()
         self.stack.stop()
+
+    @staticmethod
+    def children(worker: WorkerProcess, marker: str) -> list[psutil.Process]:
+        """``worker``'s live child processes whose command line holds ``marker``."""
+        if not worker.alive():
+            return []
+        found = []
+        for child in psutil.Process(worker.info.pid).children():
+            try:
+                if marker in " ".join(child.cmdline()):
+                    found.append(child)
+            except psutil.Error:
+                continue
+        return found
 
     def name_of(self, identity: str) -> str | None:
         """The worker whose Temporal identity (``pid@host``) this is, if it is one of ours and alive."""
@@ -123,13 +144,15 @@ class ChaosCluster:
         for name, worker in self.workers.items():
             if worker.alive() and str(worker.info.pid) == pid:
                 return name
+            if any(str(child.pid) == pid for child in self.children(worker, "worker trainer")):
+                return f"{name}/trainer"
         return None
 
-    async def kill_worker_running(
+    async def running(
         self, handle: WorkflowHandle, activity: str, *, after_s: float = 1.0, timeout_s: float = 600.0
     ) -> Fault:
-        """Wait until ``activity`` has run ``after_s`` seconds on one of our workers, ``kill -9`` that worker,
-        and start it again at once (it polls again after its start-up)."""
+        """Once ``activity`` has run ``after_s`` seconds on one of our workers (or a ``worker all``'s trainer
+        child, named ``<name>/trainer``): the fault to record for it (``kind`` left for the caller)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             run_id, pendings = await pending_activities(handle)
@@ -143,8 +166,8 @@ class ChaosCluster:
                 started = pending.last_started_time.ToDatetime(tzinfo=UTC)
                 if name is None or (datetime.now(UTC) - started).total_seconds() < after_s:
                     continue
-                fault = Fault(
-                    "kill worker",
+                return Fault(
+                    "",
                     name,
                     datetime.now(UTC),
                     activity,
@@ -152,13 +175,49 @@ class ChaosCluster:
                     pending.activity_id,
                     pending.attempt,
                 )
-                self.workers[name].kill()
-                self.faults.append(fault)
-                log.warning("killed %s running %s (attempt %d)", name, activity, pending.attempt)
-                self.spawn(name)
-                return fault
             await asyncio.sleep(0.3)
         raise TimeoutError(f"{activity} never ran on one of our workers within {timeout_s:.0f}s")
+
+    async def kill_worker_running(
+        self, handle: WorkflowHandle, activity: str, *, after_s: float = 1.0, timeout_s: float = 600.0
+    ) -> Fault:
+        """Wait until ``activity`` has run ``after_s`` seconds on one of our workers, ``kill -9`` that worker,
+        and start it again at once (it polls again after its start-up)."""
+        fault = await self.running(handle, activity, after_s=after_s, timeout_s=timeout_s)
+        fault.kind, fault.at = "kill worker", datetime.now(UTC)
+        self.workers[fault.target].kill()
+        self.faults.append(fault)
+        log.warning("killed %s running %s (attempt %s)", fault.target, activity, fault.attempt)
+        self.spawn(fault.target)
+        return fault
+
+    async def stop_server_running(
+        self, handle: WorkflowHandle, activity: str, *, after_s: float = 1.0
+    ) -> Fault:
+        """``kill -STOP`` the inference server of the worker running ``activity`` (a hung engine: its process
+        lives and answers nothing); nothing restarts it but the worker's own watch."""
+        fault = await self.running(handle, activity, after_s=after_s)
+        (server,) = self.children(self.workers[fault.target], "serving.server")
+        fault.kind, fault.at, fault.target = "stop server", datetime.now(UTC), f"{fault.target}/server"
+        server.send_signal(signal.SIGSTOP)
+        self.faults.append(fault)
+        log.warning("stopped %s running %s (attempt %s)", fault.target, activity, fault.attempt)
+        return fault
+
+    async def kill_trainer_child_running(self, handle: WorkflowHandle, *, after_s: float = 1.0) -> Fault:
+        """``kill -9`` the trainer child of the ``worker all`` running train; nothing restarts it but its parent."""
+        while True:
+            fault = await self.running(handle, "train", after_s=after_s)
+            if fault.target.endswith("/trainer"):
+                break
+            await asyncio.sleep(0.3)
+        name = fault.target.removesuffix("/trainer")
+        (child,) = self.children(self.workers[name], "worker trainer")
+        fault.kind, fault.at = "kill trainer child", datetime.now(UTC)
+        child.kill()
+        self.faults.append(fault)
+        log.warning("killed %s running train (attempt %s)", fault.target, fault.attempt)
+        return fault
 
     async def kill_worker_now(self, name: str) -> Fault:
         """``kill -9`` worker ``name`` wherever the run is, and start it again at once."""
@@ -244,7 +303,7 @@ async def retry_delays(client: Client, workflow_id: str, faults: list[Fault]) ->
                 started.append((run_id, scheduled[attrs.scheduled_event_id], attrs.attempt, when))
     delays: dict[int, float | None] = {}
     for i, fault in enumerate(faults):
-        if fault.kind != "kill worker" or fault.activity_id is None or fault.attempt is None:
+        if fault.activity_id is None or fault.attempt is None:
             continue
         later = [
             when

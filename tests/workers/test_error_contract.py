@@ -59,6 +59,29 @@ class CallStage:
         return "", "", "succeeded"
 
 
+HUGE = "raise_huge_error"
+HUGE_STAGE = Stage(HUGE, timedelta(seconds=30), max_attempts=2)  # type: ignore[arg-type]
+
+
+@activity.defn(name=HUGE)
+async def raise_huge_error(_: None) -> None:
+    """An error whose message is over Temporal's 2 MB limit (a server's whole answer, a log quoted in full)."""
+    raise RuntimeError(f"the real cause, attempt {activity.info().attempt}: " + "x" * 3_000_000 + " (end)")
+
+
+@workflow.defn(sandboxed=False)
+class CallHuge:
+    @workflow.run
+    async def run(self, queue: str) -> tuple[str, str, str, str]:
+        try:
+            await run_stage(HUGE_STAGE, None, task_queue=queue, step=1, reraise=True)
+        except ActivityError as err:
+            cause = err.cause
+            kind = cause.type or "" if isinstance(cause, ApplicationError) else type(cause).__name__
+            return kind, RetryState(err.retry_state).name, str(cause)[:60], str(cause)[-20:]
+        return "", "", "succeeded", ""
+
+
 async def call(
     client: Client, queue: str, failure_type: str | None = None, metrics: MetricsInput | None = None
 ) -> tuple[str, str, str]:
@@ -137,3 +160,27 @@ def test_a_typed_error_maps_to_its_application_error(failure_type: str) -> None:
         not RETRYABLE[failure_type],
         "what to fix",
     )
+
+
+async def test_a_failure_too_large_for_temporal_keeps_its_cause_and_is_retried(
+    stack: EmbeddedStack, task_queue: str
+) -> None:
+    client = await connect_client(address=stack.temporal_address)
+    async with Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[CallHuge],
+        activities=[raise_huge_error],
+        interceptors=[ErrorContract()],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):
+        kind, state, head, tail = await client.execute_workflow(
+            CallHuge.run,
+            task_queue,
+            id=f"huge-{uuid.uuid4().hex[:8]}",
+            task_queue=task_queue,
+            execution_timeout=timedelta(minutes=2),
+        )
+    # Not Temporal's "Failure exceeds size limit" (non-retryable, the cause lost): the cause, retried.
+    assert (kind, state) == ("RuntimeError", "MAXIMUM_ATTEMPTS_REACHED"), head
+    assert "the real cause, attempt 2" in head and tail.endswith("(end)")

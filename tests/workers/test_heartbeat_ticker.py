@@ -78,3 +78,15 @@ async def test_without_the_ticker_the_same_work_times_out(stack: EmbeddedStack, 
     cause = failed.value.cause
     assert isinstance(cause, ActivityError) and isinstance(cause.cause, TimeoutError)
     assert cause.cause.type == TimeoutType.HEARTBEAT
+
+
+async def test_a_ticker_that_no_longer_vouches_lets_the_same_work_time_out(
+    stack: EmbeddedStack, task_queue: str
+) -> None:
+    """The inference worker's ticker while its engine leaves probes unanswered: no beat at all, the
+    activity's own included, so Temporal's heartbeat timeout ends the attempt."""
+    with pytest.raises(WorkflowFailureError) as failed:
+        await run_busy(stack, task_queue, [HeartbeatTicker(vouches=lambda: False)])
+    cause = failed.value.cause
+    assert isinstance(cause, ActivityError) and isinstance(cause.cause, TimeoutError)
+    assert cause.cause.type == TimeoutType.HEARTBEAT

@@ -17,6 +17,7 @@ from workflow_stubs import Failure, ScriptedActivities
 from schemas.config import RunSpec
 from schemas.errors import CONFIG_ERROR, ROLLOUT_FAILED, TASK_IMPORT
 from schemas.run_state import RunStatus
+from workflows.stages import ROLLOUTS
 from workflows.training_run import TrainingRun
 
 
@@ -247,7 +248,7 @@ async def test_a_failing_rollout_fails_the_run_naming_function_and_scenario(
     assert isinstance(cause, ApplicationError) and cause.type == ROLLOUT_FAILED
     assert "step 1: rollouts failed" in cause.message and "examples.arithmetic:rollout" in cause.message
     assert "scenario 3" in cause.message and status.error == cause.message
-    assert len(stubs.names("rollouts")) == 3  # retried, then given up
+    assert len(stubs.names("rollouts")) == ROLLOUTS.max_attempts  # retried, then given up
 
 
 async def test_a_task_that_does_not_import_fails_at_once(client: Client, task_queue: str) -> None:
