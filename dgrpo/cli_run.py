@@ -16,7 +16,7 @@ from temporalio.service import RPCError
 from dgrpo import run_control
 from dgrpo.progress import RunProgress, status_summary, status_view
 from schemas.config import TaskQueues, load_run_spec
-from schemas.errors import DgrpoError
+from schemas.errors import DgrpoError, EngineSetupError
 from schemas.run_state import RunStatus
 from schemas.settings import ENV_TEMPORAL_WAIT_S, ENV_WORKER_GRACE_S, EngineSettings, WorkerLifecycle
 from workers.temporal import connect_client
@@ -54,7 +54,11 @@ def at_least_one(text: str) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from workers.worker import main
 
-    return main(worker_options(args))
+    try:
+        return main(worker_options(args))
+    except EngineSetupError as err:
+        print(f"dgrpo worker: {err}", file=sys.stderr)
+        return 2
 
 
 def worker_options(args: argparse.Namespace) -> WorkerOptions:
@@ -79,6 +83,7 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
             prefix_cache_mb=args.prefix_cache_mb,
             probe_timeout_s=args.probe_timeout_s,
             unanswered_probes=args.unanswered_probes,
+            vllm_python=args.vllm_python,
         ),
         lifecycle=worker_lifecycle(args),
         staging_root=Path(args.staging) if args.staging else None,
@@ -186,7 +191,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--engine",
         choices=("cpu", "vllm"),
         default=engine.engine,
-        help="inference engine the worker starts (or, with --server-url, fronts); vllm needs a GPU",
+        help="inference engine the worker starts (or, with --server-url, fronts)",
     )
     worker.add_argument(
         "--max-lora-rank", type=int, default=engine.max_lora_rank, help="largest LoRA rank a run may train"
@@ -216,6 +221,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         type=int,
         default=engine.unanswered_probes,
         help="missed probes in a row after which a hung server is killed and started again",
+    )
+    worker.add_argument(
+        "--vllm-python",
+        help="--engine vllm: the Python of vLLM's environment (default $DGRPO_VLLM_PYTHON, else .venv-vllm)",
     )
     worker.add_argument(
         "--serve-port", type=int, help="port of the CPU server (default $DGRPO_SERVE_PORT or free)"

@@ -9,8 +9,10 @@ stops it with SIGTERM, then SIGKILL. ``ProcessInfo`` records a process another o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -134,12 +136,14 @@ def spawn_logged(
     cwd: Path | None = None,
     new_session: bool = False,
     tied_to_parent: bool = False,
+    own_group: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start ``args`` with stdout and stderr appended to ``log_path`` and stdin closed.
 
     ``new_session``: the child outlives its parent and ignores the terminal's Ctrl+C (servers, workers
     a client may abandon). ``tied_to_parent``: the child gets SIGTERM when the *thread* that spawned it
-    ends, so call it from a thread that lives as long as the parent (the main thread).
+    ends, so call it from a thread that lives as long as the parent (the main thread). ``own_group``: the child
+    leads a process group of its own, which its children join (so they can be signalled together).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
@@ -151,6 +155,7 @@ def spawn_logged(
             env=env,
             cwd=cwd,
             start_new_session=new_session,
+            process_group=0 if own_group and not new_session else None,
             preexec_fn=die_with_parent if tied_to_parent else None,
         )
 
@@ -164,7 +169,9 @@ class ChildProcess:
 
     ``new_session``: it outlives its parent and ignores the terminal's Ctrl+C (servers, workers a client may
     abandon). ``tied_to_parent``: it gets SIGTERM when the *thread* that spawned it ends, so spawn it from a
-    thread that lives as long as the parent (the main thread), never from a pool thread.
+    thread that lives as long as the parent (the main thread), never from a pool thread. ``whole_group``: it
+    leads a process group, and ``stop``/``kill`` signal the group: a server's own children (vLLM's engine
+    core and workers, which outlive a killed API process and keep its memory) end with it.
     """
 
     def __init__(
@@ -177,6 +184,7 @@ class ChildProcess:
         cwd: str | Path | None = None,
         new_session: bool = False,
         tied_to_parent: bool = False,
+        whole_group: bool = False,
     ) -> None:
         self.argv = [str(a) for a in argv]
         self.log_path = Path(log_path)
@@ -185,6 +193,7 @@ class ChildProcess:
         self.cwd = Path(cwd) if cwd is not None else None
         self.new_session = new_session
         self.tied_to_parent = tied_to_parent
+        self.whole_group = whole_group
         self.proc: subprocess.Popen[bytes] | None = None
 
     def spawn(self) -> None:
@@ -196,6 +205,7 @@ class ChildProcess:
             cwd=self.cwd,
             new_session=self.new_session,
             tied_to_parent=self.tied_to_parent,
+            own_group=self.whole_group,
         )
 
     @property
@@ -235,18 +245,48 @@ class ChildProcess:
         if proc is None:
             return None
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+            self._signal(proc, signal.SIGTERM)
             try:
                 proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 log.warning("%s ignored SIGTERM for %.0fs; sending SIGKILL", self.name, timeout_s)
-                proc.kill()
+                self._signal(proc, signal.SIGKILL)
                 proc.wait()
+        self._end_group(proc, timeout_s)
         return proc.returncode
 
     def kill(self) -> None:
-        """SIGKILL, as a crash would (tests of durability)."""
+        """SIGKILL, as a crash would (tests of durability); with ``whole_group``, to its children too."""
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.kill()
+        if proc is None:
+            return
+        if proc.poll() is None:
+            self._signal(proc, signal.SIGKILL)
             proc.wait()
+        self._end_group(proc, 0)
+
+    def _signal(self, proc: subprocess.Popen[bytes], sig: int) -> None:
+        if self.whole_group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+
+    def _end_group(self, proc: subprocess.Popen[bytes], grace_s: float) -> None:
+        """Wait up to ``grace_s`` for what is left of the group (children shutting down after their leader),
+        then SIGKILL it."""
+        if not self.whole_group:
+            return
+        deadline = time.monotonic() + grace_s
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

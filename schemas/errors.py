@@ -63,6 +63,11 @@ class DgrpoError(Exception):
         return RETRYABLE[self.failure_type]
 
 
+class EngineSetupError(DgrpoError, RuntimeError):
+    """The inference engine a worker was told to run cannot run here: vLLM's runtime environment missing or
+    broken, or a feature its build lacks (sleep mode on vLLM's CPU build). Said at start, with the fix."""
+
+
 class RunSpecError(DgrpoError, ValueError):
     """A RunSpec (or another config file) failed validation; the message names each field."""
 

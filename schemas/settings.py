@@ -112,8 +112,11 @@ class EngineSettings(BaseModel):
     sleep_mode: bool = False
     """vLLM ``--enable-sleep-mode``, which a run in ``shared`` mode needs; our CPU server always sleeps."""
     dtype: Literal["auto", "fp32", "bf16"] = "auto"
-    """Weights and activations; ``auto`` is fp32 on the CPU server (logprobs equal to the trainer's) and
-    bf16 on vLLM (its FlashAttention kernels take no fp32)."""
+    """Weights and activations; ``auto`` is fp32 on the CPU server and on vLLM's CPU build (logprobs equal to
+    the trainer's) and bf16 on vLLM on a GPU (its FlashAttention kernels take no fp32)."""
+    vllm_python: str | None = None
+    """The Python of vLLM's runtime environment (``deploy/install.sh --vllm`` builds ``.venv-vllm``); None:
+    ``$DGRPO_VLLM_PYTHON``, else the project's ``.venv-vllm``, else the worker's own Python."""
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     """vLLM's share of the GPU's memory; None keeps vLLM's default."""
     prefix_cache_mb: int = Field(1024, ge=0)

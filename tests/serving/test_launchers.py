@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,10 +14,23 @@ from serving_adapters import random_adapter
 
 from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
 from dgrpo.cli import build_parser
+from schemas.errors import EngineSetupError
 from schemas.settings import EngineSettings
-from serving.launchers import CpuServerProcess, VllmServerProcess, lora_rank_flag, server_process
+from serving.launchers import (
+    BUILD_VLLM,
+    CpuServerProcess,
+    VllmRuntime,
+    VllmServerProcess,
+    lora_rank_flag,
+    probe_vllm_runtime,
+    server_process,
+    vllm_python,
+)
 from serving.options import ServerOptions, options_from_args
 from serving.server import create_server
+
+GPU_BUILD = VllmRuntime(python="/opt/vllm/bin/python", version="0.26.0", cuda=True)
+CPU_BUILD = VllmRuntime(python="/opt/vllm-cpu/bin/python", version="0.32.0", cuda=False)
 
 
 def test_server_process_follows_the_engine_settings() -> None:
@@ -25,11 +40,15 @@ def test_server_process_follows_the_engine_settings() -> None:
     assert cpu.command()[cpu.command().index("--port") + 1] == "8123"
     assert cpu.base_url == "http://127.0.0.1:8123" and cpu.client.openai_base_url.endswith(":8123/v1")
     vllm = server_process(
-        SMOLLM2_NAME, EngineSettings(engine="vllm", max_lora_rank=12, max_loras=4), port=9000
+        SMOLLM2_NAME,
+        EngineSettings(engine="vllm", max_lora_rank=12, max_loras=4),
+        port=9000,
+        runtime=GPU_BUILD,
     )
     assert isinstance(vllm, VllmServerProcess)
     argv = vllm.command()
-    assert "serve" in argv and str(ensure_smollm2()) in argv
+    assert argv[:4] == [GPU_BUILD.python, "-m", "vllm.entrypoints.cli.main", "serve"]
+    assert str(ensure_smollm2()) in argv and argv[argv.index("--dtype") + 1] == "bfloat16"
     assert argv[argv.index("--served-model-name") + 1] == SMOLLM2_NAME
     assert argv[argv.index("--max-lora-rank") + 1] == "16" and argv[argv.index("--max-loras") + 1] == "4"
     assert (
@@ -49,6 +68,7 @@ def test_vllm_command_for_a_starting_adapter_and_sleep_mode(tmp_path: Path) -> N
         EngineSettings(engine="vllm", sleep_mode=True, dtype="bf16"),
         start_adapter_name="agent@0",
         port=1,
+        runtime=GPU_BUILD,
     )
     argv = engine.command()
     assert argv[argv.index("--served-model-name") + 1] == SMOLLM2_NAME
@@ -58,6 +78,51 @@ def test_vllm_command_for_a_starting_adapter_and_sleep_mode(tmp_path: Path) -> N
     assert [lora_rank_flag(r) for r in (1, 8, 9, 64, 300)] == [1, 8, 16, 64, 320]
     with pytest.raises(ValueError, match="largest"):
         lora_rank_flag(1000)
+
+
+def test_vllms_cpu_build_serves_fp32_on_loopback_and_refuses_sleep_mode() -> None:
+    cpu = VllmServerProcess(SMOLLM2_NAME, EngineSettings(engine="vllm"), port=9001, runtime=CPU_BUILD)
+    argv = cpu.command()
+    assert argv[:3] == [CPU_BUILD.python, "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--model") + 1] == str(ensure_smollm2())
+    assert argv[argv.index("--dtype") + 1] == "float32"
+    env = cpu.environment()
+    assert env["VLLM_HOST_IP"] == "127.0.0.1" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    bf16 = VllmServerProcess(SMOLLM2_NAME, EngineSettings(engine="vllm", dtype="bf16"), runtime=CPU_BUILD)
+    assert bf16.command()[bf16.command().index("--dtype") + 1] == "bfloat16"  # asked for, it is served
+    asleep = VllmServerProcess(
+        SMOLLM2_NAME, EngineSettings(engine="vllm", sleep_mode=True), runtime=CPU_BUILD
+    )
+    with pytest.raises(EngineSetupError, match=r"sleep mode is CUDA-only.*without --sleep-mode"):
+        asleep.command()
+    assert "VLLM_HOST_IP" not in VllmServerProcess(SMOLLM2_NAME, runtime=GPU_BUILD).environment()
+
+
+def test_a_missing_or_broken_vllm_environment_is_refused_with_how_to_build_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DGRPO_VLLM_PYTHON", raising=False)
+    named = EngineSettings(engine="vllm", vllm_python=str(tmp_path / "nowhere" / "python"))
+    assert vllm_python(named) == named.vllm_python
+    monkeypatch.setenv("DGRPO_VLLM_PYTHON", "/from/the/variable")
+    assert vllm_python(EngineSettings(engine="vllm")) == "/from/the/variable"
+    with pytest.raises(EngineSetupError, match=r"missing: no Python at .*nowhere") as missing:
+        VllmServerProcess(SMOLLM2_NAME, named).command()
+    assert "deploy/install.sh --vllm" in str(missing.value) and BUILD_VLLM in str(missing.value)
+    with pytest.raises(EngineSetupError, match=r"does not import.*No module named 'vllm'.*install.sh --vllm"):
+        probe_vllm_runtime(sys.executable)  # the project's environment: vLLM lives in its own
+
+
+def test_the_worker_refuses_a_vllm_engine_it_cannot_start(tmp_path: Path) -> None:
+    """``dgrpo worker inference --engine vllm`` without vLLM's environment: one line, exit 2, no traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "dgrpo.cli", "worker", "inference", "--engine", "vllm",
+         "--vllm-python", str(tmp_path / "absent"), "--temporal-wait-s", "0"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "DGRPO_HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "vLLM's runtime environment is missing" in done.stderr and "install.sh --vllm" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_dgrpo_serve_options() -> None:
