@@ -210,7 +210,7 @@ class CpuServerProcess(ServerProcess):
         dtype = "fp32" if self.settings.dtype == "auto" else self.settings.dtype
         argv = [sys.executable, "-m", "serving.server", "--model", self.model]
         argv += ["--host", self.host, "--port", str(self.port), "--dtype", dtype]
-        argv += ["--max-batch", str(self.max_batch)]
+        argv += ["--max-batch", str(self.max_batch), "--max-lora-rank", str(self.settings.max_lora_rank)]
         if self.served_name:
             argv += ["--served-name", self.served_name]
         if self.start_adapter_name:

@@ -61,6 +61,8 @@ class ServerOptions(BaseModel):
     api_key: SecretStr | None = None
     """Bearer token every endpoint but ``/health`` requires (``/v1/*``, ``/sleep``, ``/wake_up``, ...);
     required when ``host`` is not a loopback address."""
+    max_lora_rank: int | None = Field(None, ge=1)
+    """Runtime adapters of a higher rank are refused (400), as vLLM's ``--max-lora-rank``; None: any rank."""
     adapter_root: str = Field(default_factory=default_adapter_root)
     """``/v1/load_lora_adapter`` loads only directories under this one (start-up adapters are exempt)."""
 
@@ -93,6 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-lora-rank", type=int, default=None, help="refuse adapters of a higher rank")
     parser.add_argument("--default-max-tokens", type=int, default=1024)
     parser.add_argument(
         "--prefix-cache-mb",
@@ -135,6 +138,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
             batch_window_s=args.batch_window,
             threads=args.threads,
             max_model_len=args.max_model_len,
+            max_lora_rank=args.max_lora_rank,
             default_max_tokens=args.default_max_tokens,
             api_key=None if api_key is None else SecretStr(api_key),
             adapter_root=args.adapter_root or default_adapter_root(),

@@ -105,6 +105,18 @@ def verify_adapter_dir(path: str, sha256: dict[str, str] | None) -> None:
             )
 
 
+def check_rank(path: str, max_rank: int | None) -> None:
+    """Refuse (400) an adapter whose rank (or any ``rank_pattern`` rank) is above ``max_rank``."""
+    if max_rank is None:
+        return
+    config = json.loads((Path(path) / "adapter_config.json").read_text())
+    rank = max([int(config.get("r") or 0), *(int(r) for r in (config.get("rank_pattern") or {}).values())])
+    if rank > max_rank:
+        raise ServingHTTPError(
+            400, f"LoRA rank {rank} of {path} is above this server's --max-lora-rank {max_rank}", "lora_path"
+        )
+
+
 OPEN_PATHS = frozenset({"/health"})
 """The only paths a server with an API key answers without it (launchers and probes poll ``/health``)."""
 
@@ -228,6 +240,7 @@ def build_app(
                 )
             check_under_root(req.lora_path, options.adapter_root)
             await asyncio.to_thread(verify_adapter_dir, req.lora_path, req.sha256)
+            check_rank(req.lora_path, options.max_lora_rank)
             if name in adapters.paths:
                 adapters.unloading.add(name)
                 await adapters.drained(name)

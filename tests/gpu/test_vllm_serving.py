@@ -12,15 +12,13 @@ from typing import Any
 import openai
 import pytest
 import torch
-from openai.types.chat import ChatCompletion
 from peft import PeftModel
 from serving_adapters import FIXED_ANSWER, TRAIN_QUESTIONS, chat, random_adapter, train_fixed_answer_adapter
+from serving_contract import RETURN_IDS, ensure_loaded, greedy, recorded_choice, teacher_forced
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from activities.rollout_model import lift_prompt_token_ids
 from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
 from schemas.settings import EngineSettings
-from schemas.trajectory import Choice
 from serving.client import ServingClient, ServingError
 from serving.launchers import VllmServerProcess
 
@@ -36,7 +34,6 @@ SETTINGS = EngineSettings(
     sleep_mode=True,
     gpu_memory_utilization=GPU_SHARE,
 )  # bf16: FlashAttention serves half precision only
-RETURN_IDS = {"return_token_ids": True}
 Record = Callable[[str, dict[str, Any]], None]
 
 
@@ -76,28 +73,6 @@ def tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(str(ensure_smollm2()))
 
 
-async def ensure_loaded(client: ServingClient, name: str, path: Path) -> None:
-    await client.load_adapter(name, str(path))
-    assert name in await client.adapters()
-
-
-async def greedy(sdk: openai.AsyncOpenAI, model: str, question: str, max_tokens: int = 12) -> str:
-    r = await sdk.chat.completions.create(
-        model=model,
-        messages=chat(question),
-        max_tokens=max_tokens,
-        temperature=0,  # type: ignore[arg-type]
-    )
-    return r.choices[0].message.content or ""
-
-
-def recorded_choice(response: ChatCompletion) -> Choice:
-    """What a rollout records: vLLM returns ``prompt_token_ids`` on the response; the rollout's HTTP layer lifts
-    them into each choice (activities/rollout_model.py) before the SDK parses it."""
-    lifted = ChatCompletion.model_validate(lift_prompt_token_ids(response.model_dump()))
-    return Choice.model_validate(lifted.choices[0])
-
-
 async def test_chat_returns_logprobs_and_token_ids(sdk: openai.AsyncOpenAI, tokenizer: Any) -> None:
     messages = [{"role": "user", "content": "Say something about cats."}]
     response = await sdk.chat.completions.create(
@@ -118,14 +93,6 @@ async def test_chat_returns_logprobs_and_token_ids(sdk: openai.AsyncOpenAI, toke
         assert entry.token == f"token_id:{token_id}"  # --return-tokens-as-token-ids
         assert len(entry.top_logprobs) == 3
         assert entry.top_logprobs[0].logprob >= entry.logprob - 1e-6
-
-
-def teacher_forced(model: Any, prompt: list[int], completion: list[int]) -> torch.Tensor:
-    """fp32 logprobs of ``completion`` given ``prompt`` on the GPU: the trainer's view of the sample."""
-    with torch.inference_mode():
-        logits = model(torch.tensor([prompt + completion], device="cuda")).logits[0].float()
-    logprobs = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : -1]
-    return logprobs.gather(1, torch.tensor(completion, device="cuda").unsqueeze(1)).squeeze(1).cpu()
 
 
 async def test_sampled_logprobs_agree_with_the_trainers_forward(
@@ -155,9 +122,9 @@ async def test_sampled_logprobs_agree_with_the_trainers_forward(
         assert choice.prompt_token_ids and choice.token_ids
         if model == BASE:
             with policy.disable_adapter():
-                expected = teacher_forced(policy, choice.prompt_token_ids, choice.token_ids)
+                expected = teacher_forced(policy, choice.prompt_token_ids, choice.token_ids, "cuda")
         else:
-            expected = teacher_forced(policy, choice.prompt_token_ids, choice.token_ids)
+            expected = teacher_forced(policy, choice.prompt_token_ids, choice.token_ids, "cuda")
         gaps.append((torch.tensor(choice.sampled_logprobs()) - expected).abs())
     every = torch.cat(gaps)
     result = {"tokens": every.numel(), "max_abs": float(every.max()), "mean_abs": float(every.mean())}

@@ -1,0 +1,49 @@
+"""What the serving-contract tests share with the GPU tests: the calls a rollout makes, and the trainer's view of
+a sample (its teacher-forced logprobs), for either engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import openai
+import torch
+from openai.types.chat import ChatCompletion
+from serving_adapters import chat
+
+from activities.rollout_model import lift_prompt_token_ids
+from schemas.trajectory import Choice
+from serving.client import ServingClient
+
+RETURN_IDS = {"return_token_ids": True}
+"""vLLM sends token ids only when asked; our engine always does."""
+
+
+async def ensure_loaded(client: ServingClient, name: str, path: Path) -> None:
+    await client.load_adapter(name, str(path))
+    assert name in await client.adapters()
+
+
+async def greedy(sdk: openai.AsyncOpenAI, model: str, question: str, max_tokens: int = 12) -> str:
+    r = await sdk.chat.completions.create(
+        model=model,
+        messages=chat(question),
+        max_tokens=max_tokens,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    return r.choices[0].message.content or ""
+
+
+def recorded_choice(response: ChatCompletion) -> Choice:
+    """What a rollout records: vLLM returns ``prompt_token_ids`` on the response; the rollout's HTTP layer lifts
+    them into each choice (activities/rollout_model.py) before the SDK parses it."""
+    lifted = ChatCompletion.model_validate(lift_prompt_token_ids(response.model_dump()))
+    return Choice.model_validate(lifted.choices[0])
+
+
+def teacher_forced(model: Any, prompt: list[int], completion: list[int], device: str = "cpu") -> torch.Tensor:
+    """fp32 logprobs of ``completion`` given ``prompt`` from one unpadded forward: the trainer's view."""
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + completion], device=device)).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : -1]
+    return logprobs.gather(1, torch.tensor(completion, device=device).unsqueeze(1)).squeeze(1).cpu()
