@@ -34,6 +34,7 @@ async def keep_serving(server: ServerProcess, serving: ServingActivities) -> Non
             why = "exited"
             log.error("the inference server exited; starting it again (log: %s)\n%s", server.log_path,
                       process.log_tail(1500))  # fmt: skip
+            _kill(server)  # what it leaves behind: vLLM's engine core outlives its API process
         elif await server.client.health(settings.probe_timeout_s):
             liveness.answered()
             continue
@@ -50,7 +51,8 @@ async def keep_serving(server: ServerProcess, serving: ServingActivities) -> Non
 
 
 def _kill(server: ServerProcess) -> None:
-    """SIGKILL: a stopped or deadlocked server would sit on SIGTERM."""
+    """SIGKILL to the server's process group: a stopped or deadlocked server would sit on SIGTERM, and a
+    server's own children (vLLM's engine core and workers) would outlive it holding their memory."""
     if server.process is not None:
         server.process.kill()
     server.stop()
