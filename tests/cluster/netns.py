@@ -17,6 +17,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -39,6 +40,8 @@ class Host:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.hidden: list[Path] = []
         """Other hosts' directories, covered by an empty tmpfs in this host's mount namespace."""
+        self.kept: list[Path] = []
+        """Directories under /tmp that stay visible on the host's private /tmp: the code and its Python."""
 
     def env(self) -> dict[str, str]:
         """A fresh environment for this host: the machine's PATH and Python only, private directories."""
@@ -53,8 +56,19 @@ class Host:
         namespace: Temporal names pollers ``<pid>@<hostname>``, and the health probe reads that); a mount
         namespace where /tmp is empty and private and every other host's directory is an empty tmpfs, so no
         file another host wrote can be read. Each step execs the next: the pid is the program's."""
-        mounts = " && ".join(f"mount -t tmpfs tmpfs {shlex.quote(str(p))}" for p in ["/tmp", *self.hidden])
-        script = f'hostname "$0" && {mounts} && exec "$@"'
+        steps = []
+        for i, kept in enumerate(self.kept):  # set aside, then moved back onto the empty /tmp
+            stash = self.root / f".kept{i}"
+            stash.mkdir(exist_ok=True)
+            steps.append(f"mount --bind {shlex.quote(str(kept))} {shlex.quote(str(stash))}")
+        steps.append("mount -t tmpfs tmpfs /tmp")
+        for i, kept in enumerate(self.kept):
+            where = shlex.quote(str(kept))
+            steps.append(
+                f"mkdir -p {where} && mount --move {shlex.quote(str(self.root / f'.kept{i}'))} {where}"
+            )
+        steps += [f"mount -t tmpfs tmpfs {shlex.quote(str(p))}" for p in self.hidden]
+        script = f'hostname "$0" && {" && ".join(steps)} && exec "$@"'
         unshare = ["unshare", "--uts", "--mount", "--propagation", "private", "--", "sh", "-c", script]
         return ["ip", "netns", "exec", self.netns, *unshare, f"{self.name}-{self.netns}", *argv]
 
@@ -100,6 +114,18 @@ class Host:
                 pass
 
 
+def code_under_tmp() -> list[Path]:
+    """The repository and the Python running it, where they lie under /tmp (a CI clone, say): every host's
+    private /tmp keeps them, or no host could start a program."""
+    candidates = [
+        Path(__file__).resolve().parents[2],
+        Path(sys.prefix),
+        Path(sys.executable).resolve().parent,
+    ]
+    under = sorted({c for c in candidates if c.is_relative_to("/tmp")}, key=lambda c: len(c.parts))
+    return [c for i, c in enumerate(under) if not any(c.is_relative_to(o) for o in under[:i])]
+
+
 class Cluster:
     """Hosts named in ``names``, each with an address 10.213.<net>.<i>; torn down on exit."""
 
@@ -114,9 +140,11 @@ class Cluster:
             name: Host(name, f"dg{tag}h{i}", SUBNET.format(self.net, i), self.root / name)
             for i, name in enumerate(names, start=1)
         }
+        kept = code_under_tmp()
         for host in self.hosts.values():
             host.root.mkdir(parents=True, exist_ok=True)
             host.hidden = [other.root for other in self.hosts.values() if other is not host]
+            host.kept = kept
 
     def __getitem__(self, name: str) -> Host:
         return self.hosts[name]
@@ -182,11 +210,22 @@ class Cluster:
         self.close()
 
 
-def wait_for(check: object, what: str, timeout: float = 120.0) -> None:
-    """Poll ``check()`` until it is true or ``timeout`` passes."""
+def wait_for(
+    check: object,
+    what: str,
+    timeout: float = 300.0,
+    log: Path | None = None,
+    proc: subprocess.Popen[bytes] | None = None,
+) -> None:
+    """Poll ``check()`` until it is true; raise, with ``log``'s tail, once ``timeout`` passes or ``proc``
+    (the program that should make it true) has ended."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and (proc is None or proc.poll() is None):
         if check():  # type: ignore[operator]
             return
         time.sleep(0.5)
-    raise TimeoutError(f"{what} within {timeout:.0f} s")
+    tail = log.read_text(errors="replace")[-3000:] if log is not None and log.exists() else ""
+    why = (
+        f"within {timeout:.0f} s" if proc is None or proc.poll() is None else f"(exit code {proc.returncode})"
+    )
+    raise TimeoutError(f"{what}: not seen {why}" + (f"; {log}:\n{tail}" if tail else ""))

@@ -49,7 +49,9 @@ async def forward(address: str, port: int) -> asyncio.Server:
 
 
 async def serve(address: str, env_file: Path) -> None:
-    stack = EmbeddedStack(Path(os.environ["DGRPO_HOME"]), free_ports=True, ui=False, tied_to_parent=True)
+    stack = EmbeddedStack(
+        Path(os.environ["DGRPO_HOME"]), free_ports=True, ui=False, tied_to_parent=True, start_timeout=240
+    )
     stack.start()
     try:
         state = stack.state
