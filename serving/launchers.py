@@ -102,7 +102,7 @@ def probe_vllm_runtime(python: str) -> VllmRuntime:
 def _runtime_env(python: str) -> dict[str, str]:
     """The environment for ``python``: a separate venv gets none of this process's import path."""
     env = dict(os.environ)
-    if Path(python).resolve() != Path(sys.executable).resolve():
+    if os.path.abspath(python) != os.path.abspath(sys.executable):  # not resolved: venvs link one Python
         env.pop("PYTHONPATH", None)
         env.pop("VIRTUAL_ENV", None)
     return env
