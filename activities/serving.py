@@ -103,6 +103,8 @@ class ServingActivities:
         self.liveness = liveness or EngineLiveness()
         self.served: dict[str, Path] = {}
         """Adapters this worker loaded and has not evicted: name -> verified local copy (for ``restore``)."""
+        self.contents: dict[str, str] = {}
+        """Adapter name -> manifest sha256 of the checkpoint loaded under it on this worker's servers."""
         self._ensuring = asyncio.Lock()  # shards of one step on this worker: one downloads, the others wait
 
     @property
@@ -167,6 +169,7 @@ class ServingActivities:
         unloaded = await self._evict(ref.run_id, keep=input.serving.keep_adapters, current=name)
         for evicted in unloaded:
             self.served.pop(evicted, None)
+            self.contents.pop(evicted, None)
             step = _adapter_step(ref.run_id, evicted)
             if step is not None:
                 shutil.rmtree(self.local_dir(ref.run_id, step), ignore_errors=True)
@@ -205,12 +208,17 @@ class ServingActivities:
         for client in clients:
             _heartbeat("load", name, client.base_url)
             # The same name loaded from another directory is another run's adapter (two runs that share a
-            # model name and a server): this step's checkpoint replaces it. A retry finds its own path.
+            # model name and a server), and the same directory with other content is an earlier checkpoint of
+            # this step (a run id reused after its checkpoints were deleted): this checkpoint replaces either.
+            # A retry finds its own path and content.
             loaded_from = (await client.adapters()).get(name)
-            replace = loaded_from is not None and Path(loaded_from) != local
+            replace = loaded_from is not None and (
+                Path(loaded_from) != local or self.contents.get(name) != ref.manifest_sha256
+            )
             if replace:
-                log.warning("%s on %s was loaded from %s; replacing it with %s", name, client.base_url,
-                            loaded_from, local)  # fmt: skip
+                log.warning("%s on %s was loaded from %s (manifest %s); replacing it with %s (manifest %s)", name,
+                            client.base_url, loaded_from, str(self.contents.get(name))[:12], local,
+                            ref.manifest_sha256[:12])  # fmt: skip
             try:
                 loaded = await client.load_adapter(name, str(local), sha256, replace=replace)
             except ServingError as err:
@@ -227,6 +235,7 @@ class ServingActivities:
                     non_retryable=True,
                 ) from err
             log.info("%s %s on %s", "loaded" if loaded else "already had", name, client.base_url)
+        self.contents[name] = ref.manifest_sha256
         return local
 
     async def restore(self) -> list[str]:

@@ -297,3 +297,42 @@ async def test_ensure_adapter_loads_a_published_step_its_server_lacks(
     assert acts.served == {name: tmp_path / run_id / "000002"}  # restored too if this server restarts
     assert await acts.ensure_adapter(run_id, 2) == name  # served already: nothing loaded again
     await client.unload_adapter(name)
+
+
+async def test_a_step_published_again_with_other_weights_is_served_with_them(
+    cpu_server: str, object_store: ObjectStore, adapter_dir: Path, tmp_path: Path
+) -> None:
+    """A run id reused after its checkpoints were deleted: step 1 again, the same adapter name and local path,
+    other weights. The reload decides by the checkpoint's content (its manifest), not by the path."""
+    run_id = f"run-again-{uuid.uuid4().hex[:6]}"
+    acts = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path)
+    client = ServingClient(cpu_server)
+    sdk = openai.AsyncOpenAI(base_url=client.openai_base_url, api_key="unused", max_retries=0)
+
+    async def answer(name: str) -> list[float]:
+        r = await sdk.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=6, temperature=0,
+            logprobs=True,
+        )  # fmt: skip
+        return [t.logprob for t in r.choices[0].logprobs.content]  # type: ignore[union-attr]
+
+    first = await reload(acts, "agent", publish(object_store, adapter_dir, run_id, 1))
+    before = await answer(first.adapter)
+    torch.manual_seed(7)
+    base = AutoModelForCausalLM.from_pretrained(str(ensure_smollm2()), dtype=torch.float32)
+    other = get_peft_model(
+        base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
+    other_dir = tmp_path / "other-weights"
+    other.save_pretrained(str(other_dir))
+    assert await client.load_adapter("reference@1", str(other_dir))
+    expected = await answer("reference@1")
+    assert expected != before
+
+    object_store.delete_prefix(f"runs/{run_id}/")
+    again = publish(object_store, other_dir, run_id, 1)
+    second = await reload(acts, "agent", again)
+    assert second.adapter == first.adapter
+    assert await answer(second.adapter) == expected  # not the weights first loaded under that name
+    for name in (first.adapter, "reference@1"):
+        await client.unload_adapter(name)
