@@ -1,7 +1,11 @@
 """The metrics activity (control queue): one row per step in the run's metrics Parquet, W&B, a reward curve.
 
-- ``runs/<run>/metrics.parquet``: one row per step, a column per metric; a retried step's values replace
-  the earlier ones (``record_step``, which the ART-style client's ``model.log`` writes through too).
+- ``runs/<run>/metrics/<step>/<ns>-<id>.json``: one object per write, never overwritten (``record_step``,
+  which the ART-style client's ``model.log`` writes through too), so writers that log at once (the metrics
+  activity and a client's ``model.log``) lose nothing; read back in order, a later write's values replace
+  an earlier one's for its step and the step's other columns are kept.
+- ``runs/<run>/metrics.parquet``: one row per step, a column per metric, rebuilt from those after each write
+  (a view for pandas and users; ``read_metrics`` reads the writes themselves).
 - W&B with ART's ``training_step`` as the x-axis (so a retried step may log again): offline unless
   ``WANDB_API_KEY`` is set in the worker's environment. W&B failing never fails the step.
 - ``runs/<run>/reward_curve.png``: ``train/reward`` (with a ±``train/reward_std_dev`` band) per step,
@@ -14,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
 import math
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,12 +50,6 @@ REWARD_STD = "train/reward_std_dev"
 WANDB_TIMEOUT_S = 60.0
 
 
-def merge_row(rows: list[dict[str, Any]], row: dict[str, Any]) -> list[dict[str, Any]]:
-    """``rows`` with ``row`` in place of any row of the same step, sorted by step."""
-    kept = [r for r in rows if r.get(STEP_COLUMN) != row[STEP_COLUMN]]
-    return sorted([*kept, row], key=lambda r: int(r[STEP_COLUMN]))
-
-
 def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
     """One column per metric seen in any row (null where a step lacks it); fixed columns first."""
     fixed = [STEP_COLUMN, "run_id", "model_name", "logged_at"]
@@ -64,25 +64,48 @@ def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist([{n: r.get(n) for n in names} for r in rows], schema=schema)
 
 
+_EVENTS: dict[tuple[str, str], dict[str, Any]] = {}
+"""Metrics writes already read, by (bucket, key): written once and never changed, so always valid."""
+_EVENTS_CACHED = 200_000
+
+
+def _event(store: ObjectStore, key: str) -> dict[str, Any]:
+    cached = _EVENTS.get((store.bucket, key))
+    if cached is None:
+        cached = json.loads(store.get_bytes(key))
+        if len(_EVENTS) >= _EVENTS_CACHED:
+            _EVENTS.clear()
+        _EVENTS[(store.bucket, key)] = cached
+    return cached
+
+
 def read_metrics(store: ObjectStore, run_id: str) -> list[dict[str, Any]]:
-    """The run's metric rows (empty when none were logged yet)."""
+    """The run's metric rows, one per step, each with every column (empty when none were logged yet): every
+    write in the order written, over the rows of a ``metrics.parquet`` from before writes were kept one by one."""
+    rows: dict[int, dict[str, Any]] = {}
     key = layout.metrics_key(run_id)
-    if not store.exists(key):
-        return []
-    return list(pq.read_table(pa.BufferReader(store.get_bytes(key))).to_pylist())
+    if store.exists(key):
+        for old in pq.read_table(pa.BufferReader(store.get_bytes(key))).to_pylist():
+            rows[int(old[STEP_COLUMN])] = {k: v for k, v in old.items() if v is not None}
+    for event_key in store.list(layout.metrics_events_prefix(run_id)):  # by step, then time written
+        if event_key.endswith(".json"):
+            event = _event(store, event_key)
+            rows.setdefault(int(event[STEP_COLUMN]), {}).update(event)
+    columns = {name for row in rows.values() for name in row}
+    return [{name: rows[step].get(name) for name in columns} for step in sorted(rows)]  # None: not logged
 
 
 def record_step(
     store: ObjectStore, run_id: str, model_name: str, step: int, metrics: dict[str, float]
 ) -> list[dict[str, Any]]:
-    """Merge ``metrics`` into the step's row of the run's metrics Parquet (the row's other columns are
-    kept) and write it back; returns every row."""
+    """Record ``metrics`` for ``step`` as one new object (the step's other columns are kept), rebuild the
+    run's ``metrics.parquet`` from every write, and return every row."""
+    now = time.time()
+    event: dict[str, Any] = {STEP_COLUMN: step, "run_id": run_id, "model_name": model_name, "logged_at": now}
+    event.update({k: float(v) for k, v in metrics.items()})
+    key = layout.metrics_event_key(run_id, step, time.time_ns(), uuid.uuid4().hex[:12])
+    store.put_bytes(key, json.dumps(event, allow_nan=True).encode())
     rows = read_metrics(store, run_id)
-    old = next((r for r in rows if r.get(STEP_COLUMN) == step), {})
-    row: dict[str, Any] = {k: v for k, v in old.items() if v is not None}
-    row.update({STEP_COLUMN: step, "run_id": run_id, "model_name": model_name, "logged_at": time.time()})
-    row.update({k: float(v) for k, v in metrics.items()})
-    rows = merge_row(rows, row)
     sink = pa.BufferOutputStream()
     pq.write_table(rows_to_table(rows), sink, compression="zstd")
     store.put_bytes(layout.metrics_key(run_id), sink.getvalue().to_pybytes())

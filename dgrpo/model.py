@@ -34,6 +34,12 @@ from serving.client import openai_base_url
 log = logging.getLogger(__name__)
 
 
+def run_id_of(project: str, name: str) -> str:
+    """The run id of model ``name`` in ``project``: ``<project>-<name>`` with each ``-`` of the project
+    doubled, so no two (project, name) pairs share one."""
+    return f"{project.replace('-', '--')}-{name}"
+
+
 class Model:
     """A model the client only runs (no training): ART's ``art.Model``, e.g. a baseline or a judge
     behind any OpenAI-compatible endpoint (``inference_base_url``, ``inference_api_key``,
@@ -81,7 +87,7 @@ class Model:
         project doubled, so no two (project, name) pairs share one: ``rl``/``math-agent`` is ``rl-math-agent``,
         ``rl-math``/``agent`` is ``rl--math-agent`` (the first lone ``-`` ends the project; a name starts with
         a letter or digit)."""
-        run_id = f"{self.project.replace('-', '--')}-{self.name}"
+        run_id = run_id_of(self.project, self.name)
         if not re.fullmatch(NAME_PATTERN, run_id) or not re.fullmatch(NAME_PATTERN, self.name):
             raise RunSpecError(
                 f"model name {self.name!r} in project {self.project!r} cannot name a run ({run_id!r} must match "

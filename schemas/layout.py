@@ -60,6 +60,16 @@ def metrics_key(run_id: str) -> str:
     return f"runs/{run_id}/metrics.parquet"
 
 
+def metrics_events_prefix(run_id: str) -> str:
+    """One JSON object per metrics write, never overwritten: ``<step>/<ns>-<id>.json`` (the truth that
+    ``metrics.parquet`` is rebuilt from, so concurrent writers lose nothing)."""
+    return f"runs/{run_id}/metrics/"
+
+
+def metrics_event_key(run_id: str, step: int, written_ns: int, writer: str) -> str:
+    return f"{metrics_events_prefix(run_id)}{step_name(step)}/{written_ns:020d}-{writer}.json"
+
+
 def reward_curve_key(run_id: str) -> str:
     """The reward-per-step PNG, redrawn by every metrics activity."""
     return f"runs/{run_id}/reward_curve.png"

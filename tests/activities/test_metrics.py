@@ -3,12 +3,15 @@ numbers TrainingRun sends it under ART's metric names, read back from both."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.metrics import MetricsActivities, read_metrics
+from activities.metrics import MetricsActivities, read_metrics, record_step
 from activities.object_store import ObjectStore
 from schemas import layout
 from schemas.activities import MetricsInput
@@ -44,6 +47,26 @@ async def test_metrics_parquet_replaces_a_retried_step_and_draws_the_curve(
     assert rows[0]["run_id"] == "m1" and rows[0]["model_name"] == "agent-001"
     assert object_store.get_bytes(layout.reward_curve_key("m1")).startswith(PNG_MAGIC)
     assert (tmp_path / "m1" / "reward_curve.png").read_bytes().startswith(PNG_MAGIC)
+
+
+async def test_two_writers_at_once_lose_no_row_and_no_column(object_store: ObjectStore) -> None:
+    """The metrics activity and a client's ``model.log`` write a run's metrics at the same time (20 writes
+    each, the same steps, their own columns): every step keeps both writers' numbers, in the objects and in
+    the Parquet rebuilt from them. A read-modify-write of one object kept about half."""
+    run_id = "m-concurrent"
+
+    def writer(column: str) -> None:
+        for step in range(1, 21):
+            record_step(object_store, run_id, "agent-001", step, {column: float(step)})
+
+    await asyncio.gather(asyncio.to_thread(writer, "train/reward"), asyncio.to_thread(writer, "val/reward"))
+    rows = read_metrics(object_store, run_id)
+    assert [r["step"] for r in rows] == list(range(1, 21))
+    assert all(r["train/reward"] == r["val/reward"] == float(r["step"]) for r in rows), rows
+    record_step(object_store, run_id, "agent-001", 3, {"train/reward": 0.5})  # a retry replaces its value
+    parquet = pq.read_table(pa.BufferReader(object_store.get_bytes(layout.metrics_key(run_id)))).to_pylist()
+    assert [(r["step"], r["train/reward"], r["val/reward"]) for r in parquet][2] == (3, 0.5, 3.0)
+    assert len(parquet) == 20
 
 
 def training_run_step(step: int, reward: float) -> dict[str, float]:

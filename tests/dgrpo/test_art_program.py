@@ -137,7 +137,10 @@ async def test_an_art_program_trains_two_steps_and_logs(tmp_path: Path) -> None:
     assert result.step == 4 and result.checkpoint_path.endswith("/checkpoints/000004/")
     assert result.metrics["loss/train"] == result.metrics["loss/train"]  # a number, not NaN
     assert result.metrics["data/step_skipped"] == 0.0
-    assert (seen["step"], seen["served"]) == (5, "art-compat-agent@5")
+    assert (seen["step"], seen["served"]) == (
+        5,
+        "art--compat-agent@5",
+    )  # a project's "-" is doubled in run ids
 
     step1 = seen["records"][4]
     rewards = [t.reward for g in first for t in g]

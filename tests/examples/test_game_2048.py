@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dgrpo.model import run_id_of
 from examples import game_2048 as g
 from tests.examples.stored_run import stored_run
 
@@ -61,7 +62,7 @@ async def test_it_trains_two_steps_and_logs_its_games(
     sizes = ["--max-tokens", "8", "--winning-value", "64", "--learning-rate", "2e-4"]
     gathered = await g.train(g.parse_args([*argv, *sizes]))
     assert "tutorial-001 is at step 2" in capsys.readouterr().out
-    records, checkpoints = stored_run(example_home, "2048-tutorial-001")
+    records, checkpoints = stored_run(example_home, run_id_of("2048", "tutorial-001"))
     assert checkpoints[-1] == 2  # delete_checkpoints kept the newest before each step
     for step, groups in enumerate(gathered):
         trajectories = [t for group in groups for t in group]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dgrpo.model import run_id_of
 from examples import prisoners_dilemma as pd
 from tests.examples.stored_run import stored_run
 
@@ -50,7 +51,7 @@ async def test_it_trains_two_steps_and_logs_every_split(
     ]
     assert await pd.main(pd.parse_args([*argv, "--learning-rate", "2e-4"])) == 0
     assert "001 is at step 2" in capsys.readouterr().out
-    records, checkpoints = stored_run(example_home, "prisoners-dilemma-001")
+    records, checkpoints = stored_run(example_home, run_id_of("prisoners-dilemma", "001"))
     assert checkpoints == [1, 2]
     for step in (0, 1):  # model.log at the step the games were played with
         assert records[step]["versus-self/data/step_num_trajectories"] == 4  # 2 games, 2 players

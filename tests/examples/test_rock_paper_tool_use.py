@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from openai.types.chat.chat_completion import Choice
 
+from dgrpo.model import run_id_of
 from examples import rock_paper_tool_use as rps
 from tests.examples.stored_run import stored_run
 
@@ -67,7 +68,7 @@ async def test_it_trains_two_steps_and_logs_its_games(
     sizes = ["--max-tokens", "8", "--learning-rate", "2e-4"]
     gathered = await rps.train(rps.parse_args([*argv, *sizes]))
     assert "001 is at step 2" in capsys.readouterr().out
-    records, checkpoints = stored_run(example_home, "rock-paper-tool-use-001")
+    records, checkpoints = stored_run(example_home, run_id_of("rock-paper-tool-use", "001"))
     assert checkpoints == [1, 2]
     for step, trajectories in enumerate(gathered):
         assert len({t.reward for t in trajectories}) > 1  # a learning signal in every step's group

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import dgrpo as art
+from dgrpo.model import run_id_of
 from examples import tic_tac_toe as ttt
 from examples.shaping import closeness
 from tests.examples.stored_run import stored_run
@@ -102,7 +103,7 @@ async def test_it_trains_two_steps_and_logs_the_base_model(
     argv = ["--path", str(example_home), "--steps", "2", "--group-size", "3", "--learning-rate", "2e-4"]
     played = await ttt.train(ttt.parse_args([*argv, "--benchmark"]))
     assert "smollm2-ttt is at step 2" in capsys.readouterr().out
-    records, checkpoints = stored_run(example_home, "tic-tac-toe-smollm2-ttt")
+    records, checkpoints = stored_run(example_home, run_id_of("tic-tac-toe", "smollm2-ttt"))
     assert checkpoints[-1] == 2
     for step, groups in enumerate(played.train):
         trajectories = [t for group in groups for t in group]
@@ -114,6 +115,6 @@ async def test_it_trains_two_steps_and_logs_the_base_model(
         )
         assert trained["data/step_num_trajectories"] == 3
     val = [t for group in played.val for t in group]
-    base, _ = stored_run(example_home, "tic-tac-toe-base")
+    base, _ = stored_run(example_home, run_id_of("tic-tac-toe", "base"))
     assert base[0]["val/reward"] == pytest.approx(statistics.fmean(t.reward for t in val))
     assert base[0]["val/data/step_num_trajectories"] == 3
