@@ -305,4 +305,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     demo.add_argument("--task", choices=("arithmetic", "tool_agent"), default="arithmetic")
     demo.add_argument("--home", help="stack state directory (default $DGRPO_HOME, else ./.dgrpo)")
     demo.add_argument("--run-id", help="run id (default demo-<task>-<time>)")
+    demo.add_argument(
+        "--engine",
+        choices=("cpu", "vllm"),
+        default="cpu",
+        help="inference engine (vllm: deploy/install.sh --vllm)",
+    )
     demo.set_defaults(func=cmd_demo)

@@ -20,9 +20,11 @@ from temporalio.client import WorkflowFailureError
 from dgrpo import run_control
 from dgrpo.progress import RunProgress, history_table
 from schemas.config import RunSpec, TaskQueues, load_run_spec
+from schemas.errors import EngineSetupError
 from schemas.layout import checkpoints_prefix, reward_curve_key
 from schemas.run_state import RunStatus
-from schemas.settings import ENV_HOME, dgrpo_home
+from schemas.settings import ENV_HOME, EngineSettings, dgrpo_home
+from serving.launchers import probe_vllm_runtime, vllm_python
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
 from workers.temporal import connect_client
@@ -37,11 +39,12 @@ DEMO_TASKS: dict[str, Path] = {
 """Each demo task's run spec: the example's own TOML (sized by its author to show the reward rise)."""
 
 
-def demo_spec(task: str, steps: int | None, run_id: str) -> RunSpec:
+def demo_spec(task: str, steps: int | None, run_id: str, engine: str = "cpu") -> RunSpec:
     suffix = run_id[:80]
     overrides: dict[str, Any] = {
         "run_id": run_id,
         "metrics.wandb": False,
+        "serving.engine": engine,
         # Queues of its own: the demo's workers never pick up another run's work, nor the reverse.
         "task_queues.control": f"demo-control-{suffix}",
         "task_queues.inference": f"demo-inference-{suffix}",
@@ -63,7 +66,15 @@ def run_demo(args: argparse.Namespace) -> int:
     console = Console()
     home = Path(args.home or dgrpo_home())
     run_id = args.run_id or f"demo-{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"
-    spec = demo_spec(args.task, args.steps, run_id)
+    engine = getattr(args, "engine", "cpu")
+    if engine == "vllm":  # said now, not after the stack and the workers started
+        try:
+            runtime = probe_vllm_runtime(vllm_python(EngineSettings(engine="vllm")))
+        except EngineSetupError as err:
+            console.print(f"[red]dgrpo demo --engine vllm:[/red] {err}")
+            return 2
+        console.print(f"serving with vLLM {runtime.version} from {runtime.python}")
+    spec = demo_spec(args.task, args.steps, run_id, engine)
     started = time.monotonic()
     stack = EmbeddedStack(home)
     reused = stack.load_state() is not None
@@ -72,7 +83,13 @@ def run_demo(args: argparse.Namespace) -> int:
     console.print(f"{'reusing' if reused else 'started'} the embedded stack in {home}")
     queues: TaskQueues = spec.task_queues
     env = {**stack.env(), ENV_HOME: str(home)}  # the metrics activity draws the curve under $DGRPO_HOME/runs
-    worker = WorkerProcess("all", home / "logs" / f"{run_id}-workers.log", task_queues=queues, env=env)
+    worker = WorkerProcess(
+        "all",
+        home / "logs" / f"{run_id}-workers.log",
+        task_queues=queues,
+        env=env,
+        extra_args=["--engine", engine],
+    )
     console.print(f"starting the workers (log: {worker.log_path}); loading SmolLM2-135M ...")
     worker.start()
     try:
