@@ -27,6 +27,8 @@ from serving.launchers import ServerProcess, VllmServerProcess, server_process
 BASE = SMOLLM2_NAME
 MAX_LORA_RANK = 8
 ENGINES = ["cpu", "vllm"]
+SDK_TIMEOUT_S = 120.0
+"""Far above any answer here (4 × 96 tokens through an adapter on vLLM's CPU build take ~30 s)."""
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +71,12 @@ def client(engine: ServerProcess) -> ServingClient:
 
 @pytest.fixture
 def sdk(engine: ServerProcess) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=engine.client.openai_base_url, api_key="unused", max_retries=0)
+    """The SDK as a rollout uses it. A timeout and retries: in a full test run the SDK's connection pool once
+    left a response vLLM had sent unread in its socket for 15 minutes (the server had answered); a retry of a
+    lost request is what a rollout's client does too, and every answer is still checked."""
+    return openai.AsyncOpenAI(
+        base_url=engine.client.openai_base_url, api_key="unused", max_retries=2, timeout=SDK_TIMEOUT_S
+    )
 
 
 @pytest.fixture(scope="module")

@@ -117,7 +117,7 @@ def assert_complete(final: RunStatus, store: ObjectStore, spec: RunSpec) -> None
 
 async def assert_served_by_vllm(worker: WorkerProcess, spec: RunSpec) -> None:
     """vLLM serves the last step's adapter (reloaded in place by name each step) and answers with it."""
-    sdk = openai.AsyncOpenAI(base_url=worker.server_urls[0], api_key="unused", max_retries=0)
+    sdk = openai.AsyncOpenAI(base_url=worker.server_urls[0], api_key="unused", max_retries=2, timeout=120)
     served = {m.id for m in (await sdk.models.list()).data}
     assert f"{spec.run_id}@{STEPS}" in served, served
     reply = await sdk.chat.completions.create(
