@@ -28,6 +28,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 import dgrpo
 from activities.retention import complete_checkpoint_steps, metrics_by_step
+from dgrpo.model import run_id_of
 from schemas import layout
 from schemas.run_state import TrainStepResult
 from workers.stack import EmbeddedStack
@@ -35,6 +36,7 @@ from workers.stack import EmbeddedStack
 pytestmark = pytest.mark.slow
 
 PROJECT = "art-style"  # the example's default project
+RUN_ID = run_id_of(PROJECT, "art")  # art--style-art: each "-" of the project doubled
 
 
 def output(proc: subprocess.CompletedProcess[str]) -> str:
@@ -89,7 +91,7 @@ async def test_art_style_killed_mid_train_then_temporal_backend_then_rerun(tmp_p
 
 async def art_style_story(tmp_path: Path, home: Path) -> None:
     local = ["--path", str(home), "--name", "art"]
-    run_id = f"{PROJECT}-art"
+    run_id = RUN_ID
 
     # 1. Step 1 trains; the client dies in the middle of model.train for step 2.
     log = tmp_path / "first.log"
@@ -97,7 +99,7 @@ async def art_style_story(tmp_path: Path, home: Path) -> None:
     try:
         stack = await wait_for_stack(home, script, log)
         client = await dgrpo.TemporalBackend(address=stack.temporal_address).temporal_client()
-        step2 = client.get_workflow_handle(f"train-{PROJECT}-art-000002", result_type=TrainStepResult)
+        step2 = client.get_workflow_handle(f"train-{RUN_ID}-000002", result_type=TrainStepResult)
         await wait_running(client, step2.id, script, log)
         script.send_signal(signal.SIGKILL)
     finally:
@@ -159,10 +161,10 @@ async def art_style_story(tmp_path: Path, home: Path) -> None:
     async with dgrpo.LocalBackend(path=home) as again:
         model = dgrpo.TrainableModel(name="art", project=PROJECT)
         await model.register(again)
-        assert (await model.get_step(), model.get_inference_name()) == (3, f"{PROJECT}-art@3")
+        assert (await model.get_step(), model.get_inference_name()) == (3, f"{RUN_ID}@3")
         client = await again.temporal_client()
         for step in (1, 2, 3):
-            runs = [w async for w in client.list_workflows(f'WorkflowId = "train-{PROJECT}-art-{step:06d}"')]
+            runs = [w async for w in client.list_workflows(f'WorkflowId = "train-{RUN_ID}-{step:06d}"')]
             assert len(runs) == 1, f"step {step} ran {len(runs)} times"
         assert complete_checkpoint_steps(again.object_store(), run_id) == [*kept, 3]
         assert os.environ["DGRPO_TEMPORAL_ADDRESS"] == again.stack.temporal_address
