@@ -100,10 +100,10 @@ def record_step(
 ) -> list[dict[str, Any]]:
     """Record ``metrics`` for ``step`` as one new object (the step's other columns are kept), rebuild the
     run's ``metrics.parquet`` from every write, and return every row."""
-    now = time.time()
-    event: dict[str, Any] = {STEP_COLUMN: step, "run_id": run_id, "model_name": model_name, "logged_at": now}
-    event.update({k: float(v) for k, v in metrics.items()})
-    key = layout.metrics_event_key(run_id, step, time.time_ns(), uuid.uuid4().hex[:12])
+    written_ns = time.time_ns()
+    event: dict[str, Any] = {STEP_COLUMN: step, "run_id": run_id, "model_name": model_name}
+    event.update({"logged_at": written_ns / 1e9, **{k: float(v) for k, v in metrics.items()}})
+    key = layout.metrics_event_key(run_id, step, written_ns, uuid.uuid4().hex[:12])
     store.put_bytes(key, json.dumps(event, allow_nan=True).encode())
     rows = read_metrics(store, run_id)
     sink = pa.BufferOutputStream()

@@ -139,6 +139,11 @@ class ServerProcess(ABC):
         self.log_path = Path(log_path or Path(tempfile.gettempdir()) / f"dgrpo-serve-{self.port}.log")
         self.process: ChildProcess | None = None
 
+    def preflight(self) -> None:
+        """Raise ``EngineSetupError`` if this engine cannot start here (nothing is started); our CPU server
+        runs wherever the project is installed."""
+        return None
+
     @abstractmethod
     def command(self) -> list[str]:
         """The argv that starts the server."""
@@ -245,14 +250,18 @@ class VllmServerProcess(ServerProcess):
             self._runtime = probe_vllm_runtime(vllm_python(self.settings))
         return self._runtime
 
-    def command(self) -> list[str]:
-        s, runtime = self.settings, self.runtime
-        if s.sleep_mode and not runtime.cuda:
+    def preflight(self) -> None:
+        runtime = self.runtime
+        if self.settings.sleep_mode and not runtime.cuda:
             raise EngineSetupError(
                 f"sleep mode is CUDA-only in vLLM, and {runtime.python} holds vLLM's CPU build "
                 f"({runtime.version}): start this worker without --sleep-mode (a run in mode 'shared' then "
                 "needs a GPU worker, or --engine cpu, which always sleeps)"
             )
+
+    def command(self) -> list[str]:
+        self.preflight()
+        s, runtime = self.settings, self.runtime
         resolved = resolve_base_model(self.model)
         served = self.served_name or self.model
         if runtime.cuda:

@@ -224,7 +224,9 @@ async def run_workers(
     stop = stop or asyncio.Event()
     server = _own_server(opts)
     if server is not None:
-        await asyncio.to_thread(server.command)  # an engine that cannot start here is refused before anything
+        await asyncio.to_thread(
+            server.preflight
+        )  # an engine that cannot start here is refused before anything
     if client is None:
         client = await _unless_stopped(connect_client(wait_s=opts.lifecycle.temporal_wait_s), stop)
         if client is None:
