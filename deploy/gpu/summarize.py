@@ -47,7 +47,7 @@ def run_rows(directory: Path) -> list[str]:
             + f" | {handover:.2f} | {rewards[0]:.3f} → {rewards[-1]:.3f} | "
             + f"{min(ratios):.3f} – {max(ratios):.3f} |"
         )  # fmt: skip
-    return lines
+    return lines if len(lines) > 2 else []
 
 
 def pipelined_ratio(directory: Path) -> list[str]:
@@ -99,6 +99,25 @@ def other_rows(directory: Path) -> list[str]:
         lines.append(
             f"vLLM /sleep freed {sleep['freed_gib']:.1f} GiB (its share: {sleep['share_gib']:.1f} GiB)"
         )
+    bench = load(directory, "gpu_vllm")
+    if bench:
+        tok = ", ".join(f"{label} {value:,.0f} tok/s" for label, value in bench["tok_s"].items())
+        swap, slept = bench.get("adapter_swap_s"), bench.get("sleep")
+        lines.append(
+            f"vLLM {bench['settings']['dtype']}, {bench['concurrency']} concurrent chats × {bench['max_tokens']} "
+            f"tokens: {tok}; server start {bench['start_s']:.0f} s"
+            + (
+                f"; adapter load → first token {swap['median']:.3f} s (median of {len(swap['all'])})"
+                if swap
+                else ""
+            )
+            + (
+                f"; sleep {slept['sleep_s']:.2f} s, wake-up {slept['wake_up_s']:.2f} s, "
+                f"{slept['freed_gib']:.1f} GiB freed"
+                if slept
+                else ""
+            )
+        )
     trl = load(directory, "vs_trl_gpu")
     if trl:
         meds = {side: median(r["step_s"][1:]) for side, r in trl["sides"].items()}
@@ -122,7 +141,8 @@ def main() -> None:
         trainer_rows(directory),
         other_rows(directory),
     ):
-        print("\n".join(block) + "\n")
+        if block:
+            print("\n".join(block) + "\n")
 
 
 if __name__ == "__main__":
