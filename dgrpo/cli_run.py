@@ -18,7 +18,14 @@ from dgrpo.progress import RunProgress, status_summary, status_view
 from schemas.config import TaskQueues, load_run_spec
 from schemas.errors import DgrpoError, EngineSetupError
 from schemas.run_state import RunStatus
-from schemas.settings import ENV_TEMPORAL_WAIT_S, ENV_WORKER_GRACE_S, EngineSettings, WorkerLifecycle
+from schemas.settings import (
+    ENGINES,
+    ENV_TEMPORAL_WAIT_S,
+    ENV_WORKER_GRACE_S,
+    EngineSettings,
+    WorkerLifecycle,
+    default_engine,
+)
 from workers.temporal import connect_client
 from workflows.training_run import TrainingRun
 
@@ -74,7 +81,7 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
         server_url=args.server_url,
         serve_port=args.serve_port,
         engine=EngineSettings(
-            engine=args.engine,
+            engine=args.engine or default_engine(),
             max_lora_rank=args.max_lora_rank,
             max_loras=args.max_loras,
             sleep_mode=args.sleep_mode,
@@ -189,9 +196,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     engine = EngineSettings()
     worker.add_argument(
         "--engine",
-        choices=("cpu", "vllm"),
-        default=engine.engine,
-        help="inference engine the worker starts (or, with --server-url, fronts)",
+        choices=ENGINES,
+        default=None,
+        help="inference engine the worker starts (or, with --server-url, fronts); default $DGRPO_ENGINE, else cpu",
     )
     worker.add_argument(
         "--max-lora-rank", type=int, default=engine.max_lora_rank, help="largest LoRA rank a run may train"
@@ -307,8 +314,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     demo.add_argument("--run-id", help="run id (default demo-<task>-<time>)")
     demo.add_argument(
         "--engine",
-        choices=("cpu", "vllm"),
-        default="cpu",
-        help="inference engine (vllm: deploy/install.sh --vllm)",
+        choices=ENGINES,
+        default=None,
+        help="inference engine (vllm: deploy/install.sh --vllm); default $DGRPO_ENGINE, else cpu",
     )
     demo.set_defaults(func=cmd_demo)

@@ -23,7 +23,7 @@ from schemas.config import RunSpec, TaskQueues, load_run_spec
 from schemas.errors import EngineSetupError
 from schemas.layout import checkpoints_prefix, reward_curve_key
 from schemas.run_state import RunStatus
-from schemas.settings import ENV_HOME, EngineSettings, dgrpo_home
+from schemas.settings import ENV_HOME, EngineSettings, default_engine, dgrpo_home
 from serving.launchers import probe_vllm_runtime, vllm_python
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
@@ -66,7 +66,11 @@ def run_demo(args: argparse.Namespace) -> int:
     console = Console()
     home = Path(args.home or dgrpo_home())
     run_id = args.run_id or f"demo-{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"
-    engine = getattr(args, "engine", "cpu")
+    try:
+        engine = getattr(args, "engine", None) or default_engine()
+    except EngineSetupError as err:
+        console.print(f"[red]dgrpo demo:[/red] {err}")
+        return 2
     if engine == "vllm":  # said now, not after the stack and the workers started
         try:
             runtime = probe_vllm_runtime(vllm_python(EngineSettings(engine="vllm")))

@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from schemas.errors import EngineSetupError
+
 ENV_TEMPORAL_ADDRESS = "DGRPO_TEMPORAL_ADDRESS"
 ENV_TEMPORAL_NAMESPACE = "DGRPO_TEMPORAL_NAMESPACE"
 ENV_S3_ENDPOINT = "DGRPO_S3_ENDPOINT"
@@ -35,6 +37,10 @@ ENV_JUDGE_KEY_ENVS = "DGRPO_JUDGE_KEY_ENVS"
 ENV_TASK_MODULES = "DGRPO_TASK_MODULES"
 """Comma-separated module prefixes an inference worker imports ``task.rollout`` / ``task.scenarios`` from
 (``dgrpo worker --task-module``; default ``examples.``)."""
+ENV_ENGINE = "DGRPO_ENGINE"
+"""The inference engine a worker starts when ``--engine`` is not given (``cpu`` or ``vllm``; default ``cpu``):
+so a program on ``LocalBackend`` (an ART program unchanged) serves with vLLM when it is set to ``vllm``."""
+ENGINES = ("cpu", "vllm")
 ENV_SERVE_API_KEY = "DGRPO_SERVE_API_KEY"
 """The inference server's API key: our CPU server requires it as a Bearer token (its ``--api-key``
 default), and ``ServingClient``, the rollouts and the default judge send it."""
@@ -149,6 +155,15 @@ class WorkerLifecycle(BaseModel):
         e = os.environ if env is None else env
         given = {"grace_s": e.get(ENV_WORKER_GRACE_S), "temporal_wait_s": e.get(ENV_TEMPORAL_WAIT_S)}
         return cls.model_validate({name: value for name, value in given.items() if value})
+
+
+def default_engine(env: Mapping[str, str] | None = None) -> str:
+    """``$DGRPO_ENGINE``, else ``cpu``; a value naming no engine is refused (not silently ``cpu``)."""
+    e = os.environ if env is None else env
+    engine = (e.get(ENV_ENGINE) or "cpu").strip()
+    if engine not in ENGINES:
+        raise EngineSetupError(f"{ENV_ENGINE}={engine!r} names no engine: use one of {', '.join(ENGINES)}")
+    return engine
 
 
 def env_list(name: str, env: Mapping[str, str] | None = None) -> tuple[str, ...]:

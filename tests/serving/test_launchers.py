@@ -125,6 +125,26 @@ def test_the_worker_refuses_a_vllm_engine_it_cannot_start(tmp_path: Path) -> Non
     assert "Traceback" not in done.stderr
 
 
+def test_dgrpo_engine_chooses_the_engine_a_worker_starts_when_no_flag_does(tmp_path: Path) -> None:
+    """``DGRPO_ENGINE=vllm`` makes ``dgrpo worker`` (and so ``LocalBackend``'s workers) start vLLM; a value
+    naming no engine is refused, not taken as ``cpu``."""
+
+    def worker(engine: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "DGRPO_HOME": str(tmp_path), "DGRPO_ENGINE": engine,
+               "DGRPO_VLLM_PYTHON": str(tmp_path / "absent")}  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "dgrpo.cli", "worker", "inference", "--temporal-wait-s", "0"],
+            capture_output=True, text=True, timeout=120, env=env,
+        )  # fmt: skip
+
+    chose_vllm = worker("vllm")
+    assert chose_vllm.returncode == 2, chose_vllm.stderr
+    assert "vLLM's runtime environment is missing" in chose_vllm.stderr, chose_vllm.stderr
+    bogus = worker("tpu")
+    assert bogus.returncode == 2 and "DGRPO_ENGINE='tpu' names no engine" in bogus.stderr, bogus.stderr
+    assert "Traceback" not in bogus.stderr
+
+
 def test_dgrpo_serve_options() -> None:
     args = build_parser().parse_args(
         [
