@@ -1,5 +1,6 @@
 """examples/prisoners_dilemma.py (ART's example, ported): its payoff rules, and two real training steps of
-SmolLM2-135M on the CPU with its three ``model.log`` splits read back from the run's metrics Parquet."""
+SmolLM2-135M served by vLLM (its CPU build) and trained on the CPU, with its three ``model.log`` splits read
+back from the run's metrics."""
 
 from __future__ import annotations
 
@@ -34,32 +35,29 @@ def test_payoffs_as_in_art() -> None:
 
 
 @pytest.mark.slow
-async def test_it_trains_two_steps_and_logs_every_split(
-    example_home: Path, capsys: pytest.CaptureFixture[str]
+async def test_it_trains_two_steps_on_vllm_with_only_the_engine_variable_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = [
-        "--home",
-        str(example_home),
-        "--steps",
-        "2",
-        "--rounds",
-        "2",
-        "--games",
-        "2",
-        "--max-tokens",
-        "12",
-    ]
+    """The ported program unchanged, on its own ``LocalBackend`` whose workers serve with vLLM (CPU build)
+    because ``DGRPO_ENGINE=vllm``: two steps trained, its three ``model.log`` splits read back from the run's
+    metrics, both checkpoints stored, and vLLM served the games."""
+    monkeypatch.setenv("DGRPO_ENGINE", "vllm")
+    home = tmp_path / "home"
+    argv = ["--home", str(home), "--steps", "2", "--rounds", "1", "--games", "2", "--max-tokens", "8"]
     assert await pd.main(pd.parse_args([*argv, "--learning-rate", "2e-4"])) == 0
     assert "001 is at step 2" in capsys.readouterr().out
-    records, checkpoints = stored_run(example_home, run_id_of("prisoners-dilemma", "001"))
+    records, checkpoints = stored_run(home, run_id_of("prisoners-dilemma", "001"))
     assert checkpoints == [1, 2]
     for step in (0, 1):  # model.log at the step the games were played with
         assert records[step]["versus-self/data/step_num_trajectories"] == 4  # 2 games, 2 players
         assert records[step]["versus-base/data/step_num_trajectories"] == 2
-        assert 0 <= records[step]["base-model/reward"] <= 5 * 2
+        assert 0 <= records[step]["base-model/reward"] <= 5 * 1
     for step in (1, 2):  # model.train's numbers for the step it produced
         assert records[step]["data/step_num_trajectories"] == 6
         assert "loss/train" in records[step]
+    (served,) = (home / "logs").glob("serve-*.log")  # the one inference server the workers started
+    log = served.read_text(errors="replace")
+    assert "(APIServer pid=" in log and "POST /v1/chat/completions" in log, log[-3000:]  # vLLM's, answering
 
 
 def test_an_answer_naming_no_move_earns_a_little_by_how_close_it_came() -> None:

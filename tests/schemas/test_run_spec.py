@@ -95,7 +95,9 @@ def test_valid_spec_loads_from_toml_and_json(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "value", "expected"), MALFORMED, ids=[f"{c[0]}={c[1]!r}" for c in MALFORMED]
+    ("field", "value", "expected"),
+    MALFORMED,
+    ids=[f"{c[0]}=<deleted>" if c[1] is DELETE else f"{c[0]}={c[1]!r}" for c in MALFORMED],
 )
 @pytest.mark.parametrize("suffix", [".toml", ".json"])
 def test_malformed_spec_names_the_field(
