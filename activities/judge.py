@@ -14,9 +14,10 @@ Small judges write nonsense; the contract with them is:
 
 Where the judge is and which key it gets are the control worker's operator's choice, not the run's: a
 run's ``judge.base_url`` must be the worker's own inference server or one of ``JudgeEndpoints.base_urls``
-(``dgrpo worker --judge-base-url``), and its ``judge.api_key_env`` one of ``JudgeEndpoints.key_envs``
-(``--judge-key-env``); anything else is a non-retryable ``ConfigError`` sent before any request is made,
-so a run spec can never send a worker's secret to a host of its choosing.
+(``dgrpo worker --judge-base-url``), and its ``judge.api_key_env`` a variable paired with that endpoint in
+``JudgeEndpoints.keys`` (``--judge-key-env URL=NAME``), so a key never goes to another endpoint; anything
+else is a non-retryable ``ConfigError`` sent before any request is made, so a run spec can never send a
+worker's secret to a host of its choosing.
 
 Judged scores are cached by the content hash of what the judge was asked (model, rubric, trajectories),
 in the object store under ``runs/<run>/judge_cache/<sha256>.json``, so a retried step pays only for the
@@ -47,7 +48,13 @@ from schemas.activities import ActivityName, JudgeInput
 from schemas.config import JudgeConfig
 from schemas.errors import CONFIG_ERROR
 from schemas.refs import TrajectoriesRef
-from schemas.settings import ENV_INFERENCE_URL, ENV_JUDGE_BASE_URLS, ENV_JUDGE_KEY_ENVS, env_list
+from schemas.settings import (
+    ENV_INFERENCE_URL,
+    ENV_JUDGE_BASE_URLS,
+    ENV_JUDGE_KEY_ENVS,
+    env_list,
+    judge_key_pair,
+)
 from schemas.trajectory import Trajectory, TrajectoryGroup
 from serving.client import openai_base_url
 
@@ -303,17 +310,25 @@ class JudgeEndpoints:
     """What a control worker's operator lets runs use as a judge, besides the worker's own server."""
 
     base_urls: tuple[str, ...] = ()
-    """Judge endpoints a run's ``judge.base_url`` may name (compared as ``/v1`` URLs)."""
-    key_envs: tuple[str, ...] = ()
-    """Environment variables a run's ``judge.api_key_env`` may name."""
+    """Judge endpoints a run's ``judge.base_url`` may name, with no key (compared as ``/v1`` URLs)."""
+    keys: tuple[tuple[str, str], ...] = ()
+    """(endpoint, variable) pairs: the variable's value is sent to its own endpoint, never to another; a
+    paired endpoint may be named by a run too."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> JudgeEndpoints:
-        """``$DGRPO_JUDGE_BASE_URLS`` and ``$DGRPO_JUDGE_KEY_ENVS`` (comma-separated; unset: none)."""
-        return cls(env_list(ENV_JUDGE_BASE_URLS, env), env_list(ENV_JUDGE_KEY_ENVS, env))
+        """``$DGRPO_JUDGE_BASE_URLS`` (URLs) and ``$DGRPO_JUDGE_KEY_ENVS`` (``URL=NAME`` pairs), comma-separated;
+        unset: none."""
+        pairs = tuple(judge_key_pair(entry) for entry in env_list(ENV_JUDGE_KEY_ENVS, env))
+        return cls(env_list(ENV_JUDGE_BASE_URLS, env), pairs)
 
     def allows_url(self, url: str) -> bool:
-        return openai_base_url(url) in {openai_base_url(u) for u in self.base_urls}
+        allowed = [*self.base_urls, *(u for u, _ in self.keys)]
+        return openai_base_url(url) in {openai_base_url(u) for u in allowed}
+
+    def pairs(self, url: str, key_env: str) -> bool:
+        """True when ``key_env``'s value may be sent to ``url``."""
+        return (openai_base_url(url), key_env) in {(openai_base_url(u), k) for u, k in self.keys}
 
 
 def _refuse(message: str) -> ApplicationError:
@@ -377,12 +392,14 @@ class JudgeActivities:
                 f"`dgrpo worker control --judge-base-url URL` or {ENV_JUDGE_BASE_URLS}"
             )
         if config.api_key_env is not None:
-            if config.api_key_env not in self.endpoints.key_envs:
-                allowed = ", ".join(self.endpoints.key_envs) or "none"
+            if not self.endpoints.pairs(base_url, config.api_key_env):
+                paired = ", ".join(f"{u}={k}" for u, k in self.endpoints.keys) or "none"
                 raise _refuse(
                     f"judge.api_key_env {config.api_key_env!r} is not a key variable this control worker "
-                    f"allows (allowed: {allowed}); remove judge.api_key_env, or ask the worker's operator "
-                    f"to allow it with `dgrpo worker control --judge-key-env NAME` or {ENV_JUDGE_KEY_ENVS}"
+                    f"sends to {openai_base_url(base_url)} (its pairs: {paired}); a key goes only to the "
+                    "endpoint it is paired with: remove judge.api_key_env, name its own endpoint in "
+                    "judge.base_url, or ask the worker's operator to pair them with "
+                    f"`dgrpo worker control --judge-key-env URL=NAME` or {ENV_JUDGE_KEY_ENVS}"
                 )
             api_key = os.environ.get(config.api_key_env, "")
             if not api_key:

@@ -6,9 +6,9 @@ under ``task.rollout_timeout_s``. ``model`` is a ``RolloutModel`` whose ``openai
 ``model=model.name`` to the adapter this step pins. A rollout that raises, hangs or returns something
 other than a ``Trajectory`` is recorded with its group; more than ``task.max_exceptions`` of them fail
 the step. The groups go to ``runs/<run>/steps/<step>/trajectories.parquet``, or, for one shard of a step
-(``RolloutsInput.shard``), to ``layout.rollout_shard_key`` (a retry overwrites it). Shards of one run on one
-worker share ``task.rollout_concurrency``: it bounds the rollouts the worker runs at once, however many
-shards it took.
+(``RolloutsInput.shard``), to ``layout.rollout_shard_key`` (one key per attempt: a late attempt never
+overwrites the one the workflow recorded). Shards of one run on one worker share ``task.rollout_concurrency``:
+it bounds the rollouts the worker runs at once, however many shards it took.
 
 Task code is the inference worker's operator's: it is imported only from the packages the worker was
 started with (``dgrpo worker --task-module``, ``$DGRPO_TASK_MODULES``, default ``examples.``), checked
@@ -418,5 +418,6 @@ class RolloutActivities:
             check_numbers(groups, f"rollout {input.task.rollout}")
         except DgrpoError as err:  # nothing is written: a bad reward or logprob never reaches the store
             raise ApplicationError(str(err), type=err.failure_type, non_retryable=True) from err
-        key = rollout_shard_key(input.run_id, input.step, input.shard) if input.shards > 1 else None
+        attempt = activity.info().attempt if activity.in_activity() else 1
+        key = rollout_shard_key(input.run_id, input.step, input.shard, attempt) if input.shards > 1 else None
         return await asyncio.to_thread(upload_groups, self.store, groups, input.run_id, input.step, key=key)

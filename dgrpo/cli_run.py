@@ -25,6 +25,7 @@ from schemas.settings import (
     EngineSettings,
     WorkerLifecycle,
     default_engine,
+    judge_key_pair,
 )
 from workers.temporal import connect_client
 from workflows.training_run import TrainingRun
@@ -98,10 +99,17 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
         ready_file=Path(args.ready_file) if args.ready_file else None,
         single_process=args.single_process,
         judge_base_urls=None if args.judge_base_url is None else tuple(args.judge_base_url),
-        judge_key_envs=None if args.judge_key_env is None else tuple(args.judge_key_env),
+        judge_keys=None if args.judge_key_env is None else tuple(args.judge_key_env),
         task_modules=None if args.task_module is None else tuple(args.task_module),
         max_concurrent_activities=args.max_concurrent_activities,
     )
+
+
+def judge_key_arg(entry: str) -> tuple[str, str]:
+    try:
+        return judge_key_pair(entry)
+    except ValueError as err:  # argparse would replace the message with "invalid value"
+        raise argparse.ArgumentTypeError(str(err)) from err
 
 
 def worker_lifecycle(args: argparse.Namespace) -> WorkerLifecycle:
@@ -265,9 +273,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     worker.add_argument(
         "--judge-key-env",
         action="append",
-        metavar="NAME",
-        help="control: a variable a run's judge.api_key_env may name (repeat; default $DGRPO_JUDGE_KEY_ENVS, "
-        "else none)",
+        type=judge_key_arg,
+        metavar="URL=NAME",
+        help="control: a variable a run's judge.api_key_env may name, sent only to the endpoint URL (repeat; "
+        "default $DGRPO_JUDGE_KEY_ENVS, else none)",
     )
     worker.add_argument(
         "--task-module",

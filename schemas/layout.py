@@ -30,9 +30,11 @@ def trajectories_key(run_id: str, step: int) -> str:
     return step_prefix(run_id, step) + TRAJECTORIES_FILE
 
 
-def rollout_shard_key(run_id: str, step: int, shard: int) -> str:
-    """One shard of a step's rollouts; the shards are merged, in order, into its ``trajectories.parquet``."""
-    return step_prefix(run_id, step) + f"rollouts/shard-{shard:05d}.parquet"
+def rollout_shard_key(run_id: str, step: int, shard: int, attempt: int = 1) -> str:
+    """One attempt at one shard of a step's rollouts; the shards are merged, in order, into its
+    ``trajectories.parquet``. Each attempt has its own key: the merge reads the attempt the workflow recorded,
+    and an attempt that a retry replaced but that still finishes writes beside it, never over it."""
+    return step_prefix(run_id, step) + f"rollouts/shard-{shard:05d}-attempt-{attempt}.parquet"
 
 
 def scored_key(run_id: str, step: int) -> str:

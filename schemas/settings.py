@@ -33,7 +33,8 @@ ENV_JUDGE_BASE_URLS = "DGRPO_JUDGE_BASE_URLS"
 """Comma-separated judge endpoints a control worker may call besides its own inference server
 (``dgrpo worker --judge-base-url``); a run's ``judge.base_url`` must be one of them."""
 ENV_JUDGE_KEY_ENVS = "DGRPO_JUDGE_KEY_ENVS"
-"""Comma-separated names of the variables a run's ``judge.api_key_env`` may name (``--judge-key-env``)."""
+"""Comma-separated ``URL=NAME`` pairs: a variable a run's ``judge.api_key_env`` may name, and the one judge
+endpoint its value is sent to (``--judge-key-env``)."""
 ENV_TASK_MODULES = "DGRPO_TASK_MODULES"
 """Comma-separated module prefixes an inference worker imports ``task.rollout`` / ``task.scenarios`` from
 (``dgrpo worker --task-module``; default ``examples.``)."""
@@ -170,6 +171,18 @@ def env_list(name: str, env: Mapping[str, str] | None = None) -> tuple[str, ...]
     """A comma-separated variable as a tuple of its non-empty, stripped items (unset: empty)."""
     e = os.environ if env is None else env
     return tuple(item.strip() for item in (e.get(name) or "").split(",") if item.strip())
+
+
+def judge_key_pair(entry: str) -> tuple[str, str]:
+    """``URL=NAME`` (``--judge-key-env``, ``$DGRPO_JUDGE_KEY_ENVS``) as (URL, NAME); a bare name is refused."""
+    url, sep, name = entry.rpartition("=")
+    if not sep or not url.strip() or not name.strip():
+        raise ValueError(
+            f"judge key {entry!r} names no endpoint: a key goes only to the endpoint it is paired with; "
+            f"write URL=NAME (`--judge-key-env https://judge.example/v1=JUDGE_KEY`, or the same in "
+            f"{ENV_JUDGE_KEY_ENVS})"
+        )
+    return url.strip(), name.strip()
 
 
 def dgrpo_home(env: Mapping[str, str] | None = None) -> str:

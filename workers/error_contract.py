@@ -9,17 +9,25 @@ Temporal refuses a failure over its blob size limit (2 MB) and records "Failure 
 (non-retryable) instead, losing the cause; an error whose messages and details, down its chain of causes,
 exceed ``MAX_FAILURE_CHARS`` leaves as one ``ApplicationError`` with the head and tail of its message, its
 type and its retryability.
+
+An activity whose input does not validate fails before any interceptor runs: the SDK raises a plain, retryable
+"Failed decoding arguments". ``ContractFailureConverter`` (the failure converter of every client and worker,
+``workers/temporal.py``) records it as a non-retryable ``ConfigError`` carrying the validation error, since
+no attempt can decode the same input.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import temporalio.api.failure.v1
+from pydantic import ValidationError
+from temporalio.converter import DefaultFailureConverter, PayloadConverter
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 from activities.errors import application_error
-from schemas.errors import DgrpoError
+from schemas.errors import CONFIG_ERROR, DgrpoError
 
 MAX_FAILURE_CHARS = 16_000
 """Well under Temporal's 2 MB, and more than any message meant for a person."""
@@ -70,3 +78,39 @@ def bounded(err: BaseException) -> ApplicationError:
     if isinstance(err, ApplicationError):
         return ApplicationError(message, type=err.type, non_retryable=err.non_retryable)
     return ApplicationError(message, type=type(err).__name__)
+
+
+UNDECODABLE = "Failed decoding arguments"
+"""The SDK's message for an activity input its data converter could not decode."""
+
+
+class ContractFailureConverter(DefaultFailureConverter):
+    """The default failure converter, but an input that does not validate is refused for good."""
+
+    def to_failure(
+        self,
+        exception: BaseException,
+        payload_converter: PayloadConverter,
+        failure: temporalio.api.failure.v1.Failure,
+    ) -> None:
+        super().to_failure(refused_input(exception) or exception, payload_converter, failure)
+
+
+def refused_input(err: BaseException) -> ApplicationError | None:
+    """``err``, the SDK's retryable decode failure of an input that does not validate, as a non-retryable
+    ``ConfigError`` naming each field; None for any other error."""
+    if not (isinstance(err, ApplicationError) and err.message == UNDECODABLE and not err.non_retryable):
+        return None
+    invalid = err.__cause__
+    while invalid is not None and not isinstance(invalid, ValidationError):
+        invalid = invalid.__cause__
+    if invalid is None:
+        return None
+    refused = ApplicationError(
+        f"{UNDECODABLE}: the input does not validate, so no attempt can run it; fix {invalid}",
+        type=CONFIG_ERROR,
+        non_retryable=True,
+    )
+    refused.__traceback__ = err.__traceback__
+    refused.__cause__ = err.__cause__
+    return bounded(refused) if failure_chars(refused) > MAX_FAILURE_CHARS else refused

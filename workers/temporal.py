@@ -1,7 +1,7 @@
 """The one way every client and worker connects to Temporal, and rides out a Temporal that does not answer.
 
-``connect_client``: the pydantic data converter, settings from the environment; with ``wait_s`` it keeps trying
-(a worker started before Temporal, or while it restarts). ``across_restarts``: a call (a workflow's result, a
+``connect_client``: the pydantic data converter (with the error contract's failure converter), settings from
+the environment; with ``wait_s`` it keeps trying (a worker started before Temporal, or while it restarts). ``across_restarts``: a call (a workflow's result, a
 describe) made again while Temporal is unreachable, since a restart cuts every RPC and long poll in flight.
 Both back off up to ``BACKOFF_CAP_S`` and log each try.
 """
@@ -9,6 +9,7 @@ Both back off up to ``BACKOFF_CAP_S`` and log each try.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -20,10 +21,16 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from schemas.errors import DgrpoError
 from schemas.settings import TemporalSettings
+from workers.error_contract import ContractFailureConverter
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+DATA_CONVERTER = dataclasses.replace(
+    pydantic_data_converter, failure_converter_class=ContractFailureConverter
+)
+"""Pydantic payloads; failures by the one error contract (an input that does not validate is not retried)."""
 
 FIRST_BACKOFF_S = 0.5
 BACKOFF_CAP_S = 5.0
@@ -94,7 +101,7 @@ async def connect_client(
                 namespace=namespace or s.namespace,
                 tls=tls,
                 api_key=api_key,
-                data_converter=pydantic_data_converter,
+                data_converter=DATA_CONVERTER,
             )
         except RuntimeError as err:  # the SDK's bridge raises a bare RuntimeError when it cannot connect
             raise TemporalUnreachable(

@@ -96,8 +96,9 @@ class WorkerOptions:
     GIL-holding work never starves the workflow thread (Temporal fails a workflow task after 2 s)."""
     judge_base_urls: tuple[str, ...] | None = None
     """Judge endpoints a run may name besides the worker's own server (None: ``$DGRPO_JUDGE_BASE_URLS``)."""
-    judge_key_envs: tuple[str, ...] | None = None
-    """Variables a run's ``judge.api_key_env`` may name (None: ``$DGRPO_JUDGE_KEY_ENVS``)."""
+    judge_keys: tuple[tuple[str, str], ...] | None = None
+    """(endpoint, variable) pairs a run's ``judge.api_key_env`` may name, each key sent only to its own
+    endpoint (None: ``$DGRPO_JUDGE_KEY_ENVS``)."""
     task_modules: tuple[str, ...] | None = None
     """Module prefixes task code is imported from (None: ``$DGRPO_TASK_MODULES``, else ``examples.``)."""
     max_concurrent_activities: int | None = None
@@ -124,7 +125,7 @@ def control_activities(
     env = JudgeEndpoints.from_env()  # a flag replaces its variable
     endpoints = JudgeEndpoints(
         base_urls=env.base_urls if opts.judge_base_urls is None else opts.judge_base_urls,
-        key_envs=env.key_envs if opts.judge_key_envs is None else opts.judge_key_envs,
+        keys=env.keys if opts.judge_keys is None else opts.judge_keys,
     )
     return [
         AdvantagesActivities(store).compute_advantages,

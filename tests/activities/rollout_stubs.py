@@ -46,6 +46,12 @@ async def flaky(model: Any, scenario: dict[str, Any]) -> Trajectory:
     return await ok(model, scenario)
 
 
+async def stale_first_attempt(model: Any, scenario: dict[str, Any]) -> Trajectory:
+    """``ok``, but the activity's first attempt scores every rollout -1: the rows of an attempt a retry replaced."""
+    trajectory = await ok(model, scenario)
+    return trajectory.model_copy(update={"reward": -1.0}) if activity.info().attempt == 1 else trajectory
+
+
 async def counted(model: Any, scenario: dict[str, Any]) -> Trajectory:
     """``ok``, counting in ``RUNNING`` how many run at once (each lasts a little while)."""
     RUNNING[0] += 1

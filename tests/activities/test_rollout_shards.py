@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 import rollout_stubs
@@ -46,7 +47,7 @@ async def test_a_shard_goes_to_its_own_key_and_the_steps_table_is_left_alone(
     object_store: ObjectStore,
 ) -> None:
     ref = await ActivityEnvironment().run(activities(object_store).rollouts, shard_input(f"{STUBS}:ok", 1, 3))
-    assert ref.ref.uri == object_store.uri(layout.rollout_shard_key("r1", 2, 1))
+    assert ref.ref.uri == object_store.uri(layout.rollout_shard_key("r1", 2, 1, attempt=1))
     assert (ref.n_groups, ref.n_trajectories) == (2, 4)
     assert not object_store.exists(layout.trajectories_key("r1", 2))
 
@@ -63,6 +64,25 @@ async def test_a_runs_shards_on_one_worker_share_its_rollout_concurrency(object_
         )
     )
     assert rollout_stubs.RUNNING == [0, 2]  # two shards of 4 rollouts each, never more than 2 at once
+
+
+async def test_a_late_attempt_never_changes_the_shard_the_merge_reads(object_store: ObjectStore) -> None:
+    """Shard 1's retry (attempt 2) succeeded and the workflow recorded its ref; the attempt it replaced then
+    finishes and writes other rows. The merge reads the recorded attempt: it succeeds, with the retry's rows."""
+    acts = activities(object_store)
+    shard0 = await ActivityEnvironment().run(acts.rollouts, shard_input(f"{STUBS}:ok", 0, 2))
+    retry = ActivityEnvironment()
+    retry.info = dataclasses.replace(retry.info, attempt=2)
+    retried = await retry.run(acts.rollouts, shard_input(f"{STUBS}:stale_first_attempt", 1, 2))
+    late = await ActivityEnvironment().run(acts.rollouts, shard_input(f"{STUBS}:stale_first_attempt", 1, 2))
+    assert late.ref.sha256 != retried.ref.sha256  # the late attempt did write other rows
+    merged = merge_shards(
+        object_store, MergeRolloutsInput(run_id="r1", step=2, shards=[shard0, retried], max_exceptions=0)
+    )
+    expected = [download_groups(object_store, ref.ref.uri) for ref in (shard0, retried)]
+    rewards = [t.reward for g in download_groups(object_store, merged.ref.uri) for t in g.trajectories]
+    assert rewards == [t.reward for shard in expected for g in shard for t in g.trajectories]
+    assert len(rewards) == 8 and -1.0 not in rewards
 
 
 def stored_shard(

@@ -57,7 +57,9 @@ def test_a_judge_key_is_a_variable_the_control_worker_reads_only_where_it_allows
     }
     container(docs, "control")["env"].append(key)
     assert any("sets OPENAI_API_KEY, which no worker reads" in p for p in k8s.check_k8s(docs))
-    container(docs, "control")["env"].append({"name": "DGRPO_JUDGE_KEY_ENVS", "value": "OPENAI_API_KEY"})
+    container(docs, "control")["env"].append(
+        {"name": "DGRPO_JUDGE_KEY_ENVS", "value": "https://api.openai.com/v1=OPENAI_API_KEY"}
+    )
     assert k8s.check_k8s(docs) == []
 
 

@@ -124,8 +124,8 @@ def worker_queue(cmd: Command, role: str) -> str:
 def check_worker_env(env: Mapping[str, str | None], where: str) -> list[str]:
     """Every name is one a worker reads (a judge key counts where the container allows it by name), and the
     ones it cannot start without are there. ``env``: name -> value (None: from a secret)."""
-    judge_keys = settings.env_list(settings.ENV_JUDGE_KEY_ENVS, {k: v or "" for k, v in env.items()})
-    known = worker_env_names() | set(judge_keys)
+    pairs = settings.env_list(settings.ENV_JUDGE_KEY_ENVS, {k: v or "" for k, v in env.items()})
+    known = worker_env_names() | {settings.judge_key_pair(pair)[1] for pair in pairs}
     given = set(env)
     problems = [
         f"{where}: sets {name}, which no worker reads (names live in schemas/settings.py)"

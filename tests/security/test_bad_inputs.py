@@ -1,14 +1,15 @@
 """Bad and hostile inputs, one table row each, against real worker processes on the real stack.
 
 One control worker and one inference worker (``dgrpo worker``, real processes) serve every row; their
-operator allowed one extra judge endpoint, two judge key variables and one task package
-(``hostile_tasks``). A tiny workflow in this process runs each row's activity on the workers' queues.
+operator allowed two extra judge endpoints, each paired with its own key variable (one also with a variable
+left unset), and one task package (``hostile_tasks``). A tiny workflow in this process runs each row's activity on the workers' queues.
 Every row asserts:
 
 - a clear error: the failure type, that Temporal did not retry it, and the words that say what to fix;
 - the worker keeps serving: it is alive and answers a good request on the same queue right after;
 - nothing already stored is lost or changed (every object's sha256 is compared with the baseline);
-- no listener ever saw the S3 secret, and the attacker's listener was never called at all.
+- no listener ever saw the S3 secret, no judge key reached an endpoint other than its own, and the
+  attacker's listener was never called at all.
 """
 
 from __future__ import annotations
@@ -49,9 +50,13 @@ CANARY = "sec-canary"
 """The run the good requests after each row write to (left out of the stored-objects comparison)."""
 TASKS = "hostile_tasks"
 JUDGE_KEY_ENV = "DGRPO_TEST_JUDGE_KEY"
-"""Allowed, and set on the control worker."""
+"""Paired with the ``allowed`` endpoint, and set on the control worker."""
+JUDGE_KEY = "the-allowed-judge-key"
+SECOND_KEY_ENV = "DGRPO_TEST_SECOND_JUDGE_KEY"
+"""Paired with the ``second`` endpoint, and set on the control worker."""
+SECOND_KEY = "the-second-judge-key"
 UNSET_KEY_ENV = "DGRPO_TEST_UNSET_KEY"
-"""Allowed, but not set."""
+"""Paired with the ``allowed`` endpoint, but not set."""
 HERE = Path(__file__).resolve().parent
 LOGPROBS = [
     ("placeholder", -9999.0),
@@ -103,7 +108,9 @@ class Harness:
     own: Recorder
     """The control worker's own inference server (its default judge) and the inference worker's server."""
     allowed: Recorder
-    """A judge endpoint the operator allowed."""
+    """A judge endpoint the operator allowed, paired with ``JUDGE_KEY_ENV``."""
+    second: Recorder
+    """Another allowed judge endpoint, paired with ``SECOND_KEY_ENV``: ``JUDGE_KEY`` must never reach it."""
     trap: Recorder
     """An attacker's host: no request may ever reach it."""
     control: WorkerProcess
@@ -201,18 +208,20 @@ async def harness(
         control=f"sec-control-{suffix}", inference=f"sec-inf-{suffix}", trainer=f"sec-tr-{suffix}"
     )
     home = tmp_path_factory.mktemp("sec-home")
-    env = {ENV_HOME: str(home), ENV_S3_BUCKET: bucket, JUDGE_KEY_ENV: "the-allowed-judge-key"}
+    env = {ENV_HOME: str(home), ENV_S3_BUCKET: bucket, JUDGE_KEY_ENV: JUDGE_KEY, SECOND_KEY_ENV: SECOND_KEY}
     env.pop(UNSET_KEY_ENV, None)
     client = await connect_client(address=stack.temporal_address)
-    with recorder() as own, recorder() as allowed, recorder() as trap:
+    with recorder() as own, recorder() as allowed, recorder() as second, recorder() as trap:
         control = WorkerProcess(
             "control",
             home / "control.log",
             task_queues=queues,
             server_url=own.base_url,
             env=env,
-            extra_args=["--judge-base-url", allowed.base_url, "--judge-key-env", JUDGE_KEY_ENV,
-                        "--judge-key-env", UNSET_KEY_ENV],
+            extra_args=["--judge-base-url", allowed.base_url,
+                        "--judge-key-env", f"{allowed.base_url}={JUDGE_KEY_ENV}",
+                        "--judge-key-env", f"{allowed.base_url}={UNSET_KEY_ENV}",
+                        "--judge-key-env", f"{second.base_url}={SECOND_KEY_ENV}"],
         )  # fmt: skip
         pythonpath = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
         inference = WorkerProcess(
@@ -254,7 +263,7 @@ async def harness(
                 for step, (kind, logprob) in enumerate(LOGPROBS, start=5)
             }
             h = Harness(
-                client, queues, probe_queue, store, own, allowed, trap, control, inference,
+                client, queues, probe_queue, store, own, allowed, second, trap, control, inference,
                 secret=os.environ[ENV_S3_SECRET_KEY], trajectories=None, scored=None,  # type: ignore[arg-type]
                 bad_scored=bad_scored,
             )  # fmt: skip
@@ -284,10 +293,6 @@ class Row:
     failure_type: str
     says: tuple[str, ...]
     """Words the error message must contain (what is wrong, and what to change)."""
-    refused_on_decode: bool = False
-    """The input model itself refuses the value: the worker fails the activity while decoding it, before
-    any code runs. Until one error contract maps decode failures to a non-retryable ConfigError, Temporal
-    reports these as "Failed decoding arguments" (retried), with the field's problem in the cause."""
 
 
 def good_rollouts(h: Harness) -> RolloutsInput:
@@ -326,6 +331,13 @@ ROWS = [
     Row("judge-own-server-with-the-s3-secret", "control", "judge",
         lambda h: judge_input(h, kind="ruler", api_key_env=ENV_S3_SECRET_KEY),
         CONFIG_ERROR, ("is not a key variable", "--judge-key-env")),
+    Row("judge-allowed-key-to-another-allowed-endpoint", "control", "judge",
+        lambda h: judge_input(h, kind="ruler", base_url=h.second.base_url, api_key_env=JUDGE_KEY_ENV),
+        CONFIG_ERROR, (f"'{JUDGE_KEY_ENV}' is not a key variable this control worker sends to",
+                       "a key goes only to the endpoint it is paired with", "--judge-key-env URL=NAME")),
+    Row("judge-allowed-key-to-the-own-server", "control", "judge",
+        lambda h: judge_input(h, kind="ruler", api_key_env=JUDGE_KEY_ENV),
+        CONFIG_ERROR, (f"'{JUDGE_KEY_ENV}' is not a key variable this control worker sends to",)),
     Row("judge-other-secret-variable", "control", "judge",
         lambda h: judge_input(h, kind="ruler", base_url=h.allowed.base_url, api_key_env="DGRPO_S3_ACCESS_KEY"),
         CONFIG_ERROR, ("is not a key variable",)),
@@ -387,7 +399,7 @@ ROWS = [
     *(
         Row(f"{activity}-{'.'.join(path)}-{label}", queue, activity,
             lambda h, build=build, path=path, value=value: replaced(build(h), path, value),
-            "", (path[-1], "String should match pattern"), refused_on_decode=True)
+            CONFIG_ERROR, ("the input does not validate", path[-1], "String should match pattern"))
         for activity, queue, build, path, label, value in [
             ("rollouts", "inference", good_rollouts, ("run_id",), "parent-dirs", "../../outside"),
             ("rollouts", "inference", good_rollouts, ("run_id",), "absolute", "/etc"),
@@ -465,15 +477,11 @@ async def test_bad_input_is_refused_clearly_and_loses_nothing(harness: Harness, 
     queue = h.queues.control if row.queue == "control" else h.queues.inference
     out = await h.call(queue, row.activity, row.input(h))
     assert not out["ok"], out
-    if row.refused_on_decode:
-        assert out["message"] == "Failed decoding arguments", out
-        for words in row.says:
-            assert words in out["chain"], (words, out["chain"])
-    else:
-        assert out["type"] == row.failure_type, out
-        assert out["non_retryable"] and out["retry_state"] == RetryState.NON_RETRYABLE_FAILURE.name, out
-        for words in row.says:
-            assert words in out["message"], (words, out["message"])
+    assert out["type"] == row.failure_type, out
+    # one attempt: the probe allows two, so a retried failure would end MAXIMUM_ATTEMPTS_REACHED
+    assert out["non_retryable"] and out["retry_state"] == RetryState.NON_RETRYABLE_FAILURE.name, out
+    for words in row.says:
+        assert words in out["message"], (words, out["message"])
     # the worker keeps serving: alive, and a good request on the same queue succeeds
     worker = h.control if row.queue == "control" else h.inference
     assert worker.alive()
@@ -485,16 +493,27 @@ async def test_bad_input_is_refused_clearly_and_loses_nothing(harness: Harness, 
         )
     assert h.snapshot() == before  # nothing stored was lost, changed or added
     assert not h.trap.requests  # the attacker's host was never called
-    assert not any(r.seen(h.secret) for r in (h.own, h.allowed, h.trap))
+    assert_keys_stayed_home(h)
 
 
-async def test_the_allowed_judge_endpoint_gets_its_own_key_and_nothing_else(harness: Harness) -> None:
-    """The positive side of the allow-list: an allowed endpoint with an allowed key variable works."""
+def assert_keys_stayed_home(h: Harness) -> None:
+    """No listener saw the S3 secret, and each judge key reached no endpoint but its own."""
+    assert not any(r.seen(h.secret) for r in (h.own, h.allowed, h.second, h.trap))
+    assert not any(r.seen(JUDGE_KEY) for r in (h.own, h.second, h.trap))
+    assert not any(r.seen(SECOND_KEY) for r in (h.own, h.allowed, h.trap))
+
+
+async def test_each_allowed_judge_endpoint_gets_its_own_key_and_nothing_else(harness: Harness) -> None:
+    """The positive side of the pairs: each endpoint, named with its own key variable, gets that key."""
     h = harness
-    calls = len(h.allowed.requests)
-    judged = judge_input(h, kind="ruler", base_url=h.allowed.base_url, api_key_env=JUDGE_KEY_ENV, model="m")
-    judged = judged.model_copy(update={"run_id": CANARY})
-    await expect_ok(h, h.queues.control, "judge", judged)
-    new = h.allowed.requests[calls:]
-    assert new and all(r.headers.get("authorization") == "Bearer the-allowed-judge-key" for r in new)
-    assert not any(r.seen(h.secret) for r in (h.own, h.allowed, h.trap)) and not h.trap.requests
+    for endpoint, key_env, key in (
+        (h.allowed, JUDGE_KEY_ENV, JUDGE_KEY),
+        (h.second, SECOND_KEY_ENV, SECOND_KEY),
+    ):
+        calls = len(endpoint.requests)
+        judged = judge_input(h, kind="ruler", base_url=endpoint.base_url, api_key_env=key_env, model=key_env)
+        await expect_ok(h, h.queues.control, "judge", judged.model_copy(update={"run_id": CANARY}))
+        new = endpoint.requests[calls:]
+        assert new and all(r.headers.get("authorization") == f"Bearer {key}" for r in new)
+    assert not h.trap.requests
+    assert_keys_stayed_home(h)

@@ -41,10 +41,13 @@ def test_judge_endpoints_default_to_none_and_follow_the_environment() -> None:
     assert JudgeEndpoints.from_env({}) == JudgeEndpoints((), ())
     env = {
         ENV_JUDGE_BASE_URLS: "https://judge.example/v1, http://10.0.0.5:8000",
-        ENV_JUDGE_KEY_ENVS: "JUDGE_KEY",
+        ENV_JUDGE_KEY_ENVS: "https://keyed.example/v1=JUDGE_KEY",
     }
     endpoints = JudgeEndpoints.from_env(env)
-    assert endpoints.key_envs == ("JUDGE_KEY",)
+    assert endpoints.keys == (("https://keyed.example/v1", "JUDGE_KEY"),)
+    assert endpoints.allows_url("https://keyed.example/v1/")
+    assert endpoints.pairs("https://keyed.example/v1/", "JUDGE_KEY")
+    assert not endpoints.pairs("https://judge.example/v1", "JUDGE_KEY")
     assert endpoints.allows_url("https://judge.example/v1/") and endpoints.allows_url(
         "http://10.0.0.5:8000/v1"
     )
@@ -54,3 +57,8 @@ def test_judge_endpoints_default_to_none_and_follow_the_environment() -> None:
         "http://10.0.0.5:8001/v1",
     ):
         assert not endpoints.allows_url(other)
+
+
+def test_a_judge_key_without_its_endpoint_is_refused_at_start() -> None:
+    with pytest.raises(ValueError, match=r"names no endpoint.*URL=NAME"):
+        JudgeEndpoints.from_env({ENV_JUDGE_KEY_ENVS: "JUDGE_KEY"})

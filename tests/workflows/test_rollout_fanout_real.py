@@ -168,8 +168,11 @@ async def test_two_inference_workers_share_a_steps_shards_and_a_failed_shard_is_
     assert [r[3] for r in merged[::GROUP_SIZE]] == [f"s{i}" for i in picked]
     assert [r[4] for r in merged] == [float(i) for i in picked for _ in range(GROUP_SIZE)]
     assert rows(store, again) == merged
-    # The retried shard overwrote its own key: one object per shard, each with its own groups only.
+    # One object per successful attempt (the failed one wrote nothing), each with its own shard's groups only.
     shard_keys = [k for k in store.list(step_prefix(run_id, 1)) if "/rollouts/" in k]
-    assert shard_keys == [rollout_shard_key(run_id, 1, k) for k in range(GROUPS // PER_SHARD)]
-    flaky_table = pq.read_table(pa.BufferReader(store.get_bytes(rollout_shard_key(run_id, 1, flaky_shard))))
+    assert shard_keys == [
+        rollout_shard_key(run_id, 1, k, 2 if k == flaky_shard else 1) for k in range(GROUPS // PER_SHARD)
+    ]
+    flaky_key = rollout_shard_key(run_id, 1, flaky_shard, attempt=2)
+    flaky_table = pq.read_table(pa.BufferReader(store.get_bytes(flaky_key)))
     assert flaky_table.num_rows == PER_SHARD * GROUP_SIZE
