@@ -8,6 +8,7 @@ MANIFEST_NAME = "manifest.json"
 """Written last into a checkpoint prefix; a prefix without it is not a checkpoint."""
 TRAJECTORIES_FILE = "trajectories.parquet"
 ADVANTAGES_FILE = "advantages.parquet"
+SFT_EXAMPLES_FILE = "sft_examples.jsonl"
 SCORED_FILE = "scored.parquet"
 """The step's trajectories with the judge's rewards (written next to ``trajectories.parquet``)."""
 
@@ -33,6 +34,11 @@ def trajectories_key(run_id: str, step: int) -> str:
 def rollout_shard_key(run_id: str, step: int, shard: int) -> str:
     """One shard of a step's rollouts; the shards are merged, in order, into its ``trajectories.parquet``."""
     return step_prefix(run_id, step) + f"rollouts/shard-{shard:05d}.parquet"
+
+
+def sft_examples_key(run_id: str, step: int) -> str:
+    """The chats a supervised fine-tuning call that produces ``step`` trains on (JSONL)."""
+    return step_prefix(run_id, step) + SFT_EXAMPLES_FILE
 
 
 def scored_key(run_id: str, step: int) -> str:
