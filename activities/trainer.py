@@ -193,7 +193,7 @@ class Trainer:
             raise ValueError(f"{directory}: adapter has unexpected keys {result.unexpected_keys[:3]}")
         self.optimizer = None
         if (directory / OPTIMIZER_FILE).is_file():
-            self.optimizer = self._new_optimizer(TrainConfig())
+            self.optimizer = self.new_optimizer(TrainConfig())
             self.optimizer.load_state_dict(torch.load(directory / OPTIMIZER_FILE, weights_only=True))
 
     def save_state(self, directory: str | Path) -> None:
@@ -207,7 +207,7 @@ class Trainer:
     def adapter_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
 
-    def _new_optimizer(self, config: TrainConfig) -> torch.optim.AdamW:
+    def new_optimizer(self, config: TrainConfig) -> torch.optim.AdamW:
         return torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay)
 
     # ---- compute ----------------------------------------------------------------------------------
@@ -325,7 +325,7 @@ class Trainer:
     ) -> StepStats:
         """One GRPO step: ``config.epochs`` passes, each accumulating all micro-batches, then one update."""
         if self.optimizer is None:
-            self.optimizer = self._new_optimizer(config)
+            self.optimizer = self.new_optimizer(config)
         for group in self.optimizer.param_groups:
             group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
         params = LossParams.from_config(config)

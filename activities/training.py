@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import trajectory_store
+from activities import sft, trajectory_store
 from activities.advantages import read_step_table
 from activities.checkpoints import (
     OomState,
@@ -67,6 +67,8 @@ from schemas.activities import (
     InitialAdapterInput,
     PublishInput,
     RepublishInput,
+    SftInput,
+    SftResult,
     TrainInput,
     TrainResult,
 )
@@ -117,8 +119,17 @@ def train_step_or_oom(
     should_stop: Callable[[], bool] | None = None,
 ) -> StepStats:
     """``trainer.train_step``; running out of memory raises ``OutOfMemory`` with the failed tensors freed."""
+    return or_out_of_memory(
+        trainer,
+        micro_batch,
+        lambda: trainer.train_step(sequences, config, step, micro_batch, progress, should_stop),
+    )
+
+
+def or_out_of_memory(trainer: Trainer, micro_batch: int, compute: Callable[[], T]) -> T:
+    """``compute()``; running out of memory raises ``OutOfMemory`` with the failed tensors freed."""
     try:
-        return trainer.train_step(sequences, config, step, micro_batch, progress, should_stop)
+        return compute()
     except Exception as err:
         if trainer.optimizer is not None:
             trainer.optimizer.zero_grad(set_to_none=True)
@@ -162,7 +173,7 @@ def died_training(heartbeat: Any) -> bool:
 
 
 class TrainerActivities:
-    """Activities ``train``, ``publish``, ``publish_initial``, ``republish``, ``latest_checkpoint``."""
+    """Activities ``train``, ``train_sft``, ``publish``, ``publish_initial``, ``republish``, ``latest_checkpoint``."""
 
     def __init__(self, store: ObjectStore, staging_root: str | Path, worker_id: str | None = None) -> None:
         self.store = store
@@ -179,7 +190,14 @@ class TrainerActivities:
         self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
 
     def all(self) -> list[Callable[..., Any]]:
-        return [self.train, self.publish, self.publish_initial, self.republish, self.latest_checkpoint]
+        return [
+            self.train,
+            self.train_sft,
+            self.publish,
+            self.publish_initial,
+            self.republish,
+            self.latest_checkpoint,
+        ]
 
     # ---- activities -------------------------------------------------------------------------------
     @activity.defn(name=ActivityName.TRAIN)
@@ -207,29 +225,59 @@ class TrainerActivities:
                 lambda stop: self.train_sync(inp, micro_batch, on_progress, stop), progress, self._compute
             )
         except OutOfMemory as err:
-            state = OomState(micro_batch_size=err.micro_batch_size, attempt=info.attempt)
-            write_json_atomic(oom_state_file(self.staging_root, inp.run_id, inp.step), state.model_dump())
-            activity.heartbeat(
-                {**progress, "oom_micro_batch_size": err.micro_batch_size, "ended": "OutOfMemory"}
-            )
-            if err.micro_batch_size <= 1:
-                raise ApplicationError(
-                    f"step {inp.step}: out of memory even at micro_batch_size=1 ({err.cause}); lower "
-                    "train.max_seq_len, use train.precision='bf16' or a smaller lora.rank, or give the "
-                    "trainer more memory",
-                    {"micro_batch_size": 1},
-                    type=OUT_OF_MEMORY,
-                    non_retryable=True,
-                ) from err
-            raise ApplicationError(
-                f"step {inp.step}: out of memory at micro_batch_size={err.micro_batch_size}; "
-                f"the next attempt uses {err.micro_batch_size // 2} ({err.cause})",
-                {"micro_batch_size": err.micro_batch_size},
-                type=OUT_OF_MEMORY,
-            ) from err
+            raise self._out_of_memory(err, inp.run_id, inp.step, progress) from err
         except BaseException as err:  # any other end says so: only a silent death halves the micro-batch
             activity.heartbeat({**progress, "ended": type(err).__name__})
             raise
+
+    @activity.defn(name=ActivityName.TRAIN_SFT)
+    async def train_sft(self, inp: SftInput) -> SftResult:
+        """Fine-tune on ``inp.examples`` from ``start_from`` and stage the result on this worker (publish it
+        next); out of memory halves the micro-batch as in ``train``."""
+        info = activity.info()
+        details = info.heartbeat_details[0] if info.heartbeat_details else None
+        try:
+            oom = read_oom_state(self.staging_root, inp.run_id, inp.step)
+        except DgrpoError as err:
+            raise application_error(err) from err
+        micro_batch = next_micro_batch(inp.sft.micro_batch_size, oom, details)
+        progress: dict[str, Any] = {"micro_batch": 0, "of": 0, "micro_batch_size": micro_batch}
+
+        def on_progress(i: int, n: int, m: int) -> None:
+            progress.update(micro_batch=i, of=n, micro_batch_size=m)
+
+        try:
+            return await self._in_thread(
+                lambda stop: self.train_sft_sync(inp, micro_batch, on_progress, stop), progress, self._compute
+            )
+        except OutOfMemory as err:
+            raise self._out_of_memory(err, inp.run_id, inp.step, progress) from err
+        except BaseException as err:
+            activity.heartbeat({**progress, "ended": type(err).__name__})
+            raise
+
+    def _out_of_memory(
+        self, err: OutOfMemory, run_id: str, step: int, progress: dict[str, Any]
+    ) -> ApplicationError:
+        """Note the OOM for the next attempt (file and heartbeat); the failure to raise, final at size 1."""
+        state = OomState(micro_batch_size=err.micro_batch_size, attempt=activity.info().attempt)
+        write_json_atomic(oom_state_file(self.staging_root, run_id, step), state.model_dump())
+        activity.heartbeat({**progress, "oom_micro_batch_size": err.micro_batch_size, "ended": "OutOfMemory"})
+        if err.micro_batch_size <= 1:
+            return ApplicationError(
+                f"step {step}: out of memory even at micro_batch_size=1 ({err.cause}); lower "
+                "train.max_seq_len, use train.precision='bf16' or a smaller lora.rank, or give the "
+                "trainer more memory",
+                {"micro_batch_size": 1},
+                type=OUT_OF_MEMORY,
+                non_retryable=True,
+            )
+        return ApplicationError(
+            f"step {step}: out of memory at micro_batch_size={err.micro_batch_size}; "
+            f"the next attempt uses {err.micro_batch_size // 2} ({err.cause})",
+            {"micro_batch_size": err.micro_batch_size},
+            type=OUT_OF_MEMORY,
+        )
 
     @activity.defn(name=ActivityName.PUBLISH)
     async def publish(self, inp: PublishInput) -> CheckpointRef:
@@ -287,16 +335,17 @@ class TrainerActivities:
             self.trainer, self._trainer_key = Trainer(model, precision), key
         return self.trainer
 
-    def _restore(self, trainer: Trainer, inp: TrainInput) -> None:
-        ref = inp.start_from
+    def _restore(
+        self, trainer: Trainer, run_id: str, model: ModelSpec, ref: CheckpointRef | None, seed: int
+    ) -> None:
         if ref is None:
-            trainer.init_adapter(inp.train.seed)
+            trainer.init_adapter(seed)
             return
         if self._memory == (ref.run_id, ref.step) and self._memory_sha == ref.manifest_sha256:
             return  # the warm trainer holds exactly this checkpoint (it trained and published it)
-        local = run_dir(self.staging_root, inp.run_id) / ".inputs" / layout.step_name(ref.step)
+        local = run_dir(self.staging_root, run_id) / ".inputs" / layout.step_name(ref.step)
         download_checkpoint(self.store, ref, local)
-        check_checkpoint_fits(read_trainer_state(local), inp.model, ref.uri)
+        check_checkpoint_fits(read_trainer_state(local), model, ref.uri)
         trainer.load_state(local)
 
     def train_sync(
@@ -326,7 +375,7 @@ class TrainerActivities:
                     f"step {inp.step}: no trainable tokens ({len(pairs)} trajectories with advantages, "
                     f"{tokenized.n_dropped_overlength} sequences over max_seq_len={inp.train.max_seq_len})"
                 )
-            self._restore(trainer, inp)
+            self._restore(trainer, inp.run_id, inp.model, inp.start_from, inp.train.seed)
             self._memory = self._memory_sha = None  # the model is about to change
             stats = train_step_or_oom(
                 trainer, tokenized.sequences, inp.train, inp.step, micro_batch, progress, should_stop
@@ -360,6 +409,61 @@ class TrainerActivities:
             n_sequences=stats.n_sequences,
             n_trainable_tokens=stats.n_trainable_tokens,
             n_dropped_overlength=tokenized.n_dropped_overlength,
+            micro_batch_size=micro_batch,
+            seconds=time.monotonic() - started,
+        )
+
+    def train_sft_sync(
+        self,
+        inp: SftInput,
+        micro_batch: int,
+        progress: Callable[[int, int, int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> SftResult:
+        started = time.monotonic()
+        examples = sft.parse_examples(
+            trajectory_store.verified_bytes(self.store, inp.examples), inp.examples.uri
+        )
+        with self._lock:
+            trainer = self.trainer_for(inp.model, inp.sft.precision)
+            self._restore(trainer, inp.run_id, inp.model, inp.start_from, inp.sft.seed)
+            self._memory = self._memory_sha = None  # the model is about to change
+            stats = or_out_of_memory(
+                trainer,
+                micro_batch,
+                lambda: sft.train_examples(
+                    trainer, examples, inp.sft, inp.step, micro_batch, progress, should_stop
+                ),
+            )
+            metrics = {"loss": stats.losses[-1], "grad_norm": stats.grad_norms[-1]}
+            state = TrainerState(
+                run_id=inp.run_id,
+                step=inp.step,
+                base_model=inp.model.base_model,
+                seed=inp.sft.seed,
+                micro_batch_size=micro_batch,
+                worker_id=self.worker_id,
+                lora=inp.model.lora.model_dump(mode="json"),
+                sft=True,
+            )
+            staged = stage_checkpoint(
+                staging_dir(self.staging_root, inp.run_id, inp.step), trainer.save_state, state, metrics
+            )
+            self._memory = (inp.run_id, inp.step)
+        oom_state_file(self.staging_root, inp.run_id, inp.step).unlink(missing_ok=True)
+        self._prune(inp.run_id, inp.step)
+        log.info("step %d fine-tuned on %d examples: losses %s", inp.step, stats.n_examples, stats.losses)
+        return SftResult(
+            run_id=inp.run_id,
+            step=inp.step,
+            staging_dir=str(staged),
+            worker_id=self.worker_id,
+            losses=stats.losses,
+            grad_norms=stats.grad_norms,
+            learning_rates=stats.learning_rates,
+            n_examples=stats.n_examples,
+            n_dropped_overlength=stats.n_dropped_overlength,
+            n_trainable_tokens=stats.n_trainable_tokens,
             micro_batch_size=micro_batch,
             seconds=time.monotonic() - started,
         )

@@ -324,6 +324,11 @@ def read_ref(store: ObjectStore, ref: ObjectRef, columns: Sequence[str] | None =
     """The table behind ``ref``, an object of ``store`` (any other URI, ``file://`` included, raises
     ``ForeignObjectError``), refused unless its bytes are the ones recorded when it was written: a late
     attempt that overwrote the file is caught here."""
+    return _read_table(pa.BufferReader(verified_bytes(store, ref)), ref.uri, columns)
+
+
+def verified_bytes(store: ObjectStore, ref: ObjectRef) -> bytes:
+    """The bytes behind ``ref``, refused (``CorruptTrajectoriesError``) unless they are the ones recorded."""
     data = store.get_bytes(ref.uri)
     sha256 = hashlib.sha256(data).hexdigest()
     if sha256 != ref.sha256 or len(data) != ref.size:
@@ -331,7 +336,7 @@ def read_ref(store: ObjectStore, ref: ObjectRef, columns: Sequence[str] | None =
             f"{ref.uri} is not the file that was recorded (sha256 {sha256[:12]}… vs {ref.sha256[:12]}…, "
             f"{len(data)} vs {ref.size} bytes): it was overwritten after it was written; roll the step out again"
         )
-    return _read_table(pa.BufferReader(data), ref.uri, columns)
+    return data
 
 
 def read_ref_groups(store: ObjectStore, ref: ObjectRef) -> list[TrajectoryGroup]:

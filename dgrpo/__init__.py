@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from activities.judge import ruler_score_group
     from dgrpo import costs, dev, local, metrics, model, pipeline_trainer, rewards, trajectories, types, utils
-    from dgrpo.backends import Backend, TemporalBackend
+    from dgrpo.art_backend import TemporalBackend
+    from dgrpo.backends import Backend
     from dgrpo.batches import trajectory_group_batches
     from dgrpo.dev import LoRAConfig
     from dgrpo.errors import (
@@ -39,14 +40,22 @@ if TYPE_CHECKING:
     from dgrpo.pipeline_trainer import PipelineTrainer, make_group_rollout_fn
     from dgrpo.retries import retry
     from dgrpo.trainable_model import TrainableModel, TrainStepFailed
-    from dgrpo.types import LocalTrainResult, Messages, MessagesAndChoices, Tools, TrainConfig, TrainResult
+    from dgrpo.types import (
+        LocalTrainResult,
+        Messages,
+        MessagesAndChoices,
+        Tools,
+        TrainConfig,
+        TrainResult,
+        TrainSFTConfig,
+    )
     from schemas.config import LoraConfig, RunSpec
     from schemas.trajectory import Choice, History, Trajectory, TrajectoryGroup
 
 _EXPORTS = {
     "Backend": "dgrpo.backends",
     "LocalBackend": "dgrpo.local",
-    "TemporalBackend": "dgrpo.backends",
+    "TemporalBackend": "dgrpo.art_backend",
     "Model": "dgrpo.model",
     "TrainableModel": "dgrpo.trainable_model",
     "TrainStepFailed": "dgrpo.trainable_model",
@@ -69,6 +78,7 @@ _EXPORTS = {
     "RunSpec": "schemas.config",
     "TrainConfig": "dgrpo.types",
     "TrainResult": "dgrpo.types",
+    "TrainSFTConfig": "dgrpo.types",
     "LocalTrainResult": "dgrpo.types",
     "Messages": "dgrpo.types",
     "MessagesAndChoices": "dgrpo.types",
@@ -83,7 +93,6 @@ _CAPTURE = (
     "automatic trajectory capture (ART records a rollout's OpenAI calls into a Trajectory) is not supported "
     "yet: build the Trajectory explicitly, appending each `completion.choices[0]` to messages_and_choices"
 )
-_SFT = "supervised fine-tuning (train_sft) is not supported yet: dgrpo trains GRPO steps only"
 _HOSTED = (
     "hosted training services are not supported: use dgrpo.LocalBackend, or TemporalBackend on your cluster"
 )
@@ -99,8 +108,8 @@ UNSUPPORTED = {
     "no_capture": _CAPTURE,
     "trajectory": _CAPTURE,
     "trajectory_group": _CAPTURE,
-    "TrainSFTConfig": _SFT,
-    "train_sft": _SFT,
+    "train_sft": "a top-level train_sft is not supported: call model.train_sft(trajectories, "
+    "art.TrainSFTConfig(...)) or backend.train_sft(model, trajectories, config)",
     "MegatronTopologyConfig": "Megatron training is not supported: dgrpo trains LoRA adapters with torch + peft",
     "ServerlessBackend": _HOSTED,
     "ServerlessTrainResult": _HOSTED,
@@ -150,6 +159,7 @@ __all__ = [
     "Tools",
     "TrainConfig",
     "TrainResult",
+    "TrainSFTConfig",
     "TrainStepFailed",
     "TrainableModel",
     "Trajectory",

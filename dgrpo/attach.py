@@ -12,15 +12,27 @@ from typing import Any
 
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from dgrpo.errors import ModelConflictError
 from schemas.config import ModelSpec, TrainConfig
 from schemas.run_state import TrainStepInput
+from workers.temporal import across_restarts
 
 COMPARED_MODEL_FIELDS = ("project", "name", "base_model", "lora")
 """What makes a ``TrainStep`` this model's: its identity and the adapter's base and shape."""
+
+
+async def workflow_status(handle: WorkflowHandle[Any, Any]) -> WorkflowExecutionStatus | None:
+    """The status of the workflow's newest run, or None when no run has that id."""
+    try:
+        description = await across_restarts(handle.describe, f"asking for workflow {handle.id}")
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    return description.status
 
 
 async def started_input(handle: WorkflowHandle[Any, Any]) -> Any:

@@ -3,7 +3,8 @@
 Both backends give the client the same three things: a Temporal client (pydantic data converter), the
 object store the workers use, and the inference server's OpenAI-compatible URL. ``LocalBackend`` starts
 what is missing (the embedded stack, the three workers) and stops only what it started;
-``TemporalBackend`` starts nothing. ``LocalBackend`` lives in dgrpo/local/.
+``TemporalBackend`` starts nothing. ``LocalBackend`` lives in dgrpo/local/; ART's ``backend.train`` and
+``backend.train_sft`` are added to both in dgrpo/art_backend.py (they drive a ``TrainableModel``).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ async def wait_for_server(url: str, within_s: float) -> None:
         raise BackendError(f"the inference server at {url} did not answer in {within_s:.0f}s") from None
 
 
-class TemporalBackend:
+class ClusterBackend:
     """An existing Temporal cluster with ``dgrpo worker`` processes running there (e.g. on a GPU box).
 
     S3 settings come from ``DGRPO_S3_*`` and the server URL from ``inference_url`` or ``DGRPO_INFERENCE_URL``,
@@ -157,7 +158,7 @@ class TemporalBackend:
     async def close(self) -> None:
         self._client = None
 
-    async def __aenter__(self) -> TemporalBackend:
+    async def __aenter__(self) -> ClusterBackend:
         await self.start()
         return self
 

@@ -18,14 +18,13 @@ from pydantic import BaseModel
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import FailureError
-from temporalio.service import RPCError, RPCStatusCode
 
 from activities.object_store import ObjectStore
 from activities.retention import delete_checkpoints, select_checkpoints_to_delete
 from activities.rollout_model import discover_base_model, own_server_api_key
 from activities.trajectory_store import upload_groups
 from dgrpo.art_config import lora_from_internal_config, lora_from_lora_config, train_config_fields
-from dgrpo.attach import check_train_step
+from dgrpo.attach import check_train_step, workflow_status
 from dgrpo.backends import Backend
 from dgrpo.errors import (
     BackendError,
@@ -42,14 +41,16 @@ from dgrpo.metrics import (
     zero_variance_groups,
 )
 from dgrpo.model import Model, check_config
+from dgrpo.sft import run_train_sft, sft_config, train_result
+from dgrpo.types import TrainResult, TrainSFTConfig
 from schemas import layout
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
 from schemas.errors import DgrpoError
 from schemas.refs import TrajectoriesRef
 from schemas.run_state import ServeModelInput, ServeModelResult, TrainStepInput, TrainStepResult
-from schemas.trajectory import TrajectoryGroup
+from schemas.trajectory import Trajectory, TrajectoryGroup
 from serving.client import ServingClient, openai_base_url
-from workers.temporal import across_restarts, result_across_restarts
+from workers.temporal import result_across_restarts
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class TrainableModel(Model):
         # A train call of a client that died may still be finishing: wait for it, never race it.
         for step in (newest, newest + 1):
             handle = client.get_workflow_handle(self.train_workflow_id(step), result_type=TrainStepResult)
-            if await _status(handle) == WorkflowExecutionStatus.RUNNING:
+            if await workflow_status(handle) == WorkflowExecutionStatus.RUNNING:
                 log.info("waiting for the running %s of an earlier client", handle.id)
                 await self._result(handle)
         await self._serve_newest(client, store)
@@ -246,7 +247,10 @@ class TrainableModel(Model):
             log_skipped(step, groups)
         client = await backend.temporal_client()
         handle = client.get_workflow_handle(self.train_workflow_id(step), result_type=TrainStepResult)
-        if await _status(handle) in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED):
+        if await workflow_status(handle) in (
+            WorkflowExecutionStatus.RUNNING,
+            WorkflowExecutionStatus.COMPLETED,
+        ):
             # Its input is already uploaded: attach (when it is this model's), never overwrite what it reads.
             await check_train_step(handle, self.run_id, self.spec, config)
             log.info("step %d: attaching to %s", step, handle.id)
@@ -259,6 +263,38 @@ class TrainableModel(Model):
             await asyncio.to_thread(self._record, step, train_result_metrics(result))
         self._step, self._served = result.step, result.adapter
         return result
+
+    async def train_sft(
+        self,
+        trajectories: Iterable[Trajectory],
+        config: TrainSFTConfig | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
+    ) -> TrainResult:
+        """ART's supervised fine-tuning: train on the trajectories' assistant turns (a durable ``TrainSFT``),
+        publish and serve the result as the next step, and log its numbers there (ART returns None)."""
+        result = await self.fine_tune(trajectories, config, _config)
+        if result.metrics:
+            await asyncio.to_thread(self._record, result.step, result.metrics)
+        return result
+
+    async def fine_tune(
+        self,
+        trajectories: Iterable[Trajectory],
+        config: TrainSFTConfig | None = None,
+        _config: Mapping[str, Any] | None = None,
+    ) -> TrainResult:
+        """``train_sft`` without logging (``backend.train_sft``): the new step and its metrics."""
+        examples = list(trajectories)
+        sft = sft_config(config, len(examples), self.max_seq_len, _config or {})
+        backend = self._require_backend()
+        client = await backend.temporal_client()
+        store, queues = backend.object_store(), backend.task_queues
+        result = await run_train_sft(
+            client, store, queues, self.spec, self.run_id, self._step + 1, examples, sft
+        )
+        self._step, self._served = result.step, result.adapter
+        return train_result(result)
 
     def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
         """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's
@@ -370,17 +406,6 @@ def log_skipped(step: int, groups: list[TrajectoryGroup]) -> None:
         zero_variance,
         len(groups) - zero_variance,
     )
-
-
-async def _status(handle: WorkflowHandle[Any, Any]) -> WorkflowExecutionStatus | None:
-    """The status of the workflow's newest run, or None when no run has that id."""
-    try:
-        description = await across_restarts(handle.describe, f"asking for workflow {handle.id}")
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise
-    return description.status
 
 
 async def _served_models(url: str) -> set[str]:

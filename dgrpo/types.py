@@ -6,12 +6,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from openai.types.chat.chat_completion import Choice as OpenAIChoice
 from openai.types.chat.chat_completion_message_param import ChatCompletionMessageParam
 from openai.types.chat.chat_completion_tool_param import ChatCompletionToolParam
-from pydantic import model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from schemas import config
 
@@ -45,6 +45,17 @@ class TrainConfig(config.TrainConfig):
         return data
 
 
+class TrainSFTConfig(BaseModel):
+    """ART's ``art.TrainSFTConfig``: the learning rate (one, or one per batch) and the examples per batch."""
+
+    learning_rate: float | list[float] = 5e-5
+    """One learning rate for every batch, or a list with one per batch (ART's schedules)."""
+    batch_size: int | Literal["auto"] = Field("auto")
+    """Examples per optimizer step; ``"auto"`` is 2, as in ART's local backend."""
+    megatron_topology: Any = None
+    """ART's Megatron layout; refused unless None (dgrpo trains with torch + peft)."""
+
+
 @dataclass
 class TrainResult:
     """What ``backend.train`` returns, as in ART 0.5: the new step and the step's training metrics."""
@@ -72,4 +83,5 @@ __all__ = [
     "Tools",
     "TrainConfig",
     "TrainResult",
+    "TrainSFTConfig",
 ]

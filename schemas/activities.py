@@ -35,6 +35,7 @@ class ActivityName(StrEnum):
     REPUBLISH = "republish_checkpoint"
     LATEST_CHECKPOINT = "latest_checkpoint"
     RETAIN_CHECKPOINTS = "retain_checkpoints"
+    TRAIN_SFT = "train_sft"
 
 
 # --- inference queue -------------------------------------------------------------------------
@@ -222,3 +223,50 @@ class InitialAdapterInput(_Strict):
     model: ModelSpec
     seed: int = Field(0, ge=0)
     """Seed of the fresh adapter's initialisation (ignored for a warm start)."""
+
+
+class SftConfig(_Strict):
+    """How one supervised fine-tuning call trains: one optimizer step per batch of examples."""
+
+    learning_rates: list[float] = Field(min_length=1, max_length=100_000)
+    """One learning rate per batch (ART's ``TrainSFTConfig.learning_rate``: a value repeated, or a list)."""
+    batch_size: int = Field(2, ge=1, le=4096)
+    """Examples per optimizer step (ART's ``"auto"`` is 2, as in ART's local backend)."""
+    max_seq_len: int = Field(2048, ge=16)
+    """Longer examples are dropped and counted, never truncated."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    micro_batch_size: int = Field(8, ge=1, le=4096)
+    """Sequences per forward pass within a batch; halved after an out-of-memory failure."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    seed: int = Field(0, ge=0)
+    """Seed of a fresh adapter (a run's first step) and of LoRA dropout."""
+
+
+class SftInput(_Strict):
+    """Fine-tune the adapter on chat examples (cross-entropy on assistant tokens) and stage it as ``step``."""
+
+    run_id: Name
+    step: int = Field(ge=1)
+    """The step being produced: the result is checkpoint ``step``."""
+    model: ModelSpec
+    examples: ObjectRef
+    """A JSONL of ``{"messages": [...], "tools": [...]}`` chats, one per line (``layout.sft_examples_key``)."""
+    sft: SftConfig
+    start_from: CheckpointRef | None = None
+    """Checkpoint ``step - 1``; None starts a fresh adapter (or the warm-start one)."""
+
+
+class SftResult(_Strict):
+    run_id: Name
+    step: int
+    staging_dir: str
+    worker_id: str
+    losses: list[float]
+    """Mean cross-entropy per assistant token of each batch, before its update."""
+    grad_norms: list[float]
+    learning_rates: list[float]
+    n_examples: int = Field(ge=0)
+    n_dropped_overlength: int = Field(0, ge=0)
+    n_trainable_tokens: int = Field(ge=0)
+    micro_batch_size: int = Field(ge=1)
+    seconds: float = Field(ge=0)

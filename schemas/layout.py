@@ -8,6 +8,7 @@ MANIFEST_NAME = "manifest.json"
 """Written last into a checkpoint prefix; a prefix without it is not a checkpoint."""
 TRAJECTORIES_FILE = "trajectories.parquet"
 ADVANTAGES_FILE = "advantages.parquet"
+SFT_EXAMPLES_FILE = "sft_examples.jsonl"
 SCORED_FILE = "scored.parquet"
 """The step's trajectories with the judge's rewards (written next to ``trajectories.parquet``)."""
 
@@ -35,6 +36,11 @@ def rollout_shard_key(run_id: str, step: int, shard: int, attempt: int = 1) -> s
     ``trajectories.parquet``. Each attempt has its own key: the merge reads the attempt the workflow recorded,
     and an attempt that a retry replaced but that still finishes writes beside it, never over it."""
     return step_prefix(run_id, step) + f"rollouts/shard-{shard:05d}-attempt-{attempt}.parquet"
+
+
+def sft_examples_key(run_id: str, step: int) -> str:
+    """The chats a supervised fine-tuning call that produces ``step`` trains on (JSONL)."""
+    return step_prefix(run_id, step) + SFT_EXAMPLES_FILE
 
 
 def scored_key(run_id: str, step: int) -> str:

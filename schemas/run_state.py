@@ -6,8 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas.activities import SftConfig, SftResult
 from schemas.config import ModelSpec, ServingSpec, TaskQueues, TrainConfig
-from schemas.refs import CheckpointRef, Name, TrajectoriesRef
+from schemas.refs import CheckpointRef, Name, ObjectRef, TrajectoriesRef
 
 Phase = Literal[
     "starting",
@@ -127,6 +128,30 @@ class TrainStepResult(_Strict):
     """True when checkpoint ``step`` already existed (a retried client call) and was only reloaded."""
     trained: bool = True
     """False when no group's rewards differed: checkpoint ``step`` is checkpoint ``step - 1`` published again."""
+    seconds: dict[str, float] = Field(default_factory=dict)
+
+
+class TrainSFTInput(_Strict):
+    """One durable ``model.train_sft`` call: train on uploaded chats -> publish -> reload; the step advances."""
+
+    run_id: Name
+    model: ModelSpec
+    examples: ObjectRef
+    sft: SftConfig
+    step: int = Field(ge=1)
+    """The step being produced (checkpoint ``step``); trains from checkpoint ``step - 1``."""
+    serving: ServingSpec = Field(default_factory=ServingSpec)
+    task_queues: TaskQueues = Field(default_factory=TaskQueues)
+    shared_device: bool = False
+    """Sleep the inference engine while training (one device)."""
+
+
+class TrainSFTResult(_Strict):
+    step: int
+    checkpoint: CheckpointRef
+    adapter: str
+    trained: SftResult | None = None
+    """What training reported; None when checkpoint ``step`` already existed (a retried call) and was served."""
     seconds: dict[str, float] = Field(default_factory=dict)
 
 

@@ -1,11 +1,11 @@
 """Worker processes, one per task queue: ``control``, ``inference``, ``trainer``, or ``all`` three in one.
 
-- control: the workflows (``TrainingRun``, ``TrainStep``, ``ServeModel``) and the merge of rollout shards, judge,
-  advantages and metrics activities.
+- control: the workflows (``TrainingRun``, ``TrainStep``, ``TrainSFT``, ``ServeModel``) and the merge of
+  rollout shards, judge, advantages and metrics activities.
 - inference: rollouts, reload and sleep/wake, in front of a serving engine: ``server_url`` attaches to a
   running one (vLLM or ours); otherwise ``engine`` (our CPU server, or ``vllm serve``) is started for
   ``model`` on ``serve_port``.
-- trainer: train, publish, publish_initial, republish_checkpoint and latest_checkpoint, polling the trainer queue and its own
+- trainer: train, train_sft, publish, publish_initial, republish_checkpoint and latest_checkpoint, polling the trainer queue and its own
   worker-specific queue (publish runs where the trained step is staged).
 
 The server an inference worker starts is probed and started again when it dies or stops answering
@@ -49,6 +49,7 @@ from workers.keep_serving import keep_serving
 from workers.keep_trainer import keep_trainer
 from workers.temporal import connect_client
 from workflows.serve_model import ServeModel
+from workflows.train_sft import TrainSFT
 from workflows.train_step import TrainStep
 from workflows.training_run import TrainingRun
 
@@ -182,7 +183,7 @@ async def build_workers(
     workers: list[Worker] = []
     if "control" in roles:
         judge_url = server_urls[0] if server_urls else opts.server_url
-        workflows = [TrainingRun, TrainStep, ServeModel]
+        workflows = [TrainingRun, TrainStep, TrainSFT, ServeModel]
         workers.append(worker(queues.control, control_activities(store, judge_url, opts), workflows))
     if "inference" in roles:
         serving = serving or ServingActivities(list(server_urls), store, engine=opts.engine)

@@ -66,6 +66,8 @@ JUDGE = Stage(ActivityName.JUDGE, timedelta(hours=1), max_attempts=5)
 ADVANTAGES = Stage(ActivityName.ADVANTAGES, timedelta(minutes=10), max_attempts=5)
 # OOM retries halve the micro-batch.
 TRAIN = Stage(ActivityName.TRAIN, timedelta(hours=4), max_attempts=6)
+# Fine-tuning a step on chat examples: a train stage, with the same OOM halving and bounds.
+TRAIN_SFT = Stage(ActivityName.TRAIN_SFT, timedelta(hours=4), max_attempts=6)
 # Runs on the worker holding the staged adapter; if it died, the task never starts and we train again.
 PUBLISH = Stage(
     ActivityName.PUBLISH, timedelta(minutes=30), max_attempts=5, schedule_to_start=timedelta(minutes=1)

@@ -31,7 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from schemas.errors import CONFIG_ERROR
     from schemas.layout import worker_task_queue
     from schemas.refs import CheckpointRef
-    from schemas.run_state import TrainStepInput, TrainStepResult
+    from schemas.run_state import TrainSFTInput, TrainStepInput, TrainStepResult
 
 from workflows.stages import (
     ADVANTAGES,
@@ -79,7 +79,9 @@ class PhaseClock:
         self._phase = self._since = None
 
 
-async def serve_checkpoint(inp: TrainStepInput, checkpoint: CheckpointRef, clock: PhaseClock) -> str:
+async def serve_checkpoint(
+    inp: TrainStepInput | TrainSFTInput, checkpoint: CheckpointRef, clock: PhaseClock
+) -> str:
     """Load ``checkpoint`` into the inference servers; returns the adapter name it is served under."""
     clock.enter("reload")
     reloaded = await run_stage(
@@ -231,7 +233,7 @@ async def advance_untrained(
     )
 
 
-async def wake_up(inp: TrainStepInput, clock: PhaseClock) -> None:
+async def wake_up(inp: TrainStepInput | TrainSFTInput, clock: PhaseClock) -> None:
     clock.enter("wake_up")
     await run_stage(
         SERVING_CONTROL, ServingControlInput(action="wake_up"), task_queue=inp.task_queues.inference,

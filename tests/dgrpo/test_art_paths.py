@@ -40,8 +40,15 @@ def test_every_public_art_name_works_or_says_why_not(name: str) -> None:
 def test_refused_names_are_refused_by_from_imports_too() -> None:
     with pytest.raises(NotImplementedError, match=r"automatic trajectory capture .* not supported yet"):
         from dgrpo import auto_trajectory  # noqa: F401
-    with pytest.raises(NotImplementedError, match=r"supervised fine-tuning \(train_sft\) is not supported"):
-        from dgrpo import TrainSFTConfig  # noqa: F401
+    with pytest.raises(NotImplementedError, match=r"call model.train_sft\(trajectories"):
+        from dgrpo import train_sft  # noqa: F401
+    from dgrpo import TrainSFTConfig
+
+    assert TrainSFTConfig().model_dump() == {
+        "learning_rate": 5e-5,
+        "batch_size": "auto",
+        "megatron_topology": None,
+    }
     with pytest.raises(AttributeError):  # a name ART never had stays an ordinary AttributeError
         art.no_such_name  # noqa: B018
 

@@ -1,0 +1,89 @@
+"""ART 0.5's training calls on a backend: ``backend.train(model, groups, ...)`` and
+``backend.train_sft(model, trajectories, config)``, shared by ``LocalBackend`` and ``TemporalBackend``.
+
+result = await backend.train(model, groups, learning_rate=1e-5)
+await model.log(groups, metrics=result.metrics, step=result.step, split="train")
+
+Each returns once the new step is served; as in ART 0.5 neither logs beyond the step's own record (the
+caller logs with ``model.log``). ``model.train`` / ``model.train_sft`` stay available.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from dgrpo.art_config import train_config_fields
+from dgrpo.backends import ClusterBackend
+from dgrpo.errors import NotRegisteredError
+from dgrpo.metrics import group_metrics, train_result_metrics
+from dgrpo.trainable_model import TrainableModel
+from dgrpo.types import LocalTrainResult, TrainResult, TrainSFTConfig
+from schemas.trajectory import Trajectory, TrajectoryGroup
+
+
+class ArtTraining:
+    """``train`` and ``train_sft`` for a backend a ``TrainableModel`` registers with."""
+
+    def check_registered(self, model: TrainableModel) -> None:
+        if model.backend() is not self:
+            raise NotRegisteredError(
+                f"model {model.name!r} is registered with another backend; train it there, or register it here"
+            )
+
+    async def train(
+        self,
+        model: TrainableModel,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        *,
+        learning_rate: float = 5e-6,
+        beta: float = 0.0,
+        epsilon: float | None = None,
+        epsilon_high: float | None = None,
+        scale_rewards: bool = True,
+        **art_options: Any,
+    ) -> LocalTrainResult:
+        """Train one GRPO step (a durable ``TrainStep``) and return the new step and its metrics.
+
+        ``art_options`` are ART's other keywords, accepted at ART's defaults and refused (with the reason)
+        where dgrpo has no equivalent.
+        """
+        self.check_registered(model)
+        options = {
+            "learning_rate": learning_rate,
+            "beta": beta,
+            "epsilon": epsilon,
+            "epsilon_high": epsilon_high,
+            "scale_rewards": scale_rewards,
+            **art_options,
+        }
+        config = model.step_config(None, train_config_fields("backend.train", options))
+        groups = list(trajectory_groups)
+        result = await model.train(groups, config)
+        data = {k: v for k, v in group_metrics(groups, "train").items() if k.startswith("data/")}
+        metrics = {**data, **train_result_metrics(result)}
+        return LocalTrainResult(step=result.step, metrics=metrics, checkpoint_path=result.checkpoint.uri)
+
+    async def train_sft(
+        self,
+        model: TrainableModel,
+        trajectories: Iterable[Trajectory],
+        config: TrainSFTConfig | None = None,
+        verbose: bool = False,
+    ) -> TrainResult:
+        """Fine-tune on the trajectories' assistant turns (a durable ``TrainSFT``); the new step and its
+        metrics, logged by the caller (``model.train_sft`` logs them itself)."""
+        self.check_registered(model)
+        return await model.fine_tune(trajectories, config)
+
+
+class TemporalBackend(ArtTraining, ClusterBackend):
+    """An existing Temporal cluster with ``dgrpo worker`` processes running there (e.g. on a GPU box).
+
+    S3 settings come from ``DGRPO_S3_*`` and the server URL from ``inference_url`` or ``DGRPO_INFERENCE_URL``,
+    as the client reaches them (a tunnel or load balancer in front of the GPU box's vLLM).
+    """
+
+    async def __aenter__(self) -> TemporalBackend:
+        await self.start()
+        return self

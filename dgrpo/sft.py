@@ -1,0 +1,142 @@
+"""ART 0.5's supervised fine-tuning, ``model.train_sft(trajectories, TrainSFTConfig(...))``, as a durable
+``TrainSFT`` workflow (workflows/train_sft.py).
+
+The trajectories' chats (``messages()`` and ``tools``) are uploaded as the step's ``sft_examples.jsonl``;
+the trainer trains the adapter on their assistant turns, one optimizer step per ``batch_size`` examples, and
+publishes and serves the result as the next step, as ART's ``train_sft`` advances the step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+
+from activities.object_store import ObjectStore
+from dgrpo.attach import workflow_status
+from dgrpo.errors import UnsupportedArtOption
+from dgrpo.types import TrainResult, TrainSFTConfig
+from schemas import layout
+from schemas.activities import SftConfig
+from schemas.config import ModelSpec, TaskQueues
+from schemas.refs import ObjectRef
+from schemas.run_state import TrainSFTInput, TrainSFTResult
+from schemas.trajectory import Trajectory
+from workers.temporal import result_across_restarts
+
+AUTO_BATCH_SIZE = 2
+"""ART's local backend's ``batch_size="auto"``."""
+
+
+class TrainSFTFailed(RuntimeError):
+    """The ``TrainSFT`` workflow of a ``train_sft`` call failed; the message is the stage's own."""
+
+
+def sft_workflow_id(run_id: str, step: int) -> str:
+    """One ``TrainSFT`` workflow per (model, step), ever."""
+    return f"sft-{run_id}-{layout.step_name(step)}"
+
+
+def examples_jsonl(trajectories: Sequence[Trajectory]) -> bytes:
+    """The chats as ART's SFT JSONL: ``{"messages": [...], "tools": [...]}`` per line."""
+    lines = [json.dumps({"messages": t.messages(), "tools": t.tools}, default=str) for t in trajectories]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def sft_config(
+    config: TrainSFTConfig | None, n_examples: int, max_seq_len: int | None, dev_config: Mapping[str, Any]
+) -> SftConfig:
+    """The workflow's ``SftConfig`` for ``n_examples``: ART's learning rate(s) and batch size, checked."""
+    config = config or TrainSFTConfig()
+    if n_examples == 0:
+        raise ValueError("train_sft got no trajectories: give it chats whose assistant turns are the targets")
+    if config.megatron_topology is not None:
+        raise UnsupportedArtOption("TrainSFTConfig(megatron_topology=...): dgrpo trains with torch + peft")
+    if dev_config:
+        raise UnsupportedArtOption(f"train_sft(_config={dict(dev_config)!r}): dgrpo has no such SFT settings")
+    batch_size = AUTO_BATCH_SIZE if config.batch_size == "auto" else config.batch_size
+    n_batches = math.ceil(n_examples / batch_size)
+    if isinstance(config.learning_rate, list):
+        if len(config.learning_rate) < n_batches:
+            raise ValueError(
+                f"TrainSFTConfig has {len(config.learning_rate)} learning rates for {n_batches} batches "
+                f"({n_examples} trajectories, batch_size={batch_size}); give one per batch"
+            )
+        rates = list(config.learning_rate[:n_batches])
+    else:
+        rates = [config.learning_rate] * n_batches
+    fields: dict[str, Any] = {"learning_rates": rates, "batch_size": batch_size}
+    if max_seq_len is not None:
+        fields["max_seq_len"] = max_seq_len
+    return SftConfig.model_validate(fields)
+
+
+def result_metrics(result: TrainSFTResult) -> dict[str, float]:
+    """ART's ``train_sft`` numbers: the batches' mean loss, learning rate and gradient norm, and the counts."""
+    trained = result.trained
+    if trained is None:
+        return {}
+    n = len(trained.losses)
+    return {
+        "loss/train": sum(trained.losses) / n,
+        "loss/learning_rate": sum(trained.learning_rates) / n,
+        "loss/grad_norm": sum(trained.grad_norms) / n,
+        "data/step_num_trajectories": float(trained.n_examples),
+        "data/step_trainer_tokens": float(trained.n_trainable_tokens),
+        "data/step_num_dropped_trajectories": float(trained.n_dropped_overlength),
+        "data/step_num_gradient_steps": float(n),
+        "time/step_trainer_s": trained.seconds,
+        **{f"time/step_{phase}_s": s for phase, s in result.seconds.items() if phase != "train"},
+    }
+
+
+async def run_train_sft(
+    client: Client,
+    store: ObjectStore,
+    queues: TaskQueues,
+    model: ModelSpec,
+    run_id: str,
+    step: int,
+    trajectories: Sequence[Trajectory],
+    config: SftConfig,
+) -> TrainSFTResult:
+    """Upload the examples and run (or join) the step's ``TrainSFT``; returns once its adapter is served."""
+    workflow_id = sft_workflow_id(run_id, step)
+    handle = client.get_workflow_handle(workflow_id, result_type=TrainSFTResult)
+    if await workflow_status(handle) not in (
+        WorkflowExecutionStatus.RUNNING,
+        WorkflowExecutionStatus.COMPLETED,
+    ):
+        examples: ObjectRef = await asyncio.to_thread(
+            store.put_bytes, layout.sft_examples_key(run_id, step), examples_jsonl(trajectories)
+        )
+        inp = TrainSFTInput(
+            run_id=run_id, model=model, examples=examples, sft=config, step=step, task_queues=queues
+        )
+        handle = await client.start_workflow(
+            "TrainSFT",
+            inp,
+            id=workflow_id,
+            task_queue=queues.control,
+            result_type=TrainSFTResult,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+    try:
+        result = await result_across_restarts(handle)
+    except WorkflowFailureError as err:
+        cause: BaseException = err
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        raise TrainSFTFailed(f"{workflow_id} failed: {cause}") from err
+    assert isinstance(result, TrainSFTResult)
+    return result
+
+
+def train_result(result: TrainSFTResult) -> TrainResult:
+    return TrainResult(step=result.step, metrics=result_metrics(result))

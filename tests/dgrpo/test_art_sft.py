@@ -1,0 +1,110 @@
+"""ART 0.5's supervised fine-tuning and ``backend.train`` on the real stack, written as an ART program writes them.
+
+``model.train_sft`` and ``backend.train_sft`` (each a durable ``TrainSFT``: fine-tune on the trainer, publish,
+reload) teach the served model a reply it would never give, each call one step; then a ``TemporalBackend`` on
+the same cluster trains a GRPO step with ``backend.train`` and logs it with ``model.log``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dgrpo as art
+from activities.retention import metrics_by_step
+from dgrpo.local import LocalBackend
+from examples.arithmetic import rollout, scenarios
+
+pytestmark = pytest.mark.slow
+
+SYSTEM = {"role": "system", "content": "You answer with one word."}
+TARGET = "Pineapple"
+
+
+def chat(i: int) -> list[dict[str, str]]:
+    return [SYSTEM, {"role": "user", "content": f"What is the secret word number {i}?"}]
+
+
+async def greedy_reply(model: art.TrainableModel) -> tuple[str, list[Any]]:
+    """The served model's greedy reply to example 0 and its first token's top logprobs."""
+    completion = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(),
+        messages=chat(0),  # type: ignore[arg-type]
+        max_tokens=6,
+        temperature=0.0,
+        logprobs=True,
+        top_logprobs=20,
+    )
+    choice = completion.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content
+    return choice.message.content or "", choice.logprobs.content[0].top_logprobs
+
+
+def logprob_of(token: str, top: list[Any]) -> float:
+    """``token``'s logprob among the top ones, or (absent) at most the lowest of them."""
+    found = [t.logprob for t in top if t.token == token]
+    return found[0] if found else min(t.logprob for t in top) - 1e-3
+
+
+async def test_train_sft_teaches_the_served_model_then_backend_train_and_log(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    examples = [
+        art.Trajectory(messages_and_choices=[*chat(i), {"role": "assistant", "content": TARGET}], reward=0)
+        for i in range(4)
+    ]
+    try:
+        with LocalBackend(path=home) as backend:
+            model = art.TrainableModel(name="sft", project="art-sft")
+            await model.register(backend)
+            reply_before, top_before = await greedy_reply(model)
+
+            first = await model.train_sft(examples, art.TrainSFTConfig(learning_rate=2e-3, batch_size=2))
+            second = await backend.train_sft(model, examples, art.TrainSFTConfig(learning_rate=[2e-3, 1e-3]))
+            await model.log(metrics=second.metrics, step=second.step, split="train")
+            reply_after, top_after = await greedy_reply(model)
+            served = model.get_inference_name()
+            records = metrics_by_step(backend.object_store(), model.run_id)
+
+            # backend.train on a TemporalBackend pointed at the same cluster, as ART 0.5's main loop.
+            remote = art.TemporalBackend(
+                address=backend.stack.temporal_address,
+                inference_url=backend.inference_url(),
+                s3=backend.stack.s3_settings,
+            )
+            again = art.TrainableModel(name="sft", project="art-sft")
+            await again.register(remote)
+            step_before_rl = await again.get_step()
+            groups = await art.gather_trajectory_groups(
+                art.TrajectoryGroup(rollout(again, s) for _ in range(3)) for s in scenarios()[:2]
+            )
+            result = await remote.train(again, groups, learning_rate=2e-4)
+            await again.log(groups, metrics=result.metrics, step=result.step, split="train")
+            rl_records = metrics_by_step(remote.object_store(), again.run_id)
+    finally:
+        LocalBackend(path=home).stop_all()
+
+    # Each call is one step, published and served; the loss on the examples fell between the calls.
+    assert (first.step, second.step, served) == (1, 2, "art--sft-sft@2")
+    assert (
+        first.metrics["data/step_num_trajectories"] == 4
+        and first.metrics["data/step_num_gradient_steps"] == 2
+    )
+    assert first.metrics["data/step_trainer_tokens"] > 0 and first.metrics["loss/learning_rate"] == 2e-3
+    assert second.metrics["loss/learning_rate"] == pytest.approx(1.5e-3)
+    assert second.metrics["loss/train"] < first.metrics["loss/train"] / 2, (first.metrics, second.metrics)
+    assert records[1]["loss/train"] == pytest.approx(first.metrics["loss/train"])  # train_sft logs itself
+    assert records[2]["loss/train"] == pytest.approx(second.metrics["loss/train"])  # model.log of the result
+
+    # The served adapter is the fine-tuned one: it now gives the taught reply, its first token far likelier.
+    assert not reply_before.startswith(TARGET) and reply_after.startswith(TARGET), (reply_before, reply_after)
+    first_token = top_after[0].token
+    assert TARGET.startswith(first_token.strip())
+    assert logprob_of(first_token, top_after) > logprob_of(first_token, top_before) + math.log(2)
+
+    assert step_before_rl == 2 and isinstance(result, art.TrainResult) and result.step == 3
+    assert result.metrics["data/step_num_trajectories"] == 6
+    assert rl_records[3]["train/reward"] == pytest.approx(sum(t.reward for g in groups for t in g) / 6)
+    assert rl_records[3]["data/step_num_trajectories"] == 6
