@@ -99,7 +99,8 @@ class ModelSpec(_Strict):
     project: str = Field("default", pattern=NAME_PATTERN)
     """Groups runs for metrics (W&B project)."""
     base_model: str = Field(min_length=1)
-    """An HF model dir, an HF hub id, a LoRA adapter dir to warm-start from, or ``smollm2-135m-instruct``."""
+    """An HF model dir, an HF hub id already in the workers' local HF cache (nothing is downloaded), a LoRA
+    adapter dir to warm-start from, or ``smollm2-135m-instruct``."""
     lora: LoraConfig = Field(default_factory=LoraConfig)
     """The adapter's shape."""
 
