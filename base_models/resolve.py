@@ -7,9 +7,9 @@ Accepted forms, in the order they are tried:
 - a LoRA adapter directory (has ``adapter_config.json``): its ``base_model_name_or_path`` is resolved
   recursively and the adapter becomes the starting adapter.
 - an HF model directory (has ``config.json``).
-- an HF hub id, loaded from the local HF cache or the hub where one is reachable.
+- an HF hub id already in the local HF cache (``HF_HUB_CACHE``): its cached snapshot directory.
 
-Nothing is downloaded by us; a hub id that is not cached fails with the library's error.
+Nothing is downloaded: a hub id that is not cached is refused, saying how to fetch it once.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class ResolvedModel:
     """Where the weights of a ``base_model`` string are."""
 
     base_path: str
-    """An HF model directory or a hub id that ``from_pretrained`` accepts."""
+    """An HF model directory (a hub id's is its snapshot in the local HF cache)."""
     adapter_path: str | None = None
     """A PEFT adapter directory to start from, when ``base_model`` was one."""
     requested: str = ""
@@ -77,7 +77,23 @@ def resolve_base_model(base_model: str, cache_dir: str | None = None) -> Resolve
             f"base_model {base_model!r} is not a built-in model ({', '.join(BUILTIN_MODELS)}), "
             "a local model or adapter directory, or an HF hub id like 'org/name'"
         )
-    return ResolvedModel(base_path=base_model, requested=base_model)
+    return ResolvedModel(base_path=cached_hub_model(base_model), requested=base_model)
+
+
+def cached_hub_model(repo_id: str) -> str:
+    """The local HF cache's snapshot directory of hub model ``repo_id``; never asks the hub."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return str(snapshot_download(repo_id, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError) as err:
+        raise ModelNotFoundError(
+            f"base_model {repo_id!r} is an HF hub id that is not in the local HF cache "
+            f"({constants.HF_HUB_CACHE}), and nothing is downloaded at run time: fetch it once where the hub "
+            f"is reachable (`hf download {repo_id}`, with the workers' HF_HUB_CACHE), or name a local model "
+            f"directory ({type(err).__name__})"
+        ) from None
 
 
 def ensure_smollm2(cache_dir: str | None = None) -> Path:

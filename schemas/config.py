@@ -13,8 +13,23 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import to_json
 
 from schemas.errors import RunSpecError
+from schemas.history_bounds import (
+    HISTORY_BYTES_BUDGET,
+    HISTORY_BYTES_LIMIT,
+    HISTORY_EVENTS_BUDGET,
+    HISTORY_EVENTS_LIMIT,
+    MAX_CONTINUE_AS_NEW_EVERY,
+    MAX_INLINE_SCENARIOS_BYTES,
+    MAX_SHARDS_PER_STEP,
+    PAYLOAD_BYTES_LIMIT,
+    PENDING_ACTIVITIES_LIMIT,
+    run_history_bytes,
+    run_history_events,
+    shards_per_step,
+)
 from schemas.refs import NAME_PATTERN
 
 IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
@@ -84,7 +99,8 @@ class ModelSpec(_Strict):
     project: str = Field("default", pattern=NAME_PATTERN)
     """Groups runs for metrics (W&B project)."""
     base_model: str = Field(min_length=1)
-    """An HF model dir, an HF hub id, a LoRA adapter dir to warm-start from, or ``smollm2-135m-instruct``."""
+    """An HF model dir, an HF hub id already in the workers' local HF cache (nothing is downloaded), a LoRA
+    adapter dir to warm-start from, or ``smollm2-135m-instruct``."""
     lora: LoraConfig = Field(default_factory=LoraConfig)
     """The adapter's shape."""
 
@@ -224,8 +240,9 @@ class RunSpec(_Strict):
     """Metrics sinks."""
     checkpoints: CheckpointsSpec = Field(default_factory=CheckpointsSpec)
     """Checkpoint retention (default: keep them all)."""
-    continue_as_new_every: int = Field(5, ge=1)
-    """Steps per workflow run before continue-as-new keeps history bounded."""
+    continue_as_new_every: int = Field(5, ge=1, le=MAX_CONTINUE_AS_NEW_EVERY)
+    """Steps per workflow run before continue-as-new keeps history bounded (fewer with many shards per step:
+    a run's worst-case history must fit a fifth of Temporal's limits, see ``schemas/history_bounds.py``)."""
     seed: int = Field(0, ge=0)
     """Seed for scenario order and sampling."""
 
@@ -249,6 +266,53 @@ class RunSpec(_Strict):
                 "use mode 'shared' (or 'sync'), or run inference and training on separate devices"
             )
         return self
+
+    def inline_scenarios_bytes(self) -> int:
+        """Bytes of JSON the inline scenario list adds to every rollouts activity's input (0 for a file or
+        a ``module:function``)."""
+        scenarios = self.task.scenarios
+        return 0 if isinstance(scenarios, str) else len(to_json(scenarios))
+
+    @model_validator(mode="after")
+    def _check_history_bounds(self) -> RunSpec:
+        shards = shards_per_step(self.groups_per_step, self.groups_per_shard)
+        if shards > MAX_SHARDS_PER_STEP:
+            raise ValueError(
+                f"groups_per_step {self.groups_per_step} in shards of groups_per_shard {self.groups_per_shard} "
+                f"is {shards} rollouts activities per step, all pending at once; at most {MAX_SHARDS_PER_STEP} "
+                f"keeps a step far below Temporal's {PENDING_ACTIVITIES_LIMIT:,} pending activities and its "
+                f"history bounded: set groups_per_shard to at least "
+                f"{shards_per_step(self.groups_per_step, MAX_SHARDS_PER_STEP)}, or lower groups_per_step"
+            )
+        inline = self.inline_scenarios_bytes()
+        if inline > MAX_INLINE_SCENARIOS_BYTES:
+            raise ValueError(
+                f"task.scenarios: the inline list is {inline:,} bytes of JSON, copied into every rollouts "
+                f"activity's input; at most {MAX_INLINE_SCENARIOS_BYTES:,} keeps those inputs far below "
+                f"Temporal's {PAYLOAD_BYTES_LIMIT:,}-byte payload limit: put the scenarios in a .jsonl or "
+                ".parquet file, or return them from a 'module:function'"
+            )
+        events = run_history_events(shards, self.continue_as_new_every)
+        spec_bytes = len(self.model_dump_json())
+        size = run_history_bytes(shards, self.continue_as_new_every, inline, spec_bytes)
+        if events <= HISTORY_EVENTS_BUDGET and size <= HISTORY_BYTES_BUDGET:
+            return self
+        fits = [
+            n
+            for n in range(1, self.continue_as_new_every)
+            if run_history_events(shards, n) <= HISTORY_EVENTS_BUDGET
+            and run_history_bytes(shards, n, inline, spec_bytes) <= HISTORY_BYTES_BUDGET
+        ]
+        if events > HISTORY_EVENTS_BUDGET:
+            worst = f"{events:,} events (Temporal's limit is {HISTORY_EVENTS_LIMIT:,}; a run may use {HISTORY_EVENTS_BUDGET:,})"
+        else:
+            worst = f"{size:,} bytes (Temporal's limit is {HISTORY_BYTES_LIMIT:,}; a run may use {HISTORY_BYTES_BUDGET:,})"
+        fix = f"set continue_as_new_every to at most {fits[-1]}" if fits else "raise groups_per_shard"
+        raise ValueError(
+            f"continue_as_new_every {self.continue_as_new_every} with {shards} rollouts shard(s) per step lets one "
+            f"workflow run's history reach {worst} when every resample and retrain is taken: {fix}"
+            + (", or put the inline scenarios in a file" if inline else "")
+        )
 
 
 _PATTERN_HINTS = {

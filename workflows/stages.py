@@ -80,13 +80,6 @@ SERVING_CONTROL = Stage(ActivityName.SERVING_CONTROL, timedelta(minutes=10), max
 METRICS = Stage(ActivityName.METRICS, timedelta(minutes=2), max_attempts=3)
 RETAIN_CHECKPOINTS = Stage(ActivityName.RETAIN_CHECKPOINTS, timedelta(minutes=10), max_attempts=3)
 
-RETRAINS_AFTER_LOST_WORKER = 3
-"""Times a step is trained again because the worker holding its adapter vanished before publishing."""
-
-
-RESAMPLES_WITHOUT_SIGNAL = 3
-"""Times TrainingRun rolls a step out again (other scenarios) when every group's rewards were equal."""
-
 NO_LEARNING_SIGNAL = "NoLearningSignal"
 
 

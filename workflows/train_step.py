@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         TrainResult,
     )
     from schemas.errors import CONFIG_ERROR
+    from schemas.history_bounds import RETRAINS_AFTER_LOST_WORKER
     from schemas.layout import worker_task_queue
     from schemas.refs import CheckpointRef
     from schemas.run_state import TrainSFTInput, TrainStepInput, TrainStepResult
@@ -41,7 +42,6 @@ from workflows.stages import (
     PUBLISH_INITIAL,
     RELOAD,
     REPUBLISH,
-    RETRAINS_AFTER_LOST_WORKER,
     SERVING_CONTROL,
     TRAIN,
     NoLearningSignal,

@@ -21,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from schemas.activities import JudgeInput, MetricsInput, RetentionInput, RolloutsInput
     from schemas.config import RunSpec
     from schemas.errors import CONFIG_ERROR
+    from schemas.history_bounds import RESAMPLES_WITHOUT_SIGNAL
     from schemas.layout import adapter_name
     from schemas.refs import TrajectoriesRef
     from schemas.run_state import (
@@ -38,7 +39,6 @@ from workflows.serve_model import serve_newest
 from workflows.stages import (
     JUDGE,
     METRICS,
-    RESAMPLES_WITHOUT_SIGNAL,
     RETAIN_CHECKPOINTS,
     NoLearningSignal,
     StageFailed,
