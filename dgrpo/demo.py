@@ -24,7 +24,7 @@ from schemas.errors import EngineSetupError
 from schemas.layout import checkpoints_prefix, reward_curve_key
 from schemas.run_state import RunStatus
 from schemas.settings import ENV_HOME, EngineSettings, default_engine, dgrpo_home
-from serving.launchers import probe_vllm_runtime, vllm_python
+from serving.launchers import lora_rank_flag, probe_vllm_runtime, vllm_python
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
 from workers.temporal import connect_client
@@ -53,6 +53,15 @@ def demo_spec(task: str, steps: int | None, run_id: str, engine: str = "cpu") ->
     if steps is not None:
         overrides["steps"] = steps
     return load_run_spec(DEMO_TASKS[task], overrides)
+
+
+def engine_flags(spec: RunSpec, engine: str) -> list[str]:
+    """The demo's engine, sized to its run: vLLM keeps every adapter in buffers of ``--max-lora-rank``, and its
+    CPU build gathers a token's whole buffer per layer, so a rank-64 engine serving the demo's rank-16 adapter
+    does 4x the work (its steps then outlast the rollouts' deadline)."""
+    if engine != "vllm":
+        return ["--engine", engine]
+    return ["--engine", engine, "--max-lora-rank", str(lora_rank_flag(spec.model.lora.rank))]
 
 
 async def _train(spec: RunSpec, console: Console) -> RunStatus:
@@ -92,7 +101,7 @@ def run_demo(args: argparse.Namespace) -> int:
         home / "logs" / f"{run_id}-workers.log",
         task_queues=queues,
         env=env,
-        extra_args=["--engine", engine],
+        extra_args=engine_flags(spec, engine),
     )
     console.print(f"starting the workers (log: {worker.log_path}); loading SmolLM2-135M ...")
     worker.start()

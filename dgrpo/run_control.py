@@ -55,6 +55,9 @@ async def start_run(
     The workflow id is the run id: starting a run whose earlier workflow was terminated, failed or whose
     stack died resumes it from its newest checkpoint.
     """
+    too_big = spec.history_bounds_error()
+    if too_big:
+        raise RunSpecError(f"run {spec.run_id!r}: {too_big}")
     store = store or store_for(spec)
     await asyncio.to_thread(store.ensure_bucket)
     try:

@@ -240,7 +240,7 @@ class RunSpec(_Strict):
     """Metrics sinks."""
     checkpoints: CheckpointsSpec = Field(default_factory=CheckpointsSpec)
     """Checkpoint retention (default: keep them all)."""
-    continue_as_new_every: int = Field(5, ge=1, le=MAX_CONTINUE_AS_NEW_EVERY)
+    continue_as_new_every: int = Field(5, ge=1)
     """Steps per workflow run before continue-as-new keeps history bounded (fewer with many shards per step:
     a run's worst-case history must fit a fifth of Temporal's limits, see ``schemas/history_bounds.py``)."""
     seed: int = Field(0, ge=0)
@@ -273,11 +273,18 @@ class RunSpec(_Strict):
         scenarios = self.task.scenarios
         return 0 if isinstance(scenarios, str) else len(to_json(scenarios))
 
-    @model_validator(mode="after")
-    def _check_history_bounds(self) -> RunSpec:
+    def history_bounds_error(self) -> str | None:
+        """Why this run's shape could outgrow Temporal's limits (None: it fits). Checked where a run starts
+        (``parse_run_spec``, ``run_control.start_run`` and a new ``TrainingRun``), not on every decode of a
+        spec, so a run already in flight under looser bounds keeps running and replaying."""
+        if self.continue_as_new_every > MAX_CONTINUE_AS_NEW_EVERY:
+            return (
+                f"continue_as_new_every {self.continue_as_new_every} is over {MAX_CONTINUE_AS_NEW_EVERY}: a "
+                "longer workflow run carries more history than Temporal's limits allow for"
+            )
         shards = shards_per_step(self.groups_per_step, self.groups_per_shard)
         if shards > MAX_SHARDS_PER_STEP:
-            raise ValueError(
+            return (
                 f"groups_per_step {self.groups_per_step} in shards of groups_per_shard {self.groups_per_shard} "
                 f"is {shards} rollouts activities per step, all pending at once; at most {MAX_SHARDS_PER_STEP} "
                 f"keeps a step far below Temporal's {PENDING_ACTIVITIES_LIMIT:,} pending activities and its "
@@ -286,7 +293,7 @@ class RunSpec(_Strict):
             )
         inline = self.inline_scenarios_bytes()
         if inline > MAX_INLINE_SCENARIOS_BYTES:
-            raise ValueError(
+            return (
                 f"task.scenarios: the inline list is {inline:,} bytes of JSON, copied into every rollouts "
                 f"activity's input; at most {MAX_INLINE_SCENARIOS_BYTES:,} keeps those inputs far below "
                 f"Temporal's {PAYLOAD_BYTES_LIMIT:,}-byte payload limit: put the scenarios in a .jsonl or "
@@ -296,7 +303,7 @@ class RunSpec(_Strict):
         spec_bytes = len(self.model_dump_json())
         size = run_history_bytes(shards, self.continue_as_new_every, inline, spec_bytes)
         if events <= HISTORY_EVENTS_BUDGET and size <= HISTORY_BYTES_BUDGET:
-            return self
+            return None
         fits = [
             n
             for n in range(1, self.continue_as_new_every)
@@ -308,7 +315,7 @@ class RunSpec(_Strict):
         else:
             worst = f"{size:,} bytes (Temporal's limit is {HISTORY_BYTES_LIMIT:,}; a run may use {HISTORY_BYTES_BUDGET:,})"
         fix = f"set continue_as_new_every to at most {fits[-1]}" if fits else "raise groups_per_shard"
-        raise ValueError(
+        return (
             f"continue_as_new_every {self.continue_as_new_every} with {shards} rollouts shard(s) per step lets one "
             f"workflow run's history reach {worst} when every resample and retrain is taken: {fix}"
             + (", or put the inline scenarios in a file" if inline else "")
@@ -349,6 +356,9 @@ def parse_run_spec(data: Any, source: str = "run spec") -> RunSpec:
         spec = RunSpec.model_validate(data)
     except ValidationError as err:
         raise RunSpecError(format_validation_error(err, source)) from None
+    too_big = spec.history_bounds_error()
+    if too_big:
+        raise RunSpecError(f"{source}: {too_big}")
     for line in spec.deprecations():
         warnings.warn(f"{source}: {line}", FutureWarning, stacklevel=2)
     return spec

@@ -20,13 +20,13 @@ with workflow.unsafe.imports_passed_through():
         SftResult,
     )
     from schemas.errors import CONFIG_ERROR
+    from schemas.history_bounds import RETRAINS_AFTER_LOST_WORKER
     from schemas.layout import worker_task_queue
     from schemas.refs import CheckpointRef
     from schemas.run_state import TrainSFTInput, TrainSFTResult
 
 from workflows.stages import (
     PUBLISH,
-    RETRAINS_AFTER_LOST_WORKER,
     SERVING_CONTROL,
     TRAIN_SFT,
     StageFailed,

@@ -47,6 +47,9 @@ from workflows.stages import (
 from workflows.train_step import train_and_serve
 
 BOOKKEEPING_PATCH = "bookkeeping-beside-next-step"
+HISTORY_BOUNDS_PATCH = "history-bounds-at-start"
+"""A new run whose shape could outgrow Temporal's history limits fails at once (runs started before, or
+continued as new, are not checked: they keep the bounds they started under)."""
 """Runs whose history predates it log metrics and apply retention before the next step starts."""
 
 
@@ -126,6 +129,10 @@ class TrainingRun:
                 type=CONFIG_ERROR,
                 non_retryable=True,
             )
+        if state is None and workflow.patched(HISTORY_BOUNDS_PATCH):
+            too_big = spec.history_bounds_error()  # a new run only: one in flight keeps its bounds
+            if too_big:
+                raise ApplicationError(f"run {spec.run_id}: {too_big}", type=CONFIG_ERROR, non_retryable=True)
         try:
             if state is None:
                 await self._start_or_recover()

@@ -7,13 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
 from test_training_run_logic import make_spec, running, start
 from workflow_stubs import ScriptedActivities
 
-from schemas.config import RunSpec
+from dgrpo import run_control
+from schemas.config import RunSpec, parse_run_spec
+from schemas.errors import CONFIG_ERROR, RunSpecError
 from schemas.history_bounds import (
     HISTORY_BYTES_BUDGET,
     HISTORY_EVENTS_BUDGET,
@@ -30,11 +32,7 @@ WORST = {"judge": {"kind": "ruler"}, "mode": "shared", "checkpoints": {"keep_las
 
 
 def allowed(task_queue: str, run_id: str, **overrides: Any) -> bool:
-    try:
-        make_spec(task_queue, run_id, **WORST, **overrides)
-    except ValidationError:
-        return False
-    return True
+    return make_spec(task_queue, run_id, **WORST, **overrides).history_bounds_error() is None
 
 
 def largest(task_queue: str, field: str, **overrides: Any) -> int:
@@ -122,7 +120,7 @@ async def test_the_largest_allowed_inline_scenarios_stay_under_their_history_est
             {"groups_per_step": 128, "groups_per_shard": 1, "continue_as_new_every": 5},
             ["continue_as_new_every to at most"],
         ),
-        ({"continue_as_new_every": 51}, ["continue_as_new_every", "less than or equal to 50"]),
+        ({"continue_as_new_every": 51}, ["continue_as_new_every 51 is over 50"]),
         (
             {"task": {"rollout": "m:f", "scenarios": [{"q": "x" * MAX_INLINE_SCENARIOS_BYTES}]}},
             ["task.scenarios", ".jsonl", "2,097,152-byte payload limit"],
@@ -132,7 +130,26 @@ async def test_the_largest_allowed_inline_scenarios_stay_under_their_history_est
 def test_a_spec_over_a_bound_is_refused_naming_the_field_and_the_limit(
     overrides: dict[str, Any], names: list[str]
 ) -> None:
-    with pytest.raises(ValidationError) as refused:
-        make_spec("q", "over", **overrides)
+    data = make_spec("q", "over").model_dump(mode="json") | overrides
+    with pytest.raises(RunSpecError) as refused:
+        parse_run_spec(data, "over.toml")  # what `dgrpo train` and the demo read a spec with
     for name in names:
         assert name in str(refused.value)
+
+
+async def test_a_new_run_over_a_bound_is_refused_however_it_is_started(
+    client: Client, task_queue: str
+) -> None:
+    """The client refuses it before starting anything; started on Temporal directly (``temporal workflow
+    start``), the run fails at once, non-retryably, naming the bound. A spec over the bounds still decodes, so a
+    run started under looser bounds keeps running and replaying."""
+    spec = make_spec(task_queue, f"over-{task_queue}", groups_per_step=1000, groups_per_shard=7)
+    with pytest.raises(RunSpecError, match="groups_per_shard to at least 8"):
+        await run_control.start_run(client, spec)
+    async with running(ScriptedActivities(), client, task_queue):
+        handle = await start(client, spec)
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError) and cause.non_retryable and cause.type == CONFIG_ERROR
+    assert "groups_per_shard to at least 8" in cause.message
