@@ -13,6 +13,11 @@ Fixtures (names are stable; other test modules rely on them):
 - ``temporal_client`` (session, async) -> a connected ``temporalio.client.Client``.
 - ``task_queue`` (function) -> a unique task-queue name per test (``tq-<test name>-<random>``).
 
+The README's test command runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``): most tests
+wait on processes (a server starting, a heartbeat timing out, a run's step), so two at once overlap those waits.
+Each test file is one group, so module fixtures start once; a directory whose session fixture is costly (the
+examples' ``LocalBackend``) is one group.
+
 ``DGRPO_CACHE`` is left as the user's (default ``~/.cache/dgrpo``) so converted models are reused
 across runs; it is exported explicitly so subprocesses with another HOME still find it.
 """
@@ -33,6 +38,18 @@ from schemas.settings import ENV_CACHE, S3Settings, dgrpo_cache
 from workers.stack import EmbeddedStack
 
 os.environ.setdefault(ENV_CACHE, dgrpo_cache())
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ONE_GROUP_DIRECTORIES = {"examples"}
+"""Directories whose tests share one costly session fixture: kept on one xdist worker."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """An xdist group per test file (per directory for ``ONE_GROUP_DIRECTORIES``); ignored without xdist."""
+    for item in items:
+        parts = os.path.relpath(str(item.path), TESTS).split(os.sep)
+        group = parts[0] if parts[0] in ONE_GROUP_DIRECTORIES else "/".join(parts)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
