@@ -143,7 +143,7 @@ _installed = False
 
 def _install_hooks() -> None:
     """Wrap ``Client.send`` and ``AsyncClient.send`` of httpx and httpx2 (once; openai >= 3 sends through
-    httpx2, older clients and litellm through httpx): every client, whenever made, reports its chat
+    httpx2, older clients through httpx): every client, whenever made, reports its chat
     completions to the capture of the context that sent them."""
     global _installed
     if _installed:
