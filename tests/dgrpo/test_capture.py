@@ -88,9 +88,11 @@ async def test_calls_that_do_not_continue_the_conversation_go_to_additional_hist
     model: art.Model,
 ) -> None:
     async def rollout() -> None:
-        first = await ask(model, [user("Add 2 and 3.")], tools=TOOLS)
-        await ask(model, [user("Add 2 and 3."), sampled(first).message, user("Again.")], tools=TOOLS)
-        await ask(model, [user("Add 2 and 3.")])  # same messages, no tools: another conversation
+        chat: list[Any] = [user("Add 2 and 3.")]
+        chat.append(sampled(await ask(model, chat, tools=TOOLS)).message)
+        chat.append(user("Again."))
+        chat.append(sampled(await ask(model, chat, tools=TOOLS)).message)
+        await ask(model, [*chat, user("Once more.")])  # continues the messages, without tools: another one
         await ask(model, [user("Something else.")], tools=TOOLS)
 
     traj = await art.capture_auto_trajectory(rollout())
