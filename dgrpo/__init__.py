@@ -24,6 +24,12 @@ if TYPE_CHECKING:
     from dgrpo.art_backend import TemporalBackend
     from dgrpo.backends import Backend
     from dgrpo.batches import trajectory_group_batches
+    from dgrpo.capture import (
+        auto_trajectory,
+        capture_auto_trajectory,
+        capture_yielded_trajectory,
+        yield_trajectory,
+    )
     from dgrpo.dev import LoRAConfig
     from dgrpo.errors import (
         BackendError,
@@ -83,6 +89,10 @@ _EXPORTS = {
     "Messages": "dgrpo.types",
     "MessagesAndChoices": "dgrpo.types",
     "Tools": "dgrpo.types",
+    "auto_trajectory": "dgrpo.capture",
+    "capture_auto_trajectory": "dgrpo.capture",
+    "capture_yielded_trajectory": "dgrpo.capture",
+    "yield_trajectory": "dgrpo.capture",
     "Choice": "schemas.trajectory",
     "History": "schemas.trajectory",
     "Trajectory": "schemas.trajectory",
@@ -90,8 +100,9 @@ _EXPORTS = {
 }
 
 _CAPTURE = (
-    "automatic trajectory capture (ART records a rollout's OpenAI calls into a Trajectory) is not supported "
-    "yet: build the Trajectory explicitly, appending each `completion.choices[0]` to messages_and_choices"
+    "this capture helper is not in ART 0.5.18, so its behaviour is not known and it is not supported: "
+    "capture a rollout's calls with `await art.capture_auto_trajectory(rollout(...))` and read the "
+    "trajectory inside it with `art.auto_trajectory()`"
 )
 _HOSTED = (
     "hosted training services are not supported: use dgrpo.LocalBackend, or TemporalBackend on your cluster"
@@ -100,10 +111,6 @@ _TOKENIZING = (
     "ART's client-side tokenizing is not supported: dgrpo's trainer tokenizes the stored trajectories itself"
 )
 UNSUPPORTED = {
-    "auto_trajectory": _CAPTURE,
-    "capture_auto_trajectory": _CAPTURE,
-    "capture_yielded_trajectory": _CAPTURE,
-    "yield_trajectory": _CAPTURE,
     "current_trajectory": _CAPTURE,
     "no_capture": _CAPTURE,
     "trajectory": _CAPTURE,
@@ -165,6 +172,9 @@ __all__ = [
     "Trajectory",
     "TrajectoryGroup",
     "UnsupportedArtOption",
+    "auto_trajectory",
+    "capture_auto_trajectory",
+    "capture_yielded_trajectory",
     "costs",
     "dev",
     "gather_trajectories",
@@ -181,6 +191,7 @@ __all__ = [
     "trajectory_group_batches",
     "types",
     "utils",
+    "yield_trajectory",
 ]
 
 

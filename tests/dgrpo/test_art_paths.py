@@ -38,8 +38,8 @@ def test_every_public_art_name_works_or_says_why_not(name: str) -> None:
 
 
 def test_refused_names_are_refused_by_from_imports_too() -> None:
-    with pytest.raises(NotImplementedError, match=r"automatic trajectory capture .* not supported yet"):
-        from dgrpo import auto_trajectory  # noqa: F401
+    with pytest.raises(NotImplementedError, match=r"not in ART 0.5.18.* art.capture_auto_trajectory"):
+        from dgrpo import current_trajectory  # noqa: F401
     with pytest.raises(NotImplementedError, match=r"call model.train_sft\(trajectories"):
         from dgrpo import train_sft  # noqa: F401
     from dgrpo import TrainSFTConfig
