@@ -13,10 +13,9 @@ Fixtures (names are stable; other test modules rely on them):
 - ``temporal_client`` (session, async) -> a connected ``temporalio.client.Client``.
 - ``task_queue`` (function) -> a unique task-queue name per test (``tq-<test name>-<random>``).
 
-The README's test command runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``): most tests
-wait on processes (a server starting, a heartbeat timing out, a run's step), so two at once overlap those waits.
-Each test file is one group, so module fixtures start once; a directory whose session fixture is costly (the
-examples' ``LocalBackend``) is one group.
+With pytest-xdist (``-n 2 --dist loadgroup``, not yet the README's command: a trial on this 2-core machine
+under other load had failures it did not identify) each test file is one group, so module fixtures start once,
+and a directory whose session fixture is costly (the examples' ``LocalBackend``) is one group.
 
 ``DGRPO_CACHE`` is left as the user's (default ``~/.cache/dgrpo``) so converted models are reused
 across runs; it is exported explicitly so subprocesses with another HOME still find it.
