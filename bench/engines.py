@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
+import sys
 from collections.abc import Iterator
 
 import httpx
@@ -70,7 +72,8 @@ def server_for(
 
 @contextlib.contextmanager
 def running(servers: dict[str, ServerProcess]) -> Iterator[dict[str, ServerProcess]]:
-    """Start every server, one after another; stop every one started, however the block ends."""
+    """Start every server, one after another; stop every one started, however the block ends (SIGTERM too)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through the stops below
     with contextlib.ExitStack() as stack:
         for label, server in servers.items():
             stack.callback(server.stop)
