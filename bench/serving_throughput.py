@@ -1,13 +1,19 @@
-"""Tokens/s of the CPU serving engine against raw batched ``model.generate``, same prompts, same run.
+"""Tokens/s of our CPU serving engine against raw batched ``model.generate`` and against vLLM, same prompts,
+same run.
 
-    python bench/serving_throughput.py [--dtype fp32 bf16] [--concurrency 32] [--max-tokens 64] [--repeats 2]
+    python bench/serving_throughput.py [--engines raw cpu vllm] [--dtype fp32 bf16] [--concurrency 32]
+        [--max-tokens 64] [--repeats 2] [--threads 1]
 
-For each dtype: raw ``generate`` on the left-padded batch of chat prompts in this process (sampling at
-temperature 1, exactly ``--max-tokens`` new tokens per row), then the server (a subprocess) answering the
-same prompts as ``--concurrency`` concurrent ``openai`` SDK requests (``ignore_eos``, same ``max_tokens``).
-Then the same with LoRA adapters: raw ``generate(adapter_names=...)`` on a peft model against the server
-with requests alternating base / adapter A / adapter B. Best of ``--repeats``. Prints a markdown table.
-Other processes on the machine make the numbers noisy; the ratio is what to read.
+Sides (``--engines``): ``raw``, batched ``generate`` on the left-padded chat prompts in this process (sampling
+at temperature 1, exactly ``--max-tokens`` new tokens per row); ``cpu``, our server (a subprocess); ``vllm``,
+``vllm serve`` from its own runtime environment, started as the inference worker starts it
+(``--max-lora-rank`` 16, the adapters' rank). The servers answer the same prompts as ``--concurrency``
+concurrent ``openai`` SDK requests (``ignore_eos``, same ``max_tokens``). Then the same with rank-16 LoRA
+adapters: raw ``generate(adapter_names=...)`` on a peft model, the servers with requests alternating base /
+adapter A / adapter B. For each dtype both servers stay up and the sides alternate, one request set each per
+round, ``--repeats`` rounds; best of them per side. Default sides: raw, cpu, and vllm when its runtime
+environment imports. Prints a markdown table. Other processes on the machine make the numbers noisy; the
+ratios are what to read.
 """
 
 from __future__ import annotations
@@ -30,8 +36,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
-from schemas.settings import ENV_ADAPTER_ROOT, EngineSettings
-from serving.launchers import CpuServerProcess
+from bench.engines import ADAPTER_RANK, ENGINE_NAMES, running, server_for, vllm_found
+from schemas.settings import ENV_ADAPTER_ROOT
 
 TOPICS = ["cats", "the sea", "trains", "music", "rain", "chess", "bread", "stars"]
 
@@ -50,7 +56,13 @@ def make_adapters(root: Path) -> list[Path]:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_pretrained(str(ensure_smollm2()))
         peft = get_peft_model(
-            model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", init_lora_weights=False)
+            model,
+            LoraConfig(
+                r=ADAPTER_RANK,
+                lora_alpha=2 * ADAPTER_RANK,
+                target_modules="all-linear",
+                init_lora_weights=False,
+            ),
         )
         peft.save_pretrained(str(root / f"a{seed}"))
         out.append(root / f"a{seed}")
@@ -101,54 +113,77 @@ async def server_requests(base_url: str, chats: list[Any], max_tokens: int, mode
     return sum(r.usage.completion_tokens for r in responses if r.usage) / seconds
 
 
+WORKLOADS = (("base", False), ("mixed: base / A / B", True))
+COLUMNS = {"raw": "raw `generate`", **ENGINE_NAMES}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", nargs="+", choices=("raw", "cpu", "vllm"), default=None)
     parser.add_argument("--dtype", nargs="+", choices=("fp32", "bf16"), default=["fp32", "bf16"])
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads for both sides")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads for raw and our server")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    engines = args.engines or ["raw", "cpu", *(["vllm"] if vllm_found() else [])]
     if args.threads:
         torch.set_num_threads(args.threads)
     chats = prompts(args.concurrency)
-    rows = []
+    rows: list[tuple[str, str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         adapters = make_adapters(Path(tmp))
-        os.environ[ENV_ADAPTER_ROOT] = tmp  # the server loads adapters only from under its adapter root
+        os.environ[ENV_ADAPTER_ROOT] = tmp  # our server loads adapters only from under its adapter root
         for dtype in args.dtype:
-            server = CpuServerProcess(
-                SMOLLM2_NAME, EngineSettings(dtype=dtype), max_batch=args.concurrency, threads=args.threads
-            )
-            server.start()
-            try:
-                for label, raw_adapters, models in (
-                    ("base", None, [SMOLLM2_NAME]),
-                    ("mixed: base / A / B", adapters, [SMOLLM2_NAME, "a@1", "b@1"]),
-                ):
-                    if raw_adapters:  # loaded only now: the base rows compare like with like
+            servers = {
+                engine: server_for(engine, dtype, max_batch=args.concurrency, threads=args.threads)
+                for engine in engines
+                if engine != "raw"
+            }
+            with running(servers):
+                for label, with_adapters in WORKLOADS:
+                    models = [SMOLLM2_NAME, "a@1", "b@1"] if with_adapters else [SMOLLM2_NAME]
+                    for server in (
+                        servers.values() if with_adapters else ()
+                    ):  # now: base rows are like for like
                         asyncio.run(server.client.load_adapter("a@1", str(adapters[0])))
                         asyncio.run(server.client.load_adapter("b@1", str(adapters[1])))
-                    raw, served = 0.0, 0.0
-                    for _ in range(args.repeats):
-                        raw = max(raw, raw_generate(dtype, chats, args.max_tokens, raw_adapters))
-                        url = server.client.openai_base_url
-                        served = max(
-                            served, asyncio.run(server_requests(url, chats, args.max_tokens, models))
-                        )
-                    rows.append((dtype, label, raw, served))
-                    print(f"{dtype} {label}: raw {raw:.1f} tok/s, server {served:.1f} tok/s", flush=True)
-            finally:
-                server.stop()
+                    best: dict[str, float] = {}
+                    for round_ in range(args.repeats):
+                        for (
+                            engine
+                        ) in engines:  # alternated: a change in the machine's load shows on every side
+                            if engine == "raw":
+                                tok_s = raw_generate(
+                                    dtype, chats, args.max_tokens, adapters if with_adapters else None
+                                )
+                            else:
+                                url = servers[engine].client.openai_base_url
+                                tok_s = asyncio.run(server_requests(url, chats, args.max_tokens, models))
+                            best[engine] = max(best.get(engine, 0.0), tok_s)
+                            print(
+                                f"round {round_ + 1}: {dtype} {label} {engine}: {tok_s:.1f} tok/s", flush=True
+                            )
+                    rows.append((dtype, label, best))
     print(
         f"\n{args.concurrency} concurrent requests x {args.max_tokens} new tokens, SmolLM2-135M, "
-        f"torch threads {args.threads or torch.get_num_threads()}, best of {args.repeats}\n"
+        f"torch threads {args.threads or torch.get_num_threads()}, best of {args.repeats} alternated rounds\n"
     )
-    print("| dtype | adapters | raw `generate` tok/s | server tok/s | server / raw |")
-    print("|---|---|---:|---:|---:|")
-    for dtype, label, raw, served in rows:
-        print(f"| {dtype} | {label} | {raw:.1f} | {served:.1f} | {served / raw:.2f}x |")
+    print(table(engines, rows))
+
+
+def table(engines: list[str], rows: list[tuple[str, str, dict[str, float]]]) -> str:
+    """One row per dtype and workload: each side's tok/s, then ours / raw and vLLM / ours."""
+    ratios = [(a, b) for a, b in (("cpu", "raw"), ("vllm", "cpu")) if a in engines and b in engines]
+    header = ["dtype", "adapters", *(f"{COLUMNS[e]} tok/s" for e in engines)]
+    header += [f"{COLUMNS[a]} / {COLUMNS[b]}" for a, b in ratios]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 2)]
+    for dtype, label, best in rows:
+        cells = [dtype, label, *(f"{best[e]:.1f}" for e in engines)]
+        cells += [f"{best[a] / best[b]:.2f}x" for a, b in ratios]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
