@@ -102,6 +102,7 @@ def run_demo(args: argparse.Namespace) -> int:
         task_queues=queues,
         env=env,
         extra_args=engine_flags(spec, engine),
+        die_with_parent=True,  # a demo killed (SIGTERM, SIGKILL) takes its workers and their engine with it
     )
     console.print(f"starting the workers (log: {worker.log_path}); loading SmolLM2-135M ...")
     worker.start()
