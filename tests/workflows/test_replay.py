@@ -1,6 +1,6 @@
 """Runs in flight survive a change to workflow code: histories recorded from real runs (histories/, made by
-histories/record.py: sync with a continue-as-new, pipelined, shared, and the ART client's ServeModel and
-TrainSteps) are replayed with Temporal's ``Replayer`` against today's workflows. A change that would make a
+histories/record.py: sync with a continue-as-new, pipelined, shared, the ART client's ServeModel and
+TrainSteps, and its TrainSFT) are replayed with Temporal's ``Replayer`` against today's workflows. A change that would make a
 recorded run take another path (a new activity, a reordered timer, a removed step) fails here; guard such a
 change with ``workflow.patched`` so old histories keep their path."""
 
@@ -17,11 +17,12 @@ from temporalio.workflow import NondeterminismError
 
 from schemas.config import RunSpec
 from workflows.serve_model import ServeModel
+from workflows.train_sft import TrainSFT
 from workflows.train_step import TrainStep
 from workflows.training_run import TrainingRun
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
-WORKFLOWS = [TrainingRun, TrainStep, ServeModel]
+WORKFLOWS = [TrainingRun, TrainStep, ServeModel, TrainSFT]
 
 
 def load(path: Path) -> WorkflowHistory:

@@ -5,7 +5,8 @@
 On a private embedded stack with one real ``dgrpo worker all`` (CPU server and CPU trainer, SmolLM2-135M):
 a sync ``TrainingRun`` of 3 steps that continues as new after 2, a pipelined run of 3 steps, a shared run of
 2 steps, and the ART-style client (``examples/art_style.py`` through ``TemporalBackend``: ``ServeModel`` and
-two ``TrainStep``s). Every execution's history, each run of a continue-as-new chain included, is written as
+two ``TrainStep``s), and one ``model.train_sft`` through ``TemporalBackend`` (a ``TrainSFT``; ``--only sft``
+records that one alone). Every execution's history, each run of a continue-as-new chain included, is written as
 ``<workflow id>__<n>.json`` (Temporal's JSON history format). Record again only on purpose: the files are
 what runs in flight look like, and a change that cannot replay them would break those runs.
 """
@@ -65,10 +66,32 @@ async def art_program(inference_url: str) -> None:
         raise SystemExit("examples/art_style.py failed")
 
 
-async def write_histories(out: Path) -> None:
+async def sft_program(inference_url: str) -> None:
+    """One ``model.train_sft`` of four chats through ``TemporalBackend``: a ``TrainSFT`` workflow."""
+    import dgrpo as art
+
+    chats = [
+        art.Trajectory(
+            messages_and_choices=[
+                {"role": "user", "content": f"Name a fruit ({i})."},
+                {"role": "assistant", "content": "Pineapple"},
+            ],
+            reward=0,
+        )
+        for i in range(4)
+    ]
+    async with art.TemporalBackend(inference_url=inference_url) as backend:
+        model = art.TrainableModel(name="replay-sft", project="replay", base_model="smollm2-135m-instruct")
+        await model.register(backend)
+        await model.train_sft(chats, art.TrainSFTConfig(learning_rate=2e-3, batch_size=2))
+
+
+async def write_histories(out: Path, prefix: str = "") -> None:
     client = await connect_client()
     written = 0
     async for execution in client.list_workflows():
+        if not execution.id.startswith(prefix):
+            continue
         runs = [e async for e in client.list_workflows(f"WorkflowId = '{execution.id}'")]
         if execution.run_id != max(runs, key=lambda e: e.start_time).run_id:
             continue  # every run of a chain is written once, from its newest execution's listing
@@ -84,12 +107,23 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, default=HERE)
-    out = parser.parse_args().out
+    parser.add_argument("--only", choices=("sft",), help="record only the TrainSFT history")
+    args = parser.parse_args()
+    out = args.out
     home = Path(tempfile.mkdtemp(prefix="dgrpo-record-"))
     stack = EmbeddedStack(home, free_ports=True, ui=False, tied_to_parent=True)
     stack.start()
     os.environ.update({**stack.env(), ENV_HOME: str(home)})
     try:
+        if args.only == "sft":
+            worker = WorkerProcess("all", home / "worker-sft.log", task_queues=TaskQueues(), cwd=REPO)
+            worker.start()
+            try:
+                asyncio.run(sft_program(worker.server_urls[0]))
+            finally:
+                worker.stop()
+            asyncio.run(write_histories(out, prefix="sft-"))
+            return
         for n, phase in enumerate(("train", "serve again")):
             worker = WorkerProcess("all", home / f"worker-{n}.log", task_queues=TaskQueues(), cwd=REPO)
             worker.start()
@@ -98,6 +132,8 @@ def main() -> None:
                     asyncio.run(training_runs())
                 print(f"art_style.py ({phase})", flush=True)
                 asyncio.run(art_program(worker.server_urls[0]))
+                if phase == "train":
+                    asyncio.run(sft_program(worker.server_urls[0]))
             finally:
                 worker.stop()  # the second worker's server starts empty: registering runs ServeModel
         asyncio.run(write_histories(out))
