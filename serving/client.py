@@ -22,12 +22,19 @@ DEFAULT_TIMEOUT_S = 300.0
 inside the stages that make them (``workflows/stages.py``: reload 15 min, sleep/wake 10 min)."""
 QUERY_TIMEOUT_S = 30.0
 """Calls that only read the server's state (models, adapters, is_sleeping) answer at once on a live server."""
+LOAD_TIMEOUT_S = 120.0
+"""Loading a new adapter waits for no request (replacing one in place waits like an unload): a rank-64 adapter
+of an 8B model loads in seconds. vLLM's CPU build once took a load and never answered it (its engine idle);
+this bound turns that into an error the reload activity retries, not a 5-minute stall."""
+NO_ANSWER = 504
+"""``ServingError.status`` of a control call the server took and did not answer in time (a gateway timeout):
+5xx, so the activities that make the call retry it."""
 PROBE_TIMEOUT_S = 5.0
 """``/health``: a server that does not answer within this is not answering."""
 
 
 class ServingError(RuntimeError):
-    """The server answered a control call with an error status."""
+    """The server answered a control call with an error status, or (``NO_ANSWER``) did not answer in time."""
 
     def __init__(self, url: str, status: int, message: str) -> None:
         super().__init__(f"{url}: HTTP {status}: {message}")
@@ -92,9 +99,18 @@ class ServingClient:
     async def _request(
         self, method: str, path: str, timeout_s: float | None = None, **kwargs: Any
     ) -> httpx.Response:
-        timeout = httpx.Timeout(min(timeout_s or self.timeout_s, self.timeout_s), connect=5.0)
-        async with httpx.AsyncClient(timeout=timeout, headers=self.headers) as http:
-            response = await http.request(method, self.base_url + path, **kwargs)
+        limit = min(timeout_s or self.timeout_s, self.timeout_s)
+        try:
+            async with httpx.AsyncClient(
+                timeout=httpx.Timeout(limit, connect=5.0), headers=self.headers
+            ) as http:
+                response = await http.request(method, self.base_url + path, **kwargs)
+        except httpx.ReadTimeout as err:
+            raise ServingError(
+                self.base_url,
+                NO_ANSWER,
+                f"the server stopped answering: no answer to {method} {path} within {limit:.0f}s",
+            ) from err
         if response.status_code >= 400:
             raise ServingError(self.base_url, response.status_code, _message(response))
         return response
@@ -145,7 +161,9 @@ class ServingClient:
         if replace:
             body["load_inplace"] = True
         try:
-            await self._request("POST", "/v1/load_lora_adapter", json=body)
+            await self._request(
+                "POST", "/v1/load_lora_adapter", None if replace else LOAD_TIMEOUT_S, json=body
+            )
         except ServingError as err:
             if err.status == 400 and "already been loaded" in err.message:
                 return False

@@ -8,8 +8,10 @@ this session's pytest temp dir), so every test here also shows the client sends 
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -33,7 +35,7 @@ from schemas.activities import JudgeInput, RolloutsInput
 from schemas.config import JudgeConfig, TaskSpec
 from schemas.settings import ENV_ADAPTER_ROOT, ENV_SERVE_API_KEY
 from schemas.trajectory import Choice
-from serving.client import ServingClient, ServingError, auth_headers
+from serving.client import NO_ANSWER, ServingClient, ServingError, auth_headers
 from serving.launchers import CpuServerProcess
 from serving.server import main as server_main
 
@@ -333,6 +335,29 @@ async def test_sleep_holds_requests_until_wake_up(client: ServingClient, sdk: op
     await client.wake_up()
     assert not await client.is_sleeping()
     assert (await asyncio.wait_for(request, 60)).choices
+
+
+async def test_a_control_call_the_server_takes_and_never_answers_is_a_retryable_error(
+    engine: CpuServerProcess, adapters: dict[str, Path]
+) -> None:
+    """A server that accepts a load and goes silent (seen once from vLLM's CPU build) must end the call with
+    a 5xx ``ServingError`` that names the silence, so the reload activity retries it; then the server, woken,
+    loads the adapter."""
+    impatient = ServingClient(engine.base_url, timeout_s=2.0)
+    assert engine.process is not None
+    pid = engine.process.info().pid
+    os.kill(pid, signal.SIGSTOP)  # the kernel still accepts the connection; nothing reads it
+    try:
+        with pytest.raises(ServingError) as silent:
+            await impatient.load_adapter("silent@1", str(adapters["random"]))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert silent.value.status == NO_ANSWER >= 500
+    assert "stopped answering" in silent.value.message and "/v1/load_lora_adapter" in silent.value.message
+    # The stopped server read the request when it woke; a retry finds the adapter loaded or loads it.
+    await impatient.load_adapter("silent@1", str(adapters["random"]))
+    assert "silent@1" in await impatient.adapters()
+    assert await impatient.unload_adapter("silent@1")
 
 
 async def test_every_endpoint_but_health_wants_the_api_key(
