@@ -33,13 +33,6 @@ ENGINE_NAMES = {"cpu": "ours", "vllm": "vLLM"}
 log = logging.getLogger(__name__)
 
 
-class BenchVllmServer(VllmServerProcess):
-    """vLLM as the worker starts it, plus its dev endpoints (``/reset_prefix_cache``)."""
-
-    def environment(self) -> dict[str, str]:
-        return {**super().environment(), "VLLM_SERVER_DEV_MODE": "1"}
-
-
 def vllm_found() -> bool:
     """Whether vLLM's runtime environment (``$DGRPO_VLLM_PYTHON``, else ``.venv-vllm``) imports vLLM."""
     try:
@@ -65,7 +58,7 @@ def server_for(
             max_lora_rank=ADAPTER_RANK,
             prefix_cache_mb=prefix_cache_mb,  # type: ignore[arg-type]
         )
-        return BenchVllmServer(SMOLLM2_NAME, settings)
+        return VllmServerProcess(SMOLLM2_NAME, settings, dev_endpoints=True)  # /reset_prefix_cache
     settings = EngineSettings(dtype=dtype, max_lora_rank=ADAPTER_RANK, prefix_cache_mb=prefix_cache_mb)
     return CpuServerProcess(SMOLLM2_NAME, settings, max_batch=max_batch, threads=threads)
 

@@ -236,12 +236,16 @@ class VllmServerProcess(ServerProcess):
 
     def __init__(
         self, model: str, settings: EngineSettings | None = None, *, tokens_as_ids: bool = True,
-        extra_args: list[str] | None = None, runtime: VllmRuntime | None = None, **kwargs: object,
+        extra_args: list[str] | None = None, runtime: VllmRuntime | None = None, dev_endpoints: bool = False,
+        **kwargs: object,
     ) -> None:  # fmt: skip
+        """``dev_endpoints``: serve vLLM's development endpoints (``/reset_prefix_cache``, ``/sleep``, ...),
+        which its sleep mode turns on anyway; benches use them."""
         super().__init__(model, settings, **kwargs)  # type: ignore[arg-type]
         self.tokens_as_ids = tokens_as_ids
         self.extra_args = list(extra_args or [])
         self._runtime = runtime
+        self.dev_endpoints = dev_endpoints
 
     @property
     def runtime(self) -> VllmRuntime:
@@ -299,7 +303,7 @@ class VllmServerProcess(ServerProcess):
             )  # its engine's message queue (else the outward address)
         # FlashInfer is not carried (deploy/gpu/vllm-deps.txt); vLLM's own top-k/top-p sampler serves instead.
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-        if self.settings.sleep_mode:
+        if self.settings.sleep_mode or self.dev_endpoints:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         return env
 

@@ -88,6 +88,11 @@ def test_vllms_cpu_build_serves_fp32_on_loopback_and_refuses_sleep_mode() -> Non
     assert argv[argv.index("--dtype") + 1] == "float32"
     env = cpu.environment()
     assert env["VLLM_HOST_IP"] == "127.0.0.1" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert "VLLM_SERVER_DEV_MODE" not in env  # development endpoints only when asked for (benches)
+    dev = VllmServerProcess(
+        SMOLLM2_NAME, EngineSettings(engine="vllm"), runtime=CPU_BUILD, dev_endpoints=True
+    )
+    assert dev.environment()["VLLM_SERVER_DEV_MODE"] == "1"
     bf16 = VllmServerProcess(SMOLLM2_NAME, EngineSettings(engine="vllm", dtype="bf16"), runtime=CPU_BUILD)
     assert bf16.command()[bf16.command().index("--dtype") + 1] == "bfloat16"  # asked for, it is served
     asleep = VllmServerProcess(
