@@ -203,44 +203,40 @@ class TrainerActivities:
     @activity.defn(name=ActivityName.TRAIN)
     async def train(self, inp: TrainInput) -> TrainResult:
         """Train one GRPO step from ``start_from`` and stage it on this worker (publish it next)."""
-        info = activity.info()
-        details = info.heartbeat_details[0] if info.heartbeat_details else None
-        try:
-            oom = read_oom_state(self.staging_root, inp.run_id, inp.step)
-        except DgrpoError as err:
-            raise application_error(err) from err
-        micro_batch = next_micro_batch(inp.train.micro_batch_size, oom, details)
-        if micro_batch < inp.train.micro_batch_size:
-            why = "its last attempt died without a word mid-training" if died_training(details) else "an OOM"
-            log.warning(
-                "step %d attempt %d: micro-batch %d after %s", inp.step, info.attempt, micro_batch, why
-            )
-        progress: dict[str, Any] = {"micro_batch": 0, "of": 0, "micro_batch_size": micro_batch}
-
-        def on_progress(i: int, n: int, m: int) -> None:
-            progress.update(micro_batch=i, of=n, micro_batch_size=m)
-
-        try:
-            return await self._in_thread(
-                lambda stop: self.train_sync(inp, micro_batch, on_progress, stop), progress, self._compute
-            )
-        except OutOfMemory as err:
-            raise self._out_of_memory(err, inp.run_id, inp.step, progress) from err
-        except BaseException as err:  # any other end says so: only a silent death halves the micro-batch
-            activity.heartbeat({**progress, "ended": type(err).__name__})
-            raise
+        return await self._attempt(
+            inp.run_id, inp.step, inp.train.micro_batch_size,
+            lambda micro_batch, progress, stop: self.train_sync(inp, micro_batch, progress, stop),
+        )  # fmt: skip
 
     @activity.defn(name=ActivityName.TRAIN_SFT)
     async def train_sft(self, inp: SftInput) -> SftResult:
         """Fine-tune on ``inp.examples`` from ``start_from`` and stage the result on this worker (publish it
         next); out of memory halves the micro-batch as in ``train``."""
+        return await self._attempt(
+            inp.run_id, inp.step, inp.sft.micro_batch_size,
+            lambda micro_batch, progress, stop: self.train_sft_sync(inp, micro_batch, progress, stop),
+        )  # fmt: skip
+
+    async def _attempt(
+        self,
+        run_id: str,
+        step: int,
+        configured_micro_batch: int,
+        work: Callable[[int, Callable[[int, int, int], None], Callable[[], bool]], T],
+    ) -> T:
+        """One attempt of a training activity: the micro-batch its earlier attempts left (halved after an OOM
+        or a silent death), progress in its heartbeats, ``work(micro_batch, on_progress, should_stop)`` in
+        the compute thread."""
         info = activity.info()
         details = info.heartbeat_details[0] if info.heartbeat_details else None
         try:
-            oom = read_oom_state(self.staging_root, inp.run_id, inp.step)
+            oom = read_oom_state(self.staging_root, run_id, step)
         except DgrpoError as err:
             raise application_error(err) from err
-        micro_batch = next_micro_batch(inp.sft.micro_batch_size, oom, details)
+        micro_batch = next_micro_batch(configured_micro_batch, oom, details)
+        if micro_batch < configured_micro_batch:
+            why = "its last attempt died without a word mid-training" if died_training(details) else "an OOM"
+            log.warning("step %d attempt %d: micro-batch %d after %s", step, info.attempt, micro_batch, why)
         progress: dict[str, Any] = {"micro_batch": 0, "of": 0, "micro_batch_size": micro_batch}
 
         def on_progress(i: int, n: int, m: int) -> None:
@@ -248,11 +244,11 @@ class TrainerActivities:
 
         try:
             return await self._in_thread(
-                lambda stop: self.train_sft_sync(inp, micro_batch, on_progress, stop), progress, self._compute
+                lambda stop: work(micro_batch, on_progress, stop), progress, self._compute
             )
         except OutOfMemory as err:
-            raise self._out_of_memory(err, inp.run_id, inp.step, progress) from err
-        except BaseException as err:
+            raise self._out_of_memory(err, run_id, step, progress) from err
+        except BaseException as err:  # any other end says so: only a silent death halves the micro-batch
             activity.heartbeat({**progress, "ended": type(err).__name__})
             raise
 
@@ -383,21 +379,10 @@ class TrainerActivities:
             metrics = {k: float(v) for k, v in vars(stats).items()}
             metrics["n_dropped_overlength"] = float(tokenized.n_dropped_overlength)
             metrics["n_template_choices"] = float(tokenized.n_template_choices)
-            state = TrainerState(
-                run_id=inp.run_id,
-                step=inp.step,
-                base_model=inp.model.base_model,
-                seed=inp.train.seed,
-                micro_batch_size=micro_batch,
-                worker_id=self.worker_id,
-                lora=inp.model.lora.model_dump(mode="json"),
+            staged = self._stage(
+                trainer, inp.run_id, inp.step, inp.model, inp.train.seed, micro_batch, metrics
             )
-            staged = stage_checkpoint(
-                staging_dir(self.staging_root, inp.run_id, inp.step), trainer.save_state, state, metrics
-            )
-            self._memory = (inp.run_id, inp.step)
-        oom_state_file(self.staging_root, inp.run_id, inp.step).unlink(missing_ok=True)
-        self._prune(inp.run_id, inp.step)
+        self._step_done(inp.run_id, inp.step)
         log.info("step %d trained: loss %.4f, %s", inp.step, stats.loss, metrics)
         return TrainResult(
             run_id=inp.run_id,
@@ -436,22 +421,10 @@ class TrainerActivities:
                 ),
             )
             metrics = {"loss": stats.losses[-1], "grad_norm": stats.grad_norms[-1]}
-            state = TrainerState(
-                run_id=inp.run_id,
-                step=inp.step,
-                base_model=inp.model.base_model,
-                seed=inp.sft.seed,
-                micro_batch_size=micro_batch,
-                worker_id=self.worker_id,
-                lora=inp.model.lora.model_dump(mode="json"),
-                sft=True,
+            staged = self._stage(
+                trainer, inp.run_id, inp.step, inp.model, inp.sft.seed, micro_batch, metrics, sft=True
             )
-            staged = stage_checkpoint(
-                staging_dir(self.staging_root, inp.run_id, inp.step), trainer.save_state, state, metrics
-            )
-            self._memory = (inp.run_id, inp.step)
-        oom_state_file(self.staging_root, inp.run_id, inp.step).unlink(missing_ok=True)
-        self._prune(inp.run_id, inp.step)
+        self._step_done(inp.run_id, inp.step)
         log.info("step %d fine-tuned on %d examples: losses %s", inp.step, stats.n_examples, stats.losses)
         return SftResult(
             run_id=inp.run_id,
@@ -467,6 +440,40 @@ class TrainerActivities:
             micro_batch_size=micro_batch,
             seconds=time.monotonic() - started,
         )
+
+    def _stage(
+        self,
+        trainer: Trainer,
+        run_id: str,
+        step: int,
+        model: ModelSpec,
+        seed: int,
+        micro_batch: int,
+        metrics: dict[str, float],
+        sft: bool = False,
+    ) -> Path:
+        """Stage the trained step (its adapter, optimizer and ``TrainerState``) for ``publish``; the model in
+        memory is now this step's. Call holding ``_lock``."""
+        state = TrainerState(
+            run_id=run_id,
+            step=step,
+            base_model=model.base_model,
+            seed=seed,
+            micro_batch_size=micro_batch,
+            worker_id=self.worker_id,
+            lora=model.lora.model_dump(mode="json"),
+            **({"sft": True} if sft else {}),  # GRPO steps' trainer_state.json stays as it was
+        )
+        staged = stage_checkpoint(
+            staging_dir(self.staging_root, run_id, step), trainer.save_state, state, metrics
+        )
+        self._memory = (run_id, step)
+        return staged
+
+    def _step_done(self, run_id: str, step: int) -> None:
+        """A step trained and staged: its OOM record goes, and so do staged steps older than the last two."""
+        oom_state_file(self.staging_root, run_id, step).unlink(missing_ok=True)
+        self._prune(run_id, step)
 
     def _prune(self, run_id: str, step: int, keep: int = 2) -> None:
         """Drop staged steps and downloaded inputs older than the last ``keep`` (they are published)."""

@@ -166,34 +166,44 @@ class MetricsInput(_Strict):
 # --- trainer queue ---------------------------------------------------------------------------
 
 
-class TrainInput(_Strict):
-    """Train the adapter one GRPO step on ``advantages`` and stage it for publishing."""
+class _StepToTrain(_Strict):
+    """What every training activity (``train``, ``train_sft``) is given: the step it produces and where from."""
 
     run_id: Name
     step: int = Field(ge=1)
     """The step being produced: the result is checkpoint ``step``."""
     model: ModelSpec
-    advantages: ObjectRef
-    train: TrainConfig
     start_from: CheckpointRef | None = None
     """Checkpoint ``step - 1`` (adapter + optimizer); None starts a fresh adapter (or the warm-start one)."""
 
 
-class TrainResult(_Strict):
+class _StagedStep(_Strict):
+    """What every training activity returns: the step it staged on its worker for ``publish``."""
+
     run_id: Name
     step: int
     staging_dir: str
     """Local directory on the trainer worker holding the adapter, optimizer and trainer state."""
     worker_id: str
     """The trainer worker that holds ``staging_dir``."""
-    loss: float
-    grad_norm: float
-    n_sequences: int = Field(ge=0)
     n_trainable_tokens: int = Field(ge=0)
     n_dropped_overlength: int = Field(0, ge=0)
     micro_batch_size: int = Field(ge=1)
     """The micro-batch the step finished with (smaller than configured after an OOM)."""
     seconds: float = Field(ge=0)
+
+
+class TrainInput(_StepToTrain):
+    """Train the adapter one GRPO step on ``advantages`` and stage it for publishing."""
+
+    advantages: ObjectRef
+    train: TrainConfig
+
+
+class TrainResult(_StagedStep):
+    loss: float
+    grad_norm: float
+    n_sequences: int = Field(ge=0)
 
 
 class PublishInput(_Strict):
@@ -242,31 +252,17 @@ class SftConfig(_Strict):
     """Seed of a fresh adapter (a run's first step) and of LoRA dropout."""
 
 
-class SftInput(_Strict):
+class SftInput(_StepToTrain):
     """Fine-tune the adapter on chat examples (cross-entropy on assistant tokens) and stage it as ``step``."""
 
-    run_id: Name
-    step: int = Field(ge=1)
-    """The step being produced: the result is checkpoint ``step``."""
-    model: ModelSpec
     examples: ObjectRef
     """A JSONL of ``{"messages": [...], "tools": [...]}`` chats, one per line (``layout.sft_examples_key``)."""
     sft: SftConfig
-    start_from: CheckpointRef | None = None
-    """Checkpoint ``step - 1``; None starts a fresh adapter (or the warm-start one)."""
 
 
-class SftResult(_Strict):
-    run_id: Name
-    step: int
-    staging_dir: str
-    worker_id: str
+class SftResult(_StagedStep):
     losses: list[float]
     """Mean cross-entropy per assistant token of each batch, before its update."""
     grad_norms: list[float]
     learning_rates: list[float]
     n_examples: int = Field(ge=0)
-    n_dropped_overlength: int = Field(0, ge=0)
-    n_trainable_tokens: int = Field(ge=0)
-    micro_batch_size: int = Field(ge=1)
-    seconds: float = Field(ge=0)
