@@ -10,8 +10,9 @@ the seconds until the restarted one answered; and both runs' wall times.
 
 Then (``--suite liveness``, or ``all``, the default) the faults a live process hides, on a control worker and
 one ``dgrpo worker all`` (its server and its trainer child): ``kill -STOP`` of the server while it serves
-rollouts, and ``kill -9`` of the trainer child while it trains, at every step; nothing outside the worker
-restarts either. Again the seconds from the fault to the activity's next attempt.
+rollouts, and the trainer child killed while it trains (``kill -9`` on odd steps, an OOM kill by the kernel on
+even ones: needs root and cgroup v1's memory controller), at every step; nothing outside the worker restarts
+either. Again the seconds from the fault to the activity's next attempt.
 
     PYTHONPATH=$PWD python bench/chaos.py [--steps 6] [--groups 4] [--group-size 8] [--s3-outage 30]
         [--suite all|faults|liveness]
@@ -89,7 +90,8 @@ def schedule(steps: int, s3_outage_s: float) -> list[Callable[[ChaosCluster, obj
 
 
 def liveness_schedule(steps: int) -> list[Injection]:
-    """Per step: the server of the ``worker all`` stopped during rollouts, its trainer child killed during train."""
+    """Per step: the server of the ``worker all`` stopped during rollouts, its trainer child killed during train:
+    ``kill -9`` on odd steps, the kernel's OOM killer (a memory cgroup it overruns) on even ones."""
 
     def at(phase: str, step: int, then: Injection) -> Injection:
         async def inject(cluster: ChaosCluster, handle: object) -> object:
@@ -102,7 +104,9 @@ def liveness_schedule(steps: int) -> list[Injection]:
     for step in range(1, steps + 1):
         faults += [
             at("rollouts", step, lambda cluster, handle: cluster.stop_server_running(handle, "rollouts")),  # type: ignore[arg-type]
-            at("train", step, lambda cluster, handle: cluster.kill_trainer_child_running(handle)),  # type: ignore[arg-type]
+            at("train", step, lambda cluster, handle: cluster.kill_trainer_child_running(handle))  # type: ignore[arg-type]
+            if step % 2
+            else at("train", step, lambda cluster, handle: cluster.oom_kill_trainer_child_running(handle)),  # type: ignore[arg-type]
         ]
     return faults
 

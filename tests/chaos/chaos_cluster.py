@@ -33,6 +33,31 @@ from workers.stack import EmbeddedStack
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
+MEMORY_CGROUPS = Path("/sys/fs/cgroup/memory")
+"""cgroup v1's memory controller (root on these machines): where an OOM kill is caused for real."""
+
+
+def oom_kill(process: psutil.Process, headroom_mb: int, timeout_s: float = 120.0) -> None:
+    """Have the kernel's OOM killer end ``process``: move it into a new memory cgroup (v1) that allows it
+    ``headroom_mb`` more than it is charged, and wait for its next allocations to overrun that. Raises unless
+    the cgroup counted an OOM kill; the cgroup is removed either way."""
+    if not MEMORY_CGROUPS.is_dir():
+        raise RuntimeError(f"no cgroup v1 memory controller at {MEMORY_CGROUPS}: cannot cause an OOM kill")
+    group = MEMORY_CGROUPS / f"dgrpo-oom-{process.pid}-{int(time.time())}"
+    group.mkdir()
+    try:
+        (group / "cgroup.procs").write_text(str(process.pid))
+        usage = int((group / "memory.usage_in_bytes").read_text())
+        (group / "memory.limit_in_bytes").write_text(str(usage + headroom_mb * 2**20))
+        process.wait(timeout_s)
+        oom = dict(line.split() for line in (group / "memory.oom_control").read_text().splitlines())
+        if int(oom.get("oom_kill", 0)) < 1:
+            raise RuntimeError(f"pid {process.pid} died, but not by the OOM killer: {oom}")
+    finally:
+        if process.is_running():
+            process.kill()
+            process.wait(10)
+        group.rmdir()
 
 
 class MomentPassed(RuntimeError):
@@ -45,7 +70,7 @@ class Fault:
 
     kind: str
     """``kill worker``, ``kill temporal``, ``kill seaweed`` (the S3 server), ``stop server`` (``kill -STOP`` of a
-    worker's inference server) or ``kill trainer child`` (of a ``worker all``)."""
+    worker's inference server), ``kill trainer child`` or ``OOM-kill trainer child`` (of a ``worker all``)."""
     target: str
     at: datetime
     activity: str | None = None
@@ -217,6 +242,25 @@ class ChaosCluster:
         child.kill()
         self.faults.append(fault)
         log.warning("killed %s running train (attempt %s)", fault.target, fault.attempt)
+        return fault
+
+    async def oom_kill_trainer_child_running(
+        self, handle: WorkflowHandle, *, after_s: float = 1.0, headroom_mb: int = 64
+    ) -> Fault:
+        """The kernel's OOM killer ends the trainer child of the ``worker all`` running train: the child is moved
+        into a memory cgroup (v1) that allows ``headroom_mb`` more than it holds, so the step's next allocations
+        overrun it. ``fault.at`` is when the child died; raises unless the cgroup counted an OOM kill."""
+        while True:
+            fault = await self.running(handle, "train", after_s=after_s)
+            if fault.target.endswith("/trainer"):
+                break
+            await asyncio.sleep(0.3)
+        name = fault.target.removesuffix("/trainer")
+        (child,) = self.children(self.workers[name], "worker trainer")
+        await asyncio.to_thread(oom_kill, child, headroom_mb)
+        fault.kind, fault.at = "OOM-kill trainer child", datetime.now(UTC)
+        self.faults.append(fault)
+        log.warning("OOM-killed %s running train (attempt %s)", fault.target, fault.attempt)
         return fault
 
     async def kill_worker_now(self, name: str) -> Fault:

@@ -345,7 +345,7 @@ async def test_a_control_call_the_server_takes_and_never_answers_is_a_retryable_
     loads the adapter."""
     impatient = ServingClient(engine.base_url, timeout_s=2.0)
     assert engine.process is not None
-    pid = engine.process.info().pid
+    pid = engine.process.info.pid
     os.kill(pid, signal.SIGSTOP)  # the kernel still accepts the connection; nothing reads it
     try:
         with pytest.raises(ServingError) as silent:
