@@ -5,8 +5,8 @@ gRPC: the master, volume, filer, S3 and admin servers take a connection only fro
 the stack's private CA signed (mutual TLS). The CA's key signs one certificate per weed component and is then
 dropped, never written, so no one can mint another. Every file is mode 0600 in the stack's own directory.
 
-Certificates are made in-process with ``cryptography`` (ECDSA P-256: a start adds milliseconds, not the
-seconds RSA key generation or a dozen ``openssl`` runs would, and no CLI need be installed).
+Certificates are made in-process with ``cryptography`` (ECDSA P-256 keys: tens of milliseconds a start), so
+no ``openssl`` command need be installed where the stack runs.
 """
 
 from __future__ import annotations
