@@ -5,10 +5,11 @@ and called ``group_size`` times per scenario, concurrently (``task.rollout_concu
 under ``task.rollout_timeout_s``. ``model`` is a ``RolloutModel`` whose ``openai_client()`` routes
 ``model=model.name`` to the adapter this step pins. A rollout that raises, hangs or returns something
 other than a ``Trajectory`` is recorded with its group; more than ``task.max_exceptions`` of them fail
-the step. The groups go to ``runs/<run>/steps/<step>/trajectories.parquet``, or, for one shard of a step
-(``RolloutsInput.shard``), to ``layout.rollout_shard_key`` (one key per attempt: a late attempt never
-overwrites the one the workflow recorded). Shards of one run on one worker share ``task.rollout_concurrency``:
-it bounds the rollouts the worker runs at once, however many shards it took.
+the step. The groups go to ``layout.rollout_shard_key`` when the workflow merges them into the step's table
+(one shard of several, or a single shard with ``RolloutsInput.merged``: one key per attempt, so a late attempt
+never overwrites the one the workflow recorded), else to ``runs/<run>/steps/<step>/trajectories.parquet``.
+Shards of one run on one worker share ``task.rollout_concurrency``: it bounds the rollouts the worker runs at
+once, however many shards it took.
 
 Task code is the inference worker's operator's: it is imported only from the packages the worker was
 started with (``dgrpo worker --task-module``, ``$DGRPO_TASK_MODULES``, default ``examples.``), checked
@@ -419,5 +420,6 @@ class RolloutActivities:
         except DgrpoError as err:  # nothing is written: a bad reward or logprob never reaches the store
             raise ApplicationError(str(err), type=err.failure_type, non_retryable=True) from err
         attempt = activity.info().attempt if activity.in_activity() else 1
-        key = rollout_shard_key(input.run_id, input.step, input.shard, attempt) if input.shards > 1 else None
+        merged = input.shards > 1 or input.merged
+        key = rollout_shard_key(input.run_id, input.step, input.shard, attempt) if merged else None
         return await asyncio.to_thread(upload_groups, self.store, groups, input.run_id, input.step, key=key)

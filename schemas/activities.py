@@ -64,7 +64,11 @@ class RolloutsInput(_Strict):
     shard: int = Field(0, ge=0)
     """Which part of the step this is; with ``shards`` > 1 it goes to ``layout.rollout_shard_key``."""
     shards: int = Field(1, ge=1)
-    """Parts the step's rollouts are split into; 1 writes the step's ``trajectories.parquet`` itself."""
+    """Parts the step's rollouts are split into; 1 writes the step's ``trajectories.parquet`` itself, unless
+    ``merged``."""
+    merged: bool = False
+    """The workflow merges this activity's table into the step's (as it always does with ``shards`` > 1), so it
+    goes to its attempt's own ``layout.rollout_shard_key``: a late attempt never overwrites the recorded one."""
 
     @model_validator(mode="after")
     def _check_shard(self) -> RolloutsInput:

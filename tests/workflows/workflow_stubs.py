@@ -78,6 +78,8 @@ class ScriptedActivities:
         default_factory=lambda: defaultdict(list)
     )
     """Step -> (shard, shards, scenario_offset, groups) of each rollouts call."""
+    rollout_inputs: dict[int, list[RolloutsInput]] = field(default_factory=lambda: defaultdict(list))
+    """Step -> the input of each rollouts call, as the activity received it."""
     merges: dict[int, list[list[int]]] = field(default_factory=lambda: defaultdict(list))
     """Step -> the shard numbers (read from each ref's URI) of each merge, in the order given."""
     lost_workers: int = 0
@@ -116,6 +118,7 @@ class ScriptedActivities:
         self.calls.append(("rollouts", inp.step))
         self.rollout_policies[inp.step].append(inp.policy_step)
         self.rollout_seeds[inp.step].append(inp.seed)
+        self.rollout_inputs[inp.step].append(inp)
         self.rollout_shards[inp.step].append(
             (inp.shard, inp.shards, inp.scenario_offset, inp.groups_per_step)
         )
