@@ -14,8 +14,9 @@ once, however many shards it took.
 Task code is the inference worker's operator's: it is imported only from the packages the worker was
 started with (``dgrpo worker --task-module``, ``$DGRPO_TASK_MODULES``, default ``examples.``), checked
 before the import runs any of it; scenario files are read only from under the worker's working
-directory. A reward that is not finite or beyond ``MAX_ABS_REWARD``, or a sampling logprob outside
-``[MIN_SAMPLING_LOGPROB, 0]``, fails the step before anything is stored, naming the trajectory.
+directory, and a run's stored inline list only at its own key (``activities/scenario_store.py``). A reward
+that is not finite or beyond ``MAX_ABS_REWARD``, or a sampling logprob outside ``[MIN_SAMPLING_LOGPROB, 0]``,
+fails the step before anything is stored, naming the trajectory.
 """
 
 from __future__ import annotations
@@ -40,13 +41,14 @@ from temporalio.exceptions import ApplicationError
 from activities.advantages import check_numbers
 from activities.object_store import ObjectStore
 from activities.rollout_model import RolloutModel, discover_base_model, own_server_api_key
+from activities.scenario_store import ScenarioCache
 from activities.serving import ServingActivities
 from activities.trajectory_store import upload_groups
 from schemas.activities import ActivityName, RolloutsInput
 from schemas.config import TaskSpec
 from schemas.errors import ROLLOUT_FAILED, DgrpoError, RunSpecError, TaskImportError
 from schemas.layout import adapter_name, rollout_shard_key
-from schemas.refs import TrajectoriesRef
+from schemas.refs import ObjectRef, TrajectoriesRef
 from schemas.settings import ENV_TASK_MODULES, env_list
 from schemas.trajectory import Choice, ExceptionRecord, Trajectory, TrajectoryGroup
 from serving.client import openai_base_url
@@ -354,6 +356,7 @@ class RolloutActivities:
         self.api_key = api_key or own_server_api_key()
         self.task_modules = tuple(task_modules) if task_modules is not None else task_modules_from_env()
         self.serving = serving
+        self.stored_scenarios = ScenarioCache(store)
         self._slots: dict[tuple[str, int], asyncio.Semaphore] = {}
 
     def slots(self, run_id: str, concurrency: int) -> asyncio.Semaphore:
@@ -374,12 +377,19 @@ class RolloutActivities:
             return await self._rollouts(input)
         return await self.serving.liveness.guard(self._rollouts(input))
 
+    def scenarios(self, input: RolloutsInput) -> list[dict[str, Any]]:
+        """The run's scenario list: its stored copy (kept by this worker), or loaded as ``task.scenarios`` says."""
+        source = input.task.scenarios
+        if isinstance(source, ObjectRef):
+            return self.stored_scenarios.get(input.run_id, source)
+        return load_scenarios(source, self.task_modules)
+
     async def _rollouts(self, input: RolloutsInput) -> TrajectoriesRef:
         try:
             fn = load_rollout_function(input.task.rollout, self.task_modules)
-            scenarios = await asyncio.to_thread(load_scenarios, input.task.scenarios, self.task_modules)
-        except DgrpoError as err:
-            raise ApplicationError(str(err), type=err.failure_type, non_retryable=True) from err
+            scenarios = await asyncio.to_thread(self.scenarios, input)
+        except DgrpoError as err:  # a store that did not answer is retried; the rest is the run's to fix
+            raise ApplicationError(str(err), type=err.failure_type, non_retryable=not err.retryable) from err
         indices = pick_scenarios(len(scenarios), input.groups_per_step, input.scenario_offset, input.seed)
         picked = [(i, scenarios[i]) for i in indices]
         base_name = await self.served_base_name()
