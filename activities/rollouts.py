@@ -5,16 +5,18 @@ and called ``group_size`` times per scenario, concurrently (``task.rollout_concu
 under ``task.rollout_timeout_s``. ``model`` is a ``RolloutModel`` whose ``openai_client()`` routes
 ``model=model.name`` to the adapter this step pins. A rollout that raises, hangs or returns something
 other than a ``Trajectory`` is recorded with its group; more than ``task.max_exceptions`` of them fail
-the step. The groups go to ``runs/<run>/steps/<step>/trajectories.parquet``, or, for one shard of a step
-(``RolloutsInput.shard``), to ``layout.rollout_shard_key`` (one key per attempt: a late attempt never
-overwrites the one the workflow recorded). Shards of one run on one worker share ``task.rollout_concurrency``:
-it bounds the rollouts the worker runs at once, however many shards it took.
+the step. The groups go to ``layout.rollout_shard_key`` when the workflow merges them into the step's table
+(one shard of several, or a single shard with ``RolloutsInput.merged``: one key per attempt, so a late attempt
+never overwrites the one the workflow recorded), else to ``runs/<run>/steps/<step>/trajectories.parquet``.
+Shards of one run on one worker share ``task.rollout_concurrency``: it bounds the rollouts the worker runs at
+once, however many shards it took.
 
 Task code is the inference worker's operator's: it is imported only from the packages the worker was
 started with (``dgrpo worker --task-module``, ``$DGRPO_TASK_MODULES``, default ``examples.``), checked
 before the import runs any of it; scenario files are read only from under the worker's working
-directory. A reward that is not finite or beyond ``MAX_ABS_REWARD``, or a sampling logprob outside
-``[MIN_SAMPLING_LOGPROB, 0]``, fails the step before anything is stored, naming the trajectory.
+directory, and a run's stored inline list only at its own key (``activities/scenario_store.py``). A reward
+that is not finite or beyond ``MAX_ABS_REWARD``, or a sampling logprob outside ``[MIN_SAMPLING_LOGPROB, 0]``,
+fails the step before anything is stored, naming the trajectory.
 """
 
 from __future__ import annotations
@@ -39,13 +41,14 @@ from temporalio.exceptions import ApplicationError
 from activities.advantages import check_numbers
 from activities.object_store import ObjectStore
 from activities.rollout_model import RolloutModel, discover_base_model, own_server_api_key
+from activities.scenario_store import ScenarioCache
 from activities.serving import ServingActivities
 from activities.trajectory_store import upload_groups
 from schemas.activities import ActivityName, RolloutsInput
 from schemas.config import TaskSpec
 from schemas.errors import ROLLOUT_FAILED, DgrpoError, RunSpecError, TaskImportError
 from schemas.layout import adapter_name, rollout_shard_key
-from schemas.refs import TrajectoriesRef
+from schemas.refs import ObjectRef, TrajectoriesRef
 from schemas.settings import ENV_TASK_MODULES, env_list
 from schemas.trajectory import Choice, ExceptionRecord, Trajectory, TrajectoryGroup
 from serving.client import openai_base_url
@@ -353,6 +356,7 @@ class RolloutActivities:
         self.api_key = api_key or own_server_api_key()
         self.task_modules = tuple(task_modules) if task_modules is not None else task_modules_from_env()
         self.serving = serving
+        self.stored_scenarios = ScenarioCache(store)
         self._slots: dict[tuple[str, int], asyncio.Semaphore] = {}
 
     def slots(self, run_id: str, concurrency: int) -> asyncio.Semaphore:
@@ -373,12 +377,19 @@ class RolloutActivities:
             return await self._rollouts(input)
         return await self.serving.liveness.guard(self._rollouts(input))
 
+    def scenarios(self, input: RolloutsInput) -> list[dict[str, Any]]:
+        """The run's scenario list: its stored copy (kept by this worker), or loaded as ``task.scenarios`` says."""
+        source = input.task.scenarios
+        if isinstance(source, ObjectRef):
+            return self.stored_scenarios.get(input.run_id, source)
+        return load_scenarios(source, self.task_modules)
+
     async def _rollouts(self, input: RolloutsInput) -> TrajectoriesRef:
         try:
             fn = load_rollout_function(input.task.rollout, self.task_modules)
-            scenarios = await asyncio.to_thread(load_scenarios, input.task.scenarios, self.task_modules)
-        except DgrpoError as err:
-            raise ApplicationError(str(err), type=err.failure_type, non_retryable=True) from err
+            scenarios = await asyncio.to_thread(self.scenarios, input)
+        except DgrpoError as err:  # a store that did not answer is retried; the rest is the run's to fix
+            raise ApplicationError(str(err), type=err.failure_type, non_retryable=not err.retryable) from err
         indices = pick_scenarios(len(scenarios), input.groups_per_step, input.scenario_offset, input.seed)
         picked = [(i, scenarios[i]) for i in indices]
         base_name = await self.served_base_name()
@@ -419,5 +430,6 @@ class RolloutActivities:
         except DgrpoError as err:  # nothing is written: a bad reward or logprob never reaches the store
             raise ApplicationError(str(err), type=err.failure_type, non_retryable=True) from err
         attempt = activity.info().attempt if activity.in_activity() else 1
-        key = rollout_shard_key(input.run_id, input.step, input.shard, attempt) if input.shards > 1 else None
+        merged = input.shards > 1 or input.merged
+        key = rollout_shard_key(input.run_id, input.step, input.shard, attempt) if merged else None
         return await asyncio.to_thread(upload_groups, self.store, groups, input.run_id, input.step, key=key)

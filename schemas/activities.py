@@ -7,7 +7,7 @@ field with a default never breaks a caller or a recorded workflow history.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -24,6 +24,7 @@ class ActivityName(StrEnum):
 
     ROLLOUTS = "rollouts"
     MERGE_ROLLOUTS = "merge_rollouts"
+    STORE_SCENARIOS = "store_scenarios"
     RELOAD = "reload"
     SERVING_CONTROL = "serving_control"
     JUDGE = "judge"
@@ -55,6 +56,7 @@ class RolloutsInput(_Strict):
     policy_step: int = Field(0, ge=0)
     """Step of the policy that samples (recorded on every trajectory)."""
     task: TaskSpec
+    """The run's task; an inline scenario list arrives as the ``ObjectRef`` of its stored copy (newer runs)."""
     groups_per_step: int = Field(ge=1)
     """Scenarios this activity rolls out: the step's, or its shard's share of them."""
     group_size: int = Field(ge=1)
@@ -64,7 +66,11 @@ class RolloutsInput(_Strict):
     shard: int = Field(0, ge=0)
     """Which part of the step this is; with ``shards`` > 1 it goes to ``layout.rollout_shard_key``."""
     shards: int = Field(1, ge=1)
-    """Parts the step's rollouts are split into; 1 writes the step's ``trajectories.parquet`` itself."""
+    """Parts the step's rollouts are split into; 1 writes the step's ``trajectories.parquet`` itself, unless
+    ``merged``."""
+    merged: bool = False
+    """The workflow merges this activity's table into the step's (as it always does with ``shards`` > 1), so it
+    goes to its attempt's own ``layout.rollout_shard_key``: a late attempt never overwrites the recorded one."""
 
     @model_validator(mode="after")
     def _check_shard(self) -> RolloutsInput:
@@ -104,6 +110,14 @@ class ServingControlInput(_Strict):
 
 
 # --- control queue ---------------------------------------------------------------------------
+
+
+class StoreScenariosInput(_Strict):
+    """Store a run's inline scenario list once, at ``layout.scenarios_key`` (by its content hash), so the
+    rollouts activities carry its ``ObjectRef`` instead of the list."""
+
+    run_id: Name
+    scenarios: list[dict[str, Any]] = Field(min_length=1)
 
 
 class MergeRolloutsInput(_Strict):

@@ -30,7 +30,7 @@ from schemas.history_bounds import (
     run_history_events,
     shards_per_step,
 )
-from schemas.refs import NAME_PATTERN
+from schemas.refs import NAME_PATTERN, ObjectRef
 
 IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 
@@ -110,8 +110,10 @@ class TaskSpec(_Strict):
 
     rollout: str = Field(pattern=IMPORT_PATH_PATTERN)
     """``module:function``, an ``async def rollout(model, scenario) -> Trajectory`` found on PYTHONPATH."""
-    scenarios: str | list[dict[str, Any]]
-    """``module:function`` returning a list of dicts, a ``.jsonl``/``.parquet`` path, or the list inline."""
+    scenarios: str | list[dict[str, Any]] | ObjectRef
+    """``module:function`` returning a list of dicts, a ``.jsonl``/``.parquet`` path, or the list inline. A run
+    stores an inline list once (``layout.scenarios_key``) and passes its rollouts activities that object's
+    ``ObjectRef``, which a worker reads only at the run's own key, checked against its sha256."""
     max_exceptions: int = Field(0, ge=0)
     """Failed rollouts tolerated per step (recorded with their group); one more fails the step."""
     rollout_timeout_s: float = Field(600.0, gt=0)
@@ -268,10 +270,10 @@ class RunSpec(_Strict):
         return self
 
     def inline_scenarios_bytes(self) -> int:
-        """Bytes of JSON the inline scenario list adds to every rollouts activity's input (0 for a file or
-        a ``module:function``)."""
+        """Bytes of JSON the inline scenario list adds to the run's input and to the activity that stores it
+        (0 for a file, a ``module:function`` or a stored list's ref)."""
         scenarios = self.task.scenarios
-        return 0 if isinstance(scenarios, str) else len(to_json(scenarios))
+        return len(to_json(scenarios)) if isinstance(scenarios, list) else 0
 
     def history_bounds_error(self) -> str | None:
         """Why this run's shape could outgrow Temporal's limits (None: it fits). Checked where a run starts
@@ -294,10 +296,10 @@ class RunSpec(_Strict):
         inline = self.inline_scenarios_bytes()
         if inline > MAX_INLINE_SCENARIOS_BYTES:
             return (
-                f"task.scenarios: the inline list is {inline:,} bytes of JSON, copied into every rollouts "
-                f"activity's input; at most {MAX_INLINE_SCENARIOS_BYTES:,} keeps those inputs far below "
-                f"Temporal's {PAYLOAD_BYTES_LIMIT:,}-byte payload limit: put the scenarios in a .jsonl or "
-                ".parquet file, or return them from a 'module:function'"
+                f"task.scenarios: the inline list is {inline:,} bytes of JSON, carried in the run's own input "
+                f"(the spec); at most {MAX_INLINE_SCENARIOS_BYTES:,} keeps that input below Temporal's "
+                f"{PAYLOAD_BYTES_LIMIT:,}-byte payload limit: put the scenarios in a .jsonl or .parquet file, "
+                "or return them from a 'module:function'"
             )
         events = run_history_events(shards, self.continue_as_new_every)
         spec_bytes = len(self.model_dump_json())

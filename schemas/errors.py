@@ -103,6 +103,10 @@ class CorruptTrajectoriesError(DgrpoError, ValueError):
     """A trajectory Parquet file is unreadable or was not written by durable-grpo."""
 
 
+class StoredScenariosError(DgrpoError, ValueError):
+    """A run's stored scenario list is missing, at another key than the run's, or not the bytes it stored."""
+
+
 class TaskImportError(DgrpoError, ImportError):
     """A task's rollout or scenarios path does not import, or is outside the worker's allowed modules."""
 

@@ -54,10 +54,11 @@ pending activities, and 128 shard inputs of refs are a small part of what one wo
 At ``continue_as_new_every = 1`` a step of 128 shards at its worst is about 4,100 events."""
 MAX_CONTINUE_AS_NEW_EVERY = 50
 """At one shard a step at its worst is 33 activities (about 200 events): 50 steps use the event budget."""
-MAX_INLINE_SCENARIOS_BYTES = 256 * 1024
-"""An inline scenario list is copied into every rollouts activity's input (and the run's input): 256 KiB
-keeps each far below the 2 MiB payload limit; larger lists belong in a ``.jsonl``/``.parquet`` file or a
-``module:function``."""
+MAX_INLINE_SCENARIOS_BYTES = 1024 * 1024
+"""An inline scenario list travels in the run's input (the spec, at its start and at each continue-as-new) and
+once in the activity that stores it (``layout.scenarios_key``); the rollouts activities carry its ref. 1 MiB
+leaves the spec's other fields and Temporal's envelope half of the 2 MiB payload limit; larger lists belong in
+a ``.jsonl``/``.parquet`` file or a ``module:function``."""
 
 
 def shards_per_step(groups_per_step: int, groups_per_shard: int) -> int:
@@ -79,11 +80,11 @@ def run_history_events(shards: int, steps_per_run: int) -> int:
 
 
 def run_history_bytes(shards: int, steps_per_run: int, inline_scenarios_bytes: int, spec_bytes: int) -> int:
-    """The most bytes one run of ``TrainingRun`` records: its events, the inline scenarios each rollouts
-    activity's input carries, and the spec and run state it starts with and continues as new with."""
-    inline_copies = steps_per_run * ROLLOUT_ROUNDS_PER_STEP * shards
+    """The most bytes one run of ``TrainingRun`` records: its events, the inline scenarios the activity that
+    stores them carries (once per run; the rollouts activities carry a ref), and the spec (inline scenarios
+    included) and run state it starts with and continues as new with."""
     return (
         run_history_events(shards, steps_per_run) * EVENT_BYTES
-        + inline_copies * inline_scenarios_bytes
+        + inline_scenarios_bytes
         + 2 * (spec_bytes + RUN_STATE_BYTES)
     )

@@ -83,6 +83,12 @@ def reward_curve_key(run_id: str) -> str:
     return f"runs/{run_id}/reward_curve.png"
 
 
+def scenarios_key(run_id: str, sha256: str) -> str:
+    """A run's inline scenario list (JSON), stored once by the content hash of its bytes: the rollouts
+    activities get its ref, not the list."""
+    return f"runs/{run_id}/scenarios/{sha256}.json"
+
+
 def spec_key(run_id: str) -> str:
     """The RunSpec a run was started with (``dgrpo resume`` restarts from it)."""
     return f"runs/{run_id}/spec.json"

@@ -70,6 +70,9 @@ class RunState(_Strict):
     """Pipelined mode: rollouts already made for step ``step + 1``."""
     prefetched_policy: int = Field(0, ge=0)
     """The policy step that sampled ``prefetched``."""
+    scenarios: ObjectRef | None = None
+    """The spec's inline scenario list as stored once for the run (``layout.scenarios_key``); None until it
+    is, or when the spec names a file or a ``module:function``."""
     paused: bool = False
     stopping: bool = False
 

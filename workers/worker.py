@@ -1,7 +1,7 @@
 """Worker processes, one per task queue: ``control``, ``inference``, ``trainer``, or ``all`` three in one.
 
 - control: the workflows (``TrainingRun``, ``TrainStep``, ``TrainSFT``, ``ServeModel``) and the merge of
-  rollout shards, judge, advantages and metrics activities.
+  rollout shards, store of inline scenarios, judge, advantages and metrics activities.
 - inference: rollouts, reload and sleep/wake, in front of a serving engine: ``server_url`` attaches to a
   running one (vLLM or ours); otherwise ``engine`` (our CPU server, or ``vllm serve``) is started for
   ``model`` on ``serve_port``.
@@ -122,6 +122,7 @@ def control_activities(
     from activities.metrics import MetricsActivities
     from activities.retention import RetentionActivities
     from activities.rollout_shards import ShardActivities
+    from activities.scenario_store import ScenarioActivities
 
     env = JudgeEndpoints.from_env()  # a flag replaces its variable
     endpoints = JudgeEndpoints(
@@ -132,6 +133,7 @@ def control_activities(
         AdvantagesActivities(store).compute_advantages,
         JudgeActivities(store, judge_url, endpoints).judge,
         ShardActivities(store).merge_rollouts,
+        ScenarioActivities(store).store_scenarios,
         *MetricsActivities(store).all(),
         *RetentionActivities(store).all(),
     ]

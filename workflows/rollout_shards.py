@@ -2,9 +2,9 @@
 
 So N inference workers share a step, and a failed shard is retried alone (each activity has its own retry
 policy). Shard k rolls out the k-th slice of the step's scenario picks, so the shards together pick exactly
-what one activity would. With more than one shard, a merge on the control queue concatenates them in shard
-order into the step's one ``trajectories.parquet``; with one, the rollouts activity writes it itself. Only
-refs pass through the history.
+what one activity would. A merge on the control queue concatenates them in shard order into the step's one
+``trajectories.parquet``, one shard too (each attempt writes its own key, so a late attempt of a step's only
+shard cannot overwrite the table the workflow recorded). Only refs pass through the history.
 """
 
 from __future__ import annotations
@@ -53,15 +53,21 @@ def shard_inputs(step: RolloutsInput, groups_per_shard: int) -> list[RolloutsInp
 
 SHARDS_PATCH = "rollout-shards"
 """Runs whose history predates shards replay one rollouts activity per step (until they continue as new)."""
+SINGLE_SHARD_MERGE_PATCH = "single-shard-merge"
+"""Runs whose history predates it replay a one-shard step as one rollouts activity that writes the step's
+``trajectories.parquet`` itself (a late attempt could overwrite it), with no merge."""
 
 
 async def roll_out_step(step: RolloutsInput, groups_per_shard: int, queues: TaskQueues) -> TrajectoriesRef:
     """Roll out ``step`` in shards of at most ``groups_per_shard`` groups; the step's one stored table."""
     shards = shard_inputs(step, groups_per_shard)
-    if len(shards) == 1 or not workflow.patched(SHARDS_PATCH):
+    one = len(shards) == 1
+    if not workflow.patched(SINGLE_SHARD_MERGE_PATCH if one else SHARDS_PATCH):
         return await run_stage(
             ROLLOUTS, step, task_queue=queues.inference, step=step.step, result_type=TrajectoriesRef
         )
+    if one:
+        shards = [step.model_copy(update={"merged": True})]
     calls = [
         asyncio.create_task(
             run_stage(

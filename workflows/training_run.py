@@ -18,12 +18,18 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from schemas.activities import JudgeInput, MetricsInput, RetentionInput, RolloutsInput
-    from schemas.config import RunSpec
+    from schemas.activities import (
+        JudgeInput,
+        MetricsInput,
+        RetentionInput,
+        RolloutsInput,
+        StoreScenariosInput,
+    )
+    from schemas.config import RunSpec, TaskSpec
     from schemas.errors import CONFIG_ERROR
     from schemas.history_bounds import RESAMPLES_WITHOUT_SIGNAL
     from schemas.layout import adapter_name
-    from schemas.refs import TrajectoriesRef
+    from schemas.refs import ObjectRef, TrajectoriesRef
     from schemas.run_state import (
         MAX_HISTORY,
         Phase,
@@ -40,6 +46,7 @@ from workflows.stages import (
     JUDGE,
     METRICS,
     RETAIN_CHECKPOINTS,
+    STORE_SCENARIOS,
     NoLearningSignal,
     StageFailed,
     run_stage,
@@ -47,10 +54,13 @@ from workflows.stages import (
 from workflows.train_step import train_and_serve
 
 BOOKKEEPING_PATCH = "bookkeeping-beside-next-step"
+"""Runs whose history predates it log metrics and apply retention before the next step starts."""
 HISTORY_BOUNDS_PATCH = "history-bounds-at-start"
 """A new run whose shape could outgrow Temporal's history limits fails at once (runs started before, or
 continued as new, are not checked: they keep the bounds they started under)."""
-"""Runs whose history predates it log metrics and apply retention before the next step starts."""
+SCENARIOS_REF_PATCH = "scenarios-by-reference"
+"""A run stores its inline scenario list once and passes the rollouts activities its ref; runs whose history
+predates it copy the list into every rollouts activity's input (until they continue as new)."""
 
 
 @workflow.defn(name="TrainingRun", failure_exception_types=[ValidationError])
@@ -138,6 +148,7 @@ class TrainingRun:
                 await self._start_or_recover()
             else:
                 self._state = state
+            await self._store_scenarios()
             await self._loop()
         except (StageFailed, NoLearningSignal) as err:
             self._error = err.message
@@ -170,6 +181,27 @@ class TrainingRun:
             served.checkpoint,
             served.adapter,
         )
+
+    async def _store_scenarios(self) -> None:
+        """Store an inline scenario list once (a run continued as new carries its ref in its state)."""
+        spec, state = self._require_spec(), self._state
+        scenarios = spec.task.scenarios
+        if not isinstance(scenarios, list) or state.scenarios is not None:
+            return
+        if workflow.patched(SCENARIOS_REF_PATCH):
+            state.scenarios = await run_stage(
+                STORE_SCENARIOS,
+                StoreScenariosInput(run_id=spec.run_id, scenarios=scenarios),
+                task_queue=spec.task_queues.control,
+                step=state.step,
+                result_type=ObjectRef,
+                summary="store the inline scenarios",
+            )
+
+    def _rollout_task(self) -> TaskSpec:
+        """The task as the rollouts activities get it: an inline list as its stored copy's ref."""
+        spec, stored = self._require_spec(), self._state.scenarios
+        return spec.task if stored is None else spec.task.model_copy(update={"scenarios": stored})
 
     def _require_spec(self) -> RunSpec:
         assert self._spec is not None
@@ -327,7 +359,7 @@ class TrainingRun:
                 model_name=spec.model.name,
                 adapter=adapter_name(spec.run_id, policy_step) if state.adapter else None,
                 policy_step=policy_step,
-                task=spec.task,
+                task=self._rollout_task(),
                 groups_per_step=spec.groups_per_step,
                 group_size=spec.group_size,
                 scenario_offset=(target - 1) * spec.groups_per_step,

@@ -35,14 +35,13 @@ from dgrpo.backends import Backend
 from dgrpo.errors import UnsupportedArtOption
 from dgrpo.trainable_model import TrainableModel
 from schemas.config import RunSpec, TaskSpec, TrainConfig
+from schemas.history_bounds import MAX_INLINE_SCENARIOS_BYTES
 from schemas.run_state import RunStatus
 from schemas.trajectory import Trajectory, TrajectoryGroup
 from workers.temporal import across_restarts, result_across_restarts
 
 log = logging.getLogger(__name__)
 
-MAX_INLINE_SCENARIOS_BYTES = 512 * 1024
-"""Scenarios travel in the workflow's input (Temporal refuses payloads over 2 MB); more go in a file."""
 POLL_S = 2.0
 """How often ``train()`` asks the run for its step (to run ``eval_fn`` at the right steps)."""
 
@@ -264,8 +263,8 @@ def scenario_list(scenarios: Iterable[dict[str, Any]] | str) -> list[dict[str, A
     size = len(json.dumps(items))
     if size > MAX_INLINE_SCENARIOS_BYTES:
         raise UnsupportedArtOption(
-            f"the scenarios are {size} bytes of JSON, more than a workflow input should carry "
-            f"({MAX_INLINE_SCENARIOS_BYTES}): write them to a .jsonl file under the inference worker's "
+            f"the scenarios are {size:,} bytes of JSON, more than the run's own input may carry "
+            f"({MAX_INLINE_SCENARIOS_BYTES:,}): write them to a .jsonl file under the inference worker's "
             "directory and pass its path as scenarios"
         )
     return items

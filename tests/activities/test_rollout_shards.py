@@ -85,6 +85,26 @@ async def test_a_late_attempt_never_changes_the_shard_the_merge_reads(object_sto
     assert len(rewards) == 8 and -1.0 not in rewards
 
 
+async def test_a_late_attempt_of_a_steps_only_shard_never_changes_the_table_the_workflow_recorded(
+    object_store: ObjectStore,
+) -> None:
+    """A one-shard step that the workflow merges (``merged``): its retry (attempt 2) was recorded, then the
+    attempt it replaced finishes and writes other rows. The recorded ref still reads back (sha256 checked) and
+    the merge makes the step's table of the retry's rows."""
+    acts = activities(object_store)
+    only = shard_input(f"{STUBS}:stale_first_attempt", 0, 1).model_copy(update={"merged": True})
+    retry = ActivityEnvironment()
+    retry.info = dataclasses.replace(retry.info, attempt=2)
+    retried = await retry.run(acts.rollouts, only)
+    late = await ActivityEnvironment().run(acts.rollouts, only)
+    assert late.ref.sha256 != retried.ref.sha256  # the late attempt did write other rows
+    assert retried.ref.uri == object_store.uri(layout.rollout_shard_key("r1", 2, 0, attempt=2))
+    merged = merge_shards(object_store, MergeRolloutsInput(run_id="r1", step=2, shards=[retried]))
+    assert merged.ref.uri == object_store.uri(layout.trajectories_key("r1", 2))
+    rewards = [t.reward for g in download_groups(object_store, merged.ref.uri) for t in g.trajectories]
+    assert len(rewards) == 4 and -1.0 not in rewards
+
+
 def stored_shard(
     store: ObjectStore, shard: int, rewards: list[float], failures: int = 0, step: int = 2
 ) -> TrajectoriesRef:

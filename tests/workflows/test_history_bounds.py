@@ -87,7 +87,8 @@ async def test_the_largest_allowed_step_fan_out_stays_under_its_history_estimate
 async def test_the_largest_allowed_inline_scenarios_stay_under_their_history_estimate(
     client: Client, task_queue: str
 ) -> None:
-    # One scenario of just under the inline limit, as many shards per step as the byte budget allows.
+    # One scenario of just under the inline limit, as many shards per step as the budgets allow (the shards
+    # carry the stored list's ref, so the list is in the history twice: the run's input and the store's).
     item_bytes = len('[{"prompt":""}]')
     scenarios = [{"prompt": "x" * (MAX_INLINE_SCENARIOS_BYTES - item_bytes)}]
     task = {"rollout": "examples.arithmetic:rollout", "scenarios": scenarios}
@@ -104,6 +105,7 @@ async def test_the_largest_allowed_inline_scenarios_stay_under_their_history_est
     async with running(stubs, client, task_queue):
         [(events, size)] = await measured_runs(client, spec, stubs)
     assert len(stubs.names("rollouts")) == (RESAMPLES_WITHOUT_SIGNAL + 1) * groups
+    assert stubs.names("store_scenarios") == [-1]
     bytes_bound = run_history_bytes(groups, 1, MAX_INLINE_SCENARIOS_BYTES, len(spec.model_dump_json()))
     assert size <= bytes_bound <= HISTORY_BYTES_BUDGET, (size, bytes_bound)
     assert events <= run_history_events(groups, 1) <= HISTORY_EVENTS_BUDGET

@@ -89,6 +89,20 @@ async def test_a_sync_run_fans_each_step_out_and_merges_the_shards_in_order(
     assert [h.n_trajectories for h in final.history] == [5 * spec.group_size] * 2
 
 
+async def test_a_one_shard_step_is_merged_too_so_a_late_attempt_cannot_overwrite_its_table(
+    client: Client, task_queue: str
+) -> None:
+    stubs = ScriptedActivities()
+    spec = make_spec(task_queue, f"one-shard-{task_queue}", steps=2, groups_per_step=3, groups_per_shard=8)
+    async with running(stubs, client, task_queue):
+        final = await (await start(client, spec)).result()
+    assert final.step == 2
+    for step in (1, 2):
+        [inp] = stubs.rollout_inputs[step]
+        assert (inp.shard, inp.shards, inp.merged, inp.groups_per_step) == (0, 1, True, 3)
+        assert stubs.merges[step] == [[0]]  # the step's table is the merge's, of the attempt recorded
+
+
 async def test_pipelined_fans_out_the_next_step_and_keeps_its_staleness_bound(
     client: Client, task_queue: str
 ) -> None:

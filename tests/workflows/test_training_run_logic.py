@@ -78,7 +78,15 @@ async def test_sync_run_orders_the_stages_and_answers_status(client: Client, tas
     assert [h.reward_mean for h in final.history] == pytest.approx([0.0, 0.1, 0.2])
     assert all(h.seconds.get("train") is not None for h in final.history)
     per_step = [name for name, step in stubs.calls if step == 2]
-    assert per_step == ["rollouts", "compute_advantages", "train", "publish", "reload", "metrics"]
+    assert per_step == [
+        "rollouts",
+        "merge_rollouts",
+        "compute_advantages",
+        "train",
+        "publish",
+        "reload",
+        "metrics",
+    ]
     assert stubs.names("publish_initial") == [0] and stubs.names("reload")[0] == 0
     assert "judge" not in per_step  # judge.kind == "rollout": the rollout's own reward is the score
     assert [m.metrics["train/reward"] for m in stubs.metrics] == pytest.approx([0.0, 0.1, 0.2])
@@ -122,6 +130,7 @@ async def test_judge_and_shared_mode_wrap_training_in_sleep_and_wake(client: Cli
     chain = names[names.index("rollouts") :]
     assert chain == [
         "rollouts",
+        "merge_rollouts",
         "judge",
         "compute_advantages",
         "sleep",

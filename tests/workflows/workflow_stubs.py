@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -31,10 +32,11 @@ from schemas.activities import (
     RetentionInput,
     RolloutsInput,
     ServingControlInput,
+    StoreScenariosInput,
     TrainInput,
     TrainResult,
 )
-from schemas.layout import adapter_name, worker_task_queue
+from schemas.layout import adapter_name, scenarios_key, worker_task_queue
 from schemas.refs import CheckpointRef, ObjectRef, TrajectoriesRef
 from workers.worker import INTERCEPTORS
 from workflows.train_step import TrainStep
@@ -78,6 +80,8 @@ class ScriptedActivities:
         default_factory=lambda: defaultdict(list)
     )
     """Step -> (shard, shards, scenario_offset, groups) of each rollouts call."""
+    rollout_inputs: dict[int, list[RolloutsInput]] = field(default_factory=lambda: defaultdict(list))
+    """Step -> the input of each rollouts call, as the activity received it."""
     merges: dict[int, list[list[int]]] = field(default_factory=lambda: defaultdict(list))
     """Step -> the shard numbers (read from each ref's URI) of each merge, in the order given."""
     lost_workers: int = 0
@@ -116,6 +120,7 @@ class ScriptedActivities:
         self.calls.append(("rollouts", inp.step))
         self.rollout_policies[inp.step].append(inp.policy_step)
         self.rollout_seeds[inp.step].append(inp.seed)
+        self.rollout_inputs[inp.step].append(inp)
         self.rollout_shards[inp.step].append(
             (inp.shard, inp.shards, inp.scenario_offset, inp.groups_per_step)
         )
@@ -139,6 +144,13 @@ class ScriptedActivities:
             reward_mean=0.1 * inp.policy_step,
             reward_std=0.05,
         )
+
+    @activity.defn(name=ActivityName.STORE_SCENARIOS)
+    async def store_scenarios(self, inp: StoreScenariosInput) -> ObjectRef:
+        self.calls.append(("store_scenarios", -1))
+        data = json.dumps(inp.scenarios).encode()
+        sha256 = hashlib.sha256(data).hexdigest()
+        return ObjectRef(uri=f"s3://stub/{scenarios_key(inp.run_id, sha256)}", size=len(data), sha256=sha256)
 
     @activity.defn(name=ActivityName.MERGE_ROLLOUTS)
     async def merge_rollouts(self, inp: MergeRolloutsInput) -> TrajectoriesRef:
@@ -249,6 +261,7 @@ class ScriptedActivities:
             self.publish_initial,
             self.republish,
             self.rollouts,
+            self.store_scenarios,
             self.merge_rollouts,
             self.judge,
             self.compute_advantages,
