@@ -32,7 +32,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -219,19 +219,39 @@ def parse_scores(text: str, n: int) -> list[float]:
     raise first_error
 
 
-async def ask_judge(
-    client: AsyncOpenAI, judge_model: str, messages: list[dict[str, str]], n: int, max_tokens: int
-) -> list[float] | None:
-    """Ask once, re-ask once on malformed output; None when both replies were malformed."""
-    conversation = list(messages)
-    for attempt in (1, 2):
+JudgeCall = Callable[[list[dict[str, str]]], Awaitable[str]]
+"""One call to a judge: the conversation so far -> the judge's reply text."""
+
+
+def client_judge(client: AsyncOpenAI, judge_model: str, max_tokens: int) -> JudgeCall:
+    """Calls to ``judge_model`` through ``client``, greedy, each reply at most ``max_tokens``."""
+
+    async def call(conversation: list[dict[str, str]]) -> str:
         response = await client.chat.completions.create(
             model=judge_model,
             messages=conversation,  # type: ignore[arg-type]
             max_tokens=max_tokens,
             temperature=0.0,
         )
-        reply = response.choices[0].message.content or ""
+        return response.choices[0].message.content or ""
+
+    return call
+
+
+async def ask_judge(
+    client: AsyncOpenAI, judge_model: str, messages: list[dict[str, str]], n: int, max_tokens: int
+) -> list[float] | None:
+    """Ask once, re-ask once on malformed output; None when both replies were malformed."""
+    return await ask_judge_with(client_judge(client, judge_model, max_tokens), judge_model, messages, n)
+
+
+async def ask_judge_with(
+    call: JudgeCall, judge_model: str, messages: list[dict[str, str]], n: int
+) -> list[float] | None:
+    """``ask_judge`` through any ``JudgeCall`` (dgrpo's RULER: litellm's ``acompletion`` signature)."""
+    conversation = list(messages)
+    for attempt in (1, 2):
+        reply = await call(conversation)
         try:
             return parse_scores(reply, n)
         except MalformedJudgement as err:
@@ -259,20 +279,25 @@ async def ruler_score_group(
     max_tokens: int = 512,
     cache: JudgeCache | None = None,
     keep_original: bool = True,
+    call: JudgeCall | None = None,
 ) -> TrajectoryGroup:
     """The group with each trajectory's reward replaced by the judge's relative score in [0, 1].
 
-    Usable as ``after_each`` in ``gather_trajectory_groups``. Give ``client`` or ``base_url``. With
+    Usable as ``after_each`` in ``gather_trajectory_groups``. Give ``client``, ``base_url`` or ``call``. With
     ``keep_original`` the rollout's reward stays in ``metrics["original_reward"]``. A judge that answers
     nonsense twice leaves the rewards as they were, with ``metrics["judge_fallback"] = 1``.
     """
     if len(group.trajectories) < 2:
         return group  # nothing to compare (and GRPO drops such a group anyway)
-    own_client = client is None
-    if client is None:
-        if base_url is None:
-            raise ValueError("ruler_score_group needs client= or base_url= (an OpenAI-compatible endpoint)")
-        client = AsyncOpenAI(base_url=openai_base_url(base_url), api_key=api_key or "dgrpo")
+    own_client: AsyncOpenAI | None = None
+    if call is None:
+        if client is None:
+            if base_url is None:
+                raise ValueError(
+                    "ruler_score_group needs client=, base_url= (an OpenAI-compatible endpoint) or call="
+                )
+            client = own_client = AsyncOpenAI(base_url=openai_base_url(base_url), api_key=api_key or "dgrpo")
+        call = client_judge(client, judge_model, max_tokens)
     try:
         keys = [trajectory_key(t) for t in group.trajectories]
         unique_keys = list(dict.fromkeys(keys))
@@ -281,12 +306,12 @@ async def ruler_score_group(
         cache_key = hashlib.sha256(json.dumps([judge_model, messages]).encode()).hexdigest()
         scores = await cache.get(cache_key) if cache is not None else None
         if scores is None:
-            scores = await ask_judge(client, judge_model, messages, len(unique), max_tokens)
+            scores = await ask_judge_with(call, judge_model, messages, len(unique))
             if scores is not None and cache is not None:
                 await cache.put(cache_key, scores)
     finally:
-        if own_client:
-            await client.close()
+        if own_client is not None:
+            await own_client.close()
     by_key = dict(zip(unique_keys, scores or [], strict=False))
     judged = []
     for trajectory, key in zip(group.trajectories, keys, strict=True):

@@ -3,7 +3,8 @@
 ``await capture_auto_trajectory(rollout(...))`` runs the rollout with a fresh ``Trajectory`` in a context
 variable; every chat completion an httpx- or httpx2-based client (``model.openai_client()``, ``AsyncOpenAI``,
 ``OpenAI``) answers meanwhile is appended to it: the request's messages not yet recorded, then the
-returned choice (its logprobs and token ids kept). A call whose messages do not continue the trajectory's
+returned choice (its logprobs and token ids kept; a streamed one put together from its chunks once the client
+has read them, ``dgrpo.chat_stream``). A call whose messages do not continue the trajectory's
 conversation with the same tools goes to the ``additional_histories`` entry it continues, or a new one, as
 in ART. ``auto_trajectory()`` is that trajectory inside the rollout (so it can set ``reward``), ``None``
 outside. ``yield_trajectory(t)`` inside ``capture_yielded_trajectory(rollout(...))`` hands a trajectory
@@ -15,14 +16,15 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextvars import ContextVar
+from functools import partial
 from types import ModuleType
 from typing import Any, Literal, overload
 
 from openai.types.chat.chat_completion import Choice as OpenAIChoice
 
-from dgrpo.errors import UnsupportedArtOption
+from dgrpo.chat_stream import streamed_choice
 from schemas.trajectory import History, Trajectory
 
 _AUTO: ContextVar[Trajectory | None] = ContextVar("dgrpo_auto_trajectory", default=None)
@@ -94,12 +96,17 @@ def _chat_request(request: Any, not_read: type[Exception]) -> dict[str, Any] | N
         return None
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         return None
-    if body.get("stream"):
-        raise UnsupportedArtOption(
-            "a streamed chat completion (stream=True) inside capture_auto_trajectory is not captured yet: "
-            "send stream=False, or build the Trajectory and hand it over with art.yield_trajectory"
-        )
     return body
+
+
+def _returned_choice(body: dict[str, Any], content: bytes) -> OpenAIChoice | None:
+    """``choices[0]`` of a chat completion response's body (streamed or not), or None if it has none."""
+    try:
+        if body.get("stream"):
+            return streamed_choice(content)
+        return OpenAIChoice.model_validate(json.loads(content)["choices"][0])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None  # not a chat completion the client can read either; it raises its own error
 
 
 def _comparable(message: Any) -> Any:
@@ -123,10 +130,9 @@ def _continues(conversation: Trajectory | History, messages: list[Any], tools: A
 def _record(trajectory: Trajectory, body: dict[str, Any], status_code: int, content: bytes) -> None:
     if status_code != 200:
         return  # the client raises; a failed call is no turn of the conversation
-    try:
-        choice = OpenAIChoice.model_validate(json.loads(content)["choices"][0])
-    except (ValueError, KeyError, IndexError, TypeError):
-        return  # not a chat completion the client can read either; it raises its own error
+    choice = _returned_choice(body, content)
+    if choice is None:
+        return
     messages, tools = body["messages"], body.get("tools")
     conversations: list[Trajectory | History] = [trajectory, *trajectory.additional_histories]
     conversation = next((c for c in conversations if _continues(c, messages, tools)), None)
@@ -136,6 +142,75 @@ def _record(trajectory: Trajectory, body: dict[str, Any], status_code: int, cont
     conversation.messages_and_choices.extend(messages[len(conversation.messages_and_choices) :])
     conversation.messages_and_choices.append(choice)
     conversation.tools = tools
+
+
+def _when_read(response: Any, not_read: type[Exception], on_body: Callable[[bytes], None]) -> None:
+    """Call ``on_body`` with ``response``'s body once the client has read it: now if it is read already,
+    else when the client's own reading of the stream ends (or it closes the response having read part)."""
+    try:
+        on_body(response.content)
+        return
+    except not_read:
+        pass
+    received: list[bytes] = []
+    pulling = done = False
+    iter_bytes, aiter_bytes, close, aclose = (
+        response.iter_bytes,
+        response.aiter_bytes,
+        response.close,
+        response.aclose,
+    )
+
+    def finish() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            on_body(b"".join(received))
+
+    def tee(*args: Any, **kwargs: Any) -> Iterator[bytes]:
+        nonlocal pulling
+        chunks = iter_bytes(*args, **kwargs)
+        while True:
+            pulling = True
+            try:
+                chunk = next(chunks)
+            except StopIteration:
+                break
+            finally:
+                pulling = False
+            received.append(chunk)
+            yield chunk
+        finish()
+
+    async def atee(*args: Any, **kwargs: Any) -> AsyncIterator[bytes]:
+        nonlocal pulling
+        chunks = aiter_bytes(*args, **kwargs)
+        while True:
+            pulling = True
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            finally:
+                pulling = False
+            received.append(chunk)
+            yield chunk
+        finish()
+
+    # A close from within a pull is the stream's own at its end: the decoder's last bytes are still to come.
+    def close_then_finish() -> None:
+        close()
+        if not pulling:
+            finish()
+
+    async def aclose_then_finish() -> None:
+        await aclose()
+        if not pulling:
+            finish()
+
+    # On this response only: httpx's own read(), aread() and iteration go through these attributes.
+    response.iter_bytes, response.aiter_bytes = tee, atee
+    response.close, response.aclose = close_then_finish, aclose_then_finish
 
 
 _installed = False
@@ -164,8 +239,9 @@ def _hook(http: ModuleType) -> None:
         body = None if trajectory is None else _chat_request(request, http.RequestNotRead)
         response = sync_send(self, request, **kwargs)
         if trajectory is not None and body is not None:
-            response.read()  # a body the client streams (with_streaming_response) is kept for it to read
-            _record(trajectory, body, response.status_code, response.content)
+            _when_read(
+                response, http.ResponseNotRead, partial(_record, trajectory, body, response.status_code)
+            )
         return response
 
     async def asend(self: Any, request: Any, **kwargs: Any) -> Any:
@@ -173,8 +249,9 @@ def _hook(http: ModuleType) -> None:
         body = None if trajectory is None else _chat_request(request, http.RequestNotRead)
         response = await async_send(self, request, **kwargs)
         if trajectory is not None and body is not None:
-            await response.aread()
-            _record(trajectory, body, response.status_code, response.content)
+            _when_read(
+                response, http.ResponseNotRead, partial(_record, trajectory, body, response.status_code)
+            )
         return response
 
     http.Client.send = send

@@ -9,7 +9,6 @@ publishes and serves the result as the next step, as ART's ``train_sft`` advance
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,6 +20,7 @@ from activities.object_store import ObjectStore
 from dgrpo.attach import workflow_status
 from dgrpo.errors import UnsupportedArtOption
 from dgrpo.types import TrainResult, TrainSFTConfig
+from dgrpo.utils.sft import example_line, resolve_sft_batch_size
 from schemas import layout
 from schemas.activities import SftConfig
 from schemas.config import ModelSpec, TaskQueues
@@ -44,8 +44,7 @@ def sft_workflow_id(run_id: str, step: int) -> str:
 
 def examples_jsonl(trajectories: Sequence[Trajectory]) -> bytes:
     """The chats as ART's SFT JSONL: ``{"messages": [...], "tools": [...]}`` per line."""
-    lines = [json.dumps({"messages": t.messages(), "tools": t.tools}, default=str) for t in trajectories]
-    return ("\n".join(lines) + "\n").encode()
+    return "".join(example_line(t) + "\n" for t in trajectories).encode()
 
 
 def sft_config(
@@ -59,7 +58,7 @@ def sft_config(
         raise UnsupportedArtOption("TrainSFTConfig(megatron_topology=...): dgrpo trains with torch + peft")
     if dev_config:
         raise UnsupportedArtOption(f"train_sft(_config={dict(dev_config)!r}): dgrpo has no such SFT settings")
-    batch_size = AUTO_BATCH_SIZE if config.batch_size == "auto" else config.batch_size
+    batch_size = resolve_sft_batch_size(batch_size=config.batch_size, default_batch_size=AUTO_BATCH_SIZE)
     n_batches = math.ceil(n_examples / batch_size)
     if isinstance(config.learning_rate, list):
         if len(config.learning_rate) < n_batches:

@@ -37,6 +37,8 @@ from schemas.settings import ENV_CACHE, S3Settings, dgrpo_cache
 from workers.stack import EmbeddedStack
 
 os.environ.setdefault(ENV_CACHE, dgrpo_cache())
+# litellm (a dev dependency, read by dgrpo.costs) fetches its price table at import unless told to use its own.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ONE_GROUP_DIRECTORIES = {"examples"}

@@ -4,6 +4,7 @@
 - ``strip_logprobs``: a copy of a nested structure without its ``logprobs``.
 - ``trajectory_logging``: trajectory groups to and from ART's Parquet log format.
 - ``trajectory_migration``: ART's older JSONL logs read, written and converted to Parquet.
+- ``sft``: SFT chats from JSONL files, learning-rate schedules, a dataset cut into ``train_sft`` calls.
 - ``litellm``: a litellm ``Choices`` as the openai ``Choice`` a trajectory holds.
 - ``retry`` (from ``dgrpo.retries``).
 """

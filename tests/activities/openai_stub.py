@@ -19,6 +19,10 @@ from typing import Any
 MODEL = "stub-judge"
 
 
+USAGE = {"prompt_tokens": 1000, "completion_tokens": 100, "total_tokens": 1100}
+"""The tokens every reply reports, as a real server reports its own."""
+
+
 @dataclass
 class StubServer:
     base_url: str
@@ -80,6 +84,7 @@ def openai_stub() -> Iterator[StubServer]:
                             "message": {"role": "assistant", "content": content},
                         }
                     ],
+                    "usage": USAGE,
                 }
             )
 

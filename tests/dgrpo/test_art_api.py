@@ -19,12 +19,13 @@ from dgrpo.errors import (
     UnsupportedArtOption,
 )
 from dgrpo.local import LocalBackend
+from dgrpo.metrics_builder import MetricsBuilder
 from dgrpo.rewards import JudgeFailed, ruler, ruler_score_group
 from dgrpo.trainable_model import check_trainable
 from dgrpo.utils import iterate_dataset
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "activities"))
-from openai_stub import MODEL, StubServer, openai_stub
+from openai_stub import MODEL, USAGE, StubServer, openai_stub
 
 
 @pytest.fixture
@@ -166,6 +167,29 @@ async def test_ruler_scores_message_lists(stub: StubServer) -> None:
     ]
     scores = await ruler(lists, MODEL, {"api_base": stub.base_url})
     assert [(s.trajectory_id, s.score) for s in scores] == [("1", 0.9), ("2", 0.1)]
+
+
+async def test_ruler_judge_calls_cost_goes_to_the_active_builder_when_priced(stub: StubServer) -> None:
+    lists = [
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": a}] for a in ("correct", "no")
+    ]
+    builder = MetricsBuilder(cost_context="train")
+    token = builder.activate()
+    try:
+        stub.script = ["nonsense"]  # a re-ask: two calls, both paid for
+        await ruler(lists, "openai/gpt-4.1", {"api_base": stub.base_url})
+        await ruler_score_group(judged_group(), "openai/gpt-4.1", {"api_base": stub.base_url})
+        await ruler(lists, "hosted_vllm/judge", {"api_base": stub.base_url})  # no price: no cost, no error
+        await ruler(lists, "judge", {"api_base": stub.base_url})  # no provider to price it by
+    finally:
+        token.var.reset(token)
+    assert stub.calls == 5
+    metrics = await builder.flush()
+    per_call = (USAGE["prompt_tokens"] * 2.0 + USAGE["completion_tokens"] * 8.0) / 1e6  # gpt-4.1's prices
+    assert metrics["costs/train/judge/ruler"] == pytest.approx(3 * per_call)
+    assert metrics["costs/all"] == pytest.approx(3 * per_call)
+    # Outside an active builder the judge is simply asked.
+    assert [s.score for s in await ruler(lists, "openai/gpt-4.1", {"api_base": stub.base_url})] == [0.9, 0.1]
 
 
 # ---- gathering and batching ------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """ART 0.5's supervised fine-tuning and ``backend.train`` on the real stack, written as an ART program writes them.
 
-``model.train_sft`` and ``backend.train_sft`` (each a durable ``TrainSFT``: fine-tune on the trainer, publish,
-reload) teach the served model a reply it would never give, each call one step; then a ``TemporalBackend`` on
-the same cluster trains a GRPO step with ``backend.train`` and logs it with ``model.log``.
+``model.train_sft`` (called by ``train_sft_from_file`` on a JSONL file) and ``backend.train_sft`` (each a
+durable ``TrainSFT``: fine-tune on the trainer, publish, reload) teach the served model a reply it would never
+give, each call one step; then a ``TemporalBackend`` on the same cluster trains a GRPO step with
+``backend.train`` and logs it with ``model.log``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import pytest
 import dgrpo as art
 from activities.retention import metrics_by_step
 from dgrpo.local import LocalBackend
+from dgrpo.utils.sft import train_sft_from_file
 from examples.arithmetic import rollout, scenarios
 
 pytestmark = pytest.mark.slow
@@ -61,7 +64,13 @@ async def test_train_sft_teaches_the_served_model_then_backend_train_and_log(tmp
             await model.register(backend)
             reply_before, top_before = await greedy_reply(model)
 
-            first = await model.train_sft(examples, art.TrainSFTConfig(learning_rate=2e-3, batch_size=2))
+            # The first step from a JSONL file (ART's art.utils.sft), which calls model.train_sft.
+            sft_file = tmp_path / "examples.jsonl"
+            sft_file.write_text("".join(json.dumps({"messages": t.messages()}) + "\n" for t in examples))
+            first = await train_sft_from_file(
+                model, str(sft_file), batch_size=2, peak_lr=2e-3, schedule_type="constant", warmup_ratio=0
+            )
+            assert first is not None
             second = await backend.train_sft(model, examples, art.TrainSFTConfig(learning_rate=[2e-3, 1e-3]))
             await model.log(metrics=second.metrics, step=second.step, split="train")
             reply_after, top_after = await greedy_reply(model)

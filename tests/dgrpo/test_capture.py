@@ -13,7 +13,6 @@ import openai
 import pytest
 
 import dgrpo as art
-from dgrpo.errors import UnsupportedArtOption
 from dgrpo.local import LocalBackend
 from schemas.trajectory import Choice
 from serving.launchers import CpuServerProcess
@@ -166,14 +165,16 @@ async def test_calls_outside_a_capture_are_not_recorded(model: art.Model, server
     assert all(len(c.choices()) == 1 for c in conversations)
 
 
-async def test_a_streamed_completion_inside_a_capture_is_refused(model: art.Model) -> None:
+async def test_a_streamed_completion_the_server_refuses_is_no_turn(model: art.Model) -> None:
+    # dgrpo's CPU server does not stream; streamed calls a server answers: test_capture_stream.py.
     async def rollout() -> None:
-        await model.openai_client().chat.completions.create(
-            model=model.name, messages=[user("Hi.")], stream=True
-        )
+        with pytest.raises(openai.BadRequestError, match="stream"):
+            await model.openai_client().chat.completions.create(
+                model=model.name, messages=[user("Hi.")], stream=True
+            )
 
-    with pytest.raises(UnsupportedArtOption, match="stream=True"):
-        await art.capture_auto_trajectory(rollout())
+    traj = await art.capture_auto_trajectory(rollout())
+    assert traj.messages_and_choices == [] and traj.additional_histories == []
 
 
 async def test_yield_trajectory_hands_the_rollouts_own_trajectory_to_its_capture() -> None:
