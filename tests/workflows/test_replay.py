@@ -1,11 +1,13 @@
 """Runs in flight survive a change to workflow code: histories recorded from real runs (histories/, made by
 histories/record.py: sync with a continue-as-new, pipelined, shared, the ART client's ServeModel and
-TrainSteps, and its TrainSFT) are replayed with Temporal's ``Replayer`` against today's workflows. A change that would make a
+TrainSteps, its TrainSFT, and a sync run with inline scenarios recorded before ``scenarios-by-reference``) are
+replayed with Temporal's ``Replayer`` against today's workflows. A change that would make a
 recorded run take another path (a new activity, a reordered timer, a removed step) fails here; guard such a
 change with ``workflow.patched`` so old histories keep their path."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -15,11 +17,12 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
+from schemas.activities import ActivityName
 from schemas.config import RunSpec
 from workflows.serve_model import ServeModel
 from workflows.train_sft import TrainSFT
 from workflows.train_step import TrainStep
-from workflows.training_run import TrainingRun
+from workflows.training_run import SCENARIOS_REF_PATCH, TrainingRun
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 WORKFLOWS = [TrainingRun, TrainStep, ServeModel, TrainSFT]
@@ -37,9 +40,31 @@ def workflow_type(history: WorkflowHistory) -> str:
 def test_the_recorded_histories_cover_every_workflow_and_mode() -> None:
     names = {p.stem for p in HISTORIES}
     assert {workflow_type(load(p)) for p in HISTORIES} == {w.__name__ for w in WORKFLOWS}
-    assert {"replay-sync__0", "replay-sync__1", "replay-pipelined__0", "replay-shared__0"} <= names
+    expected = {
+        "replay-sync__0",
+        "replay-sync__1",
+        "replay-pipelined__0",
+        "replay-shared__0",
+        "replay-inline__0",
+    }
+    assert expected <= names
     chain = load(Path(__file__).parent / "histories" / "replay-sync__0.json")
     assert any(e.HasField("workflow_execution_continued_as_new_event_attributes") for e in chain.events)
+
+
+def test_the_inline_scenarios_history_is_a_run_from_before_scenarios_by_reference() -> None:
+    # Recorded again from today's code it would take the patched path, and the old one would go untested.
+    history = load(Path(__file__).parent / "histories" / "replay-inline__0.json")
+    activities: set[str] = set()
+    patches: set[str] = set()
+    for e in history.events:
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            activities.add(e.activity_task_scheduled_event_attributes.activity_type.name)
+        if e.HasField("marker_recorded_event_attributes"):
+            [patch] = e.marker_recorded_event_attributes.details["patch-data"].payloads
+            patches.add(json.loads(patch.data)["id"])
+    assert ActivityName.ROLLOUTS in activities and ActivityName.STORE_SCENARIOS not in activities
+    assert SCENARIOS_REF_PATCH not in patches
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

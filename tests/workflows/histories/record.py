@@ -1,14 +1,19 @@
 """Record the Temporal histories that tests/workflows/test_replay.py replays on every change.
 
-    PYTHONPATH=$PWD .venv/bin/python tests/workflows/histories/record.py [--out DIR]
+    PYTHONPATH=$PWD .venv/bin/python tests/workflows/histories/record.py [--out DIR] [--only sft|inline]
 
 On a private embedded stack with one real ``dgrpo worker all`` (CPU server and CPU trainer, SmolLM2-135M):
 a sync ``TrainingRun`` of 3 steps that continues as new after 2, a pipelined run of 3 steps, a shared run of
 2 steps, and the ART-style client (``examples/art_style.py`` through ``TemporalBackend``: ``ServeModel`` and
 two ``TrainStep``s), and one ``model.train_sft`` through ``TemporalBackend`` (a ``TrainSFT``; ``--only sft``
-records that one alone). Every execution's history, each run of a continue-as-new chain included, is written as
-``<workflow id>__<n>.json`` (Temporal's JSON history format). Record again only on purpose: the files are
-what runs in flight look like, and a change that cannot replay them would break those runs.
+records that one alone). ``--only inline`` records one more run, alone: a sync run of 2 steps whose
+``task.scenarios`` is an inline list (``replay-inline``). Its recorded history predates the
+``scenarios-by-reference`` patch (each rollouts activity carries the list itself), so it was recorded from the
+workflow code before that patch (commit 0f3fe03, with this script copied in); recording it again from today's
+code would replay the patched path only. Every execution's history, each run of a continue-as-new chain
+included, is written as ``<workflow id>__<n>.json`` (Temporal's JSON history format). Record again only on
+purpose: the files are what runs in flight look like, and a change that cannot replay them would break those
+runs.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
 from dgrpo import run_control  # noqa: E402
+from examples.arithmetic import scenarios  # noqa: E402
 from schemas.config import RunSpec, TaskQueues  # noqa: E402
 from schemas.settings import ENV_HOME  # noqa: E402
 from workers.launcher import WorkerProcess  # noqa: E402
@@ -38,6 +44,13 @@ RUNS: dict[str, dict[str, Any]] = {
     "replay-pipelined": {"mode": "pipelined", "steps": 3},
     "replay-shared": {"mode": "shared", "steps": 2},
 }
+INLINE_RUNS: dict[str, dict[str, Any]] = {
+    "replay-inline": {
+        "mode": "sync",
+        "steps": 2,
+        "task": {"rollout": "examples.arithmetic:rollout", "scenarios": scenarios()},
+    },
+}
 
 
 def spec(run_id: str, queues: TaskQueues, overrides: dict[str, Any]) -> RunSpec:
@@ -48,9 +61,9 @@ def spec(run_id: str, queues: TaskQueues, overrides: dict[str, Any]) -> RunSpec:
     return RunSpec.model_validate(data)
 
 
-async def training_runs() -> None:
+async def training_runs(runs: dict[str, dict[str, Any]]) -> None:
     client = await connect_client()
-    for run_id, overrides in RUNS.items():
+    for run_id, overrides in runs.items():
         print(f"{run_id}: {overrides}", flush=True)
         handle = await run_control.start_run(client, spec(run_id, queues=TaskQueues(), overrides=overrides))
         await run_control.watch(handle, lambda _: None, interval=1.0)
@@ -107,7 +120,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, default=HERE)
-    parser.add_argument("--only", choices=("sft",), help="record only the TrainSFT history")
+    parser.add_argument(
+        "--only", choices=("sft", "inline"), help="record only the TrainSFT run, or only replay-inline"
+    )
     args = parser.parse_args()
     out = args.out
     home = Path(tempfile.mkdtemp(prefix="dgrpo-record-"))
@@ -115,21 +130,26 @@ def main() -> None:
     stack.start()
     os.environ.update({**stack.env(), ENV_HOME: str(home)})
     try:
-        if args.only == "sft":
-            worker = WorkerProcess("all", home / "worker-sft.log", task_queues=TaskQueues(), cwd=REPO)
+        if args.only:
+            worker = WorkerProcess(
+                "all", home / f"worker-{args.only}.log", task_queues=TaskQueues(), cwd=REPO
+            )
             worker.start()
             try:
-                asyncio.run(sft_program(worker.server_urls[0]))
+                if args.only == "sft":
+                    asyncio.run(sft_program(worker.server_urls[0]))
+                else:
+                    asyncio.run(training_runs(INLINE_RUNS))
             finally:
                 worker.stop()
-            asyncio.run(write_histories(out, prefix="sft-"))
+            asyncio.run(write_histories(out, prefix="sft-" if args.only == "sft" else "replay-inline"))
             return
         for n, phase in enumerate(("train", "serve again")):
             worker = WorkerProcess("all", home / f"worker-{n}.log", task_queues=TaskQueues(), cwd=REPO)
             worker.start()
             try:
                 if phase == "train":
-                    asyncio.run(training_runs())
+                    asyncio.run(training_runs(RUNS))
                 print(f"art_style.py ({phase})", flush=True)
                 asyncio.run(art_program(worker.server_urls[0]))
                 if phase == "train":
