@@ -118,7 +118,9 @@ class StoreOnlyBackend(art.TemporalBackend):
         return None
 
 
-async def test_model_log_writes_each_splits_costs_at_its_step(object_store: ObjectStore, tmp_path: Path) -> None:
+async def test_model_log_writes_each_splits_costs_at_its_step(
+    object_store: ObjectStore, tmp_path: Path
+) -> None:
     @track_api_cost(source="judge", provider="openai", model_name="j", prompt_price_per_million=1.0,
                     completion_price_per_million=2.0)  # fmt: skip
     async def judge() -> Any:

@@ -31,7 +31,9 @@ def batch() -> list[art.TrajectoryGroup]:
         )
 
     return [
-        art.TrajectoryGroup([traj(0.0, 1), traj(1.0, 3)], metrics={"judge": 0.2}, metadata={"scenario_id": "a"}),
+        art.TrajectoryGroup(
+            [traj(0.0, 1), traj(1.0, 3)], metrics={"judge": 0.2}, metadata={"scenario_id": "a"}
+        ),
         art.TrajectoryGroup([traj(1.0, 2), ValueError("a rollout raised")], metrics={"judge": 0.6}),
     ]
 
@@ -42,13 +44,18 @@ async def test_log_before_register_writes_arts_files(tmp_path: Path) -> None:
     await model.log(batch(), split="val", step=7)
 
     model_dir = tmp_path / "local/models/base"
-    assert sorted(p.name for p in (model_dir / "trajectories/val").iterdir()) == ["0000.parquet", "0007.parquet"]
+    assert sorted(p.name for p in (model_dir / "trajectories/val").iterdir()) == [
+        "0000.parquet",
+        "0007.parquet",
+    ]
     loaded = read_trajectory_groups_parquet(model_dir / "trajectories/val/0000.parquet")
     assert [[t.reward for t in g.trajectories] for g in loaded] == [[0.0, 1.0], [1.0]]
     first, second = history(tmp_path, "local", "base")
     assert (first["step"], first["training_step"], second["step"]) == (0, 0, 7)
     assert first["time/wall_clock_sec"] >= 0 and "recorded_at" in first
-    assert {k: v for k, v in first.items() if k.startswith("val/") or k.startswith("reward/")} == pytest.approx(
+    assert {
+        k: v for k, v in first.items() if k.startswith("val/") or k.startswith("reward/")
+    } == pytest.approx(
         {
             "val/reward": 2 / 3,
             "val/exception_rate": 0.25,  # one of four rollouts raised
@@ -58,7 +65,9 @@ async def test_log_before_register_writes_arts_files(tmp_path: Path) -> None:
             "reward/shaped": 1 / 3,  # a section's name is kept
         }
     )
-    assert first["data/step_num_trajectories"] == 4 and first["data/cum/num_trajectories"] == 4  # raised ones too
+    assert (
+        first["data/step_num_trajectories"] == 4 and first["data/cum/num_trajectories"] == 4
+    )  # raised ones too
     assert second["data/cum/num_trajectories"] == 8
     assert "data/step_num_groups_trainable" not in first  # counted for train only, as in ART
 
