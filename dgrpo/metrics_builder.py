@@ -164,6 +164,11 @@ class MetricsBuilder:
         finally:
             self.add_metric(key, time.monotonic() - started)
 
+    def pending(self) -> tuple[dict[str, float], frozenset[str]]:
+        """A copy of this scope's numbers and scenario ids added since the last flush (what ``flush`` will sum)."""
+        pending = self._pending()
+        return dict(pending.values), frozenset(pending.scenario_ids)
+
     # ---- the step's row ---------------------------------------------------------------------------------
     async def flush(self) -> dict[str, float]:
         """This scope's numbers since the last flush, with roll-ups, running totals and throughput; the

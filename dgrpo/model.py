@@ -1,7 +1,8 @@
 """``Model``: ART's ``art.model.Model``, a model the client runs but does not train (a baseline, a judge), and
 the base of ``TrainableModel`` (dgrpo/trainable_model.py): naming, the OpenAI client, ``log``.
 
-A model's records live under ``runs/<project>-<name>/`` in the object store (``Model.run_id``), like a ``TrainingRun``'s.
+A model's records live under ``runs/<project>-<name>/`` in the object store (``Model.run_id``), like a ``TrainingRun``'s, once
+it is registered; ART's local files of its ``log`` calls under ``base_path`` (dgrpo/local_log.py) in any case.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from activities.rollout_model import DEFAULT_API_KEY, routed_openai_client
 from dgrpo.backends import Backend
 from dgrpo.costs import CostRecorder
 from dgrpo.errors import NotRegisteredError
+from dgrpo.local_log import LocalModelLog
 from dgrpo.metrics import MetricsBuilder, group_metrics, qualified, record_metrics
 from schemas.activities import MetricsInput
 from schemas.config import NAME_PATTERN
@@ -43,7 +45,7 @@ def run_id_of(project: str, name: str) -> str:
 class Model:
     """A model the client only runs (no training): ART's ``art.Model``, e.g. a baseline or a judge
     behind any OpenAI-compatible endpoint (``inference_base_url``, ``inference_api_key``,
-    ``inference_model_name``). ``register`` is needed only to ``log`` its trajectories.
+    ``inference_model_name``). ``register`` adds its run's metrics Parquet to what ``log`` writes.
     """
 
     trainable = False
@@ -80,6 +82,7 @@ class Model:
         self._wandb: WandbSink | None = None
         self._wandb_config: dict[str, Any] = {}
         self._metrics = MetricsBuilder("train")
+        self._local_log = LocalModelLog(base_path, project, name)
 
     @property
     def run_id(self) -> str:
@@ -155,19 +158,25 @@ class Model:
 
         ``trajectories`` may be groups, or trajectories (one group); ``metrics`` are added as given
         (prefixed with the split unless they start with one of ART's sections, as ``loss/train`` does),
-        e.g. ``backend.train``'s result metrics.
+        e.g. ``backend.train``'s result metrics. As in ART, every model (registered or not) writes its local
+        files under ``base_path`` (dgrpo/local_log.py); a registered one also records the numbers in its run's
+        metrics Parquet (and W&B when asked).
         """
-        self._require_backend()  # before any work: an unregistered model says so
+        groups = None if trajectories is None else _as_groups(trajectories)
         row: dict[str, float] = {}
-        if trajectories is not None:
-            row.update(group_metrics(_as_groups(trajectories), split))
+        if groups is not None:
+            row.update(group_metrics(groups, split))
         for name, value in (metrics or {}).items():
             row[qualified(name, split)] = float(value)
-        row.update(await self._metrics_for_split(split).flush())  # the split's API costs, ...
+        builder = self._metrics_for_split(split)
+        builder_numbers = builder.pending()  # the split's API costs, ... (the local log sums them too)
+        row.update(await builder.flush())
         if not row:
             raise ValueError("model.log got neither trajectories nor metrics; nothing to record")
         at = await self.get_step() if step is None else step
-        await asyncio.to_thread(self._record, at, row)
+        await self._local_log.log(groups, split, at, dict(metrics or {}), builder_numbers)
+        if self._backend is not None:
+            await asyncio.to_thread(self._record, at, row)
         return row
 
     def _record(self, step: int, metrics: dict[str, float], curve_title: str | None = None) -> None:

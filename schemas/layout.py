@@ -108,3 +108,19 @@ def adapter_name(run_id: str, step: int) -> str:
 def worker_task_queue(trainer_queue: str, worker_id: str) -> str:
     """The task queue only trainer ``worker_id`` polls (publish runs where the staged adapter is)."""
     return f"{trainer_queue}@{worker_id}"
+
+
+ART_HISTORY_FILE = "history.jsonl"
+"""ART's local metrics log: one JSON object per ``model.log`` row."""
+ART_STATE_FILE = "state.json"
+"""ART's local model state (its metrics builder's running totals, under ``_metrics_builder_state``)."""
+
+
+def art_model_dir(base_path: str | Path, project: str, name: str) -> Path:
+    """``<base_path>/<project>/models/<name>``: where ART keeps a model's local files (``model.log``'s)."""
+    return Path(base_path) / project / "models" / name
+
+
+def art_trajectories_path(model_dir: str | Path, split: str, step: int) -> Path:
+    """``<model dir>/trajectories/<split>/<step:04d>.parquet``: one ``model.log`` call's groups, as ART names it."""
+    return Path(model_dir) / "trajectories" / split / f"{step:04d}.parquet"

@@ -100,9 +100,13 @@ def test_model_train_finds_appended_choices_and_refuses_history_choices() -> Non
 
 
 # ---- art.Model: a baseline behind any OpenAI-compatible endpoint ------------------------------------
-async def test_model_behind_an_endpoint(stub: StubServer) -> None:
+async def test_model_behind_an_endpoint(stub: StubServer, tmp_path: Path) -> None:
     model = art.Model(
-        name="baseline", project="p", inference_base_url=stub.base_url, inference_model_name=MODEL
+        name="baseline",
+        project="p",
+        inference_base_url=stub.base_url,
+        inference_model_name=MODEL,
+        base_path=str(tmp_path),
     )
     assert (model.get_inference_name(), model.get_inference_name(3)) == (MODEL, f"{MODEL}@3")
     assert model.litellm_completion_params() == {
@@ -117,8 +121,8 @@ async def test_model_behind_an_endpoint(stub: StubServer) -> None:
     assert reply.choices[0].message.content is not None
     assert stub.requests[0]["model"] == MODEL
     assert await model.get_step() == 0
-    with pytest.raises(NotRegisteredError, match="register"):
-        await model.log([art.Trajectory(reward=1)])
+    await model.log([art.Trajectory(reward=1)])  # before register: ART's local files only (test_local_log.py)
+    assert (tmp_path / "p/models/baseline/history.jsonl").exists()
     with pytest.raises(NotRegisteredError, match="inference_base_url"):
         art.Model(name="x").openai_client()
 

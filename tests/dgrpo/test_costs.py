@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -117,13 +118,15 @@ class StoreOnlyBackend(art.TemporalBackend):
         return None
 
 
-async def test_model_log_writes_each_splits_costs_at_its_step(object_store: ObjectStore) -> None:
+async def test_model_log_writes_each_splits_costs_at_its_step(
+    object_store: ObjectStore, tmp_path: Path
+) -> None:
     @track_api_cost(source="judge", provider="openai", model_name="j", prompt_price_per_million=1.0,
                     completion_price_per_million=2.0)  # fmt: skip
     async def judge() -> Any:
         return openai_response(100, 50)
 
-    model = art.Model(name="costs", project="p", report_metrics=[])
+    model = art.Model(name="costs", project="p", base_path=str(tmp_path), report_metrics=[])
     await model.register(StoreOnlyBackend(s3=object_store.settings))
     token = model.activate_metrics_context("train")
     await judge()
