@@ -332,6 +332,16 @@ class GenerationEngine:
             budget -= len(admitted[-1].request.prompt_ids)
         if not admitted:
             return
+        try:
+            self._join(admitted)
+        except BaseException as err:  # rows taken from the queue and in no batch yet: only here to fail them
+            for row in admitted:
+                if not row.future.done():
+                    row.future.set_exception(err)
+            raise
+
+    def _join(self, admitted: list[_Row]) -> None:
+        """Prefill what ``admitted`` rows need and join them to the running batch (or start it)."""
         if self.prefix_cache is not None:
             self._prefill_shared_prompts(admitted, self.prefix_cache)
         hits = [self._cached_prefix(row) for row in admitted]

@@ -69,29 +69,35 @@ def _version(tensor: torch.Tensor) -> int:
 
 def pack_linears(model: torch.nn.Module) -> int:
     """Make every plain ``nn.Linear`` of ``model`` (fp32 or bf16) a ``PackedLinear``, in place; how many were
-    (none where this torch has no oneDNN, or its packed linear disagrees with ``F.linear`` here)."""
-    if not _works():
-        log.warning("oneDNN linear unavailable in this torch; the engine uses torch's default matmuls")
-        return 0
+    (none of a dtype where this torch has no oneDNN, or its packed linear fails or disagrees with ``F.linear``
+    here: oneDNN's bf16 needs AVX512 (bw, vl, dq) or AVX-NE-CONVERT, which some x86 CPUs lack)."""
+    dtypes = {dtype for dtype in (torch.float32, torch.bfloat16) if _works(dtype)}
     count = 0
     for module in model.modules():
-        if type(module) is torch.nn.Linear and module.weight.dtype in (torch.float32, torch.bfloat16):
+        if type(module) is torch.nn.Linear and module.weight.dtype in dtypes:
             module.__class__ = PackedLinear
             assert isinstance(module, PackedLinear)
             module.packs, module.own = OrderedDict(), module.weight.data_ptr()
             count += 1
+    dtype = next((p.dtype for p in model.parameters()), None)
+    if dtype in (torch.float32, torch.bfloat16) and dtype not in dtypes:
+        log.warning(
+            "oneDNN's packed linear does not run in %s on this CPU; the engine uses torch's matmuls", dtype
+        )
     return count
 
 
-def _works() -> bool:
-    """oneDNN's packed linear runs here and agrees with ``F.linear`` on a small product."""
+def _works(dtype: torch.dtype) -> bool:
+    """oneDNN's packed linear runs here in ``dtype`` and agrees with ``F.linear`` on a small product."""
     if not torch.backends.mkldnn.is_available():
         return False
     try:
         generator = torch.Generator().manual_seed(0)
         x, w = torch.randn((3, 16), generator=generator), torch.randn((8, 16), generator=generator)
+        x, w = x.to(dtype), w.to(dtype)
         pack = torch.ops.mkldnn._reorder_linear_weight(w, ROWS_HINT)
         y = torch.ops.mkldnn._linear_pointwise(x, pack, None, "none", [], "")
     except (RuntimeError, AttributeError):
         return False
-    return bool(torch.allclose(y, F.linear(x, w), rtol=1e-4, atol=1e-5))
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    return bool(torch.allclose(y.float(), F.linear(x, w).float(), rtol=tolerance, atol=tolerance / 10))

@@ -64,3 +64,18 @@ def test_a_forward_that_needs_gradients_goes_through_autograd() -> None:
         F.linear(F.linear(x, model[0].weight, model[0].bias), model[1].weight).sum(), x
     )
     torch.testing.assert_close(x.grad, want[0])
+
+
+def test_a_bf16_model_is_packed_only_where_onednn_runs_bf16_and_computes_f_linear_either_way() -> None:
+    """oneDNN's bf16 linear needs AVX512 (bw, vl, dq) or AVX-NE-CONVERT; on a CPU without them the engine's
+    bf16 layers stay torch's own and still serve."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 500, bias=False)).bfloat16()
+    expected = 2 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else 0
+    assert pack_linears(model) == expected
+    x = torch.randn((5, 64)).bfloat16()
+    with torch.inference_mode():
+        got = model(x).float()
+    first, second = model[0], model[1]
+    want = F.linear(F.linear(x.float(), first.weight.float(), first.bias.float()), second.weight.float())
+    torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-2)

@@ -216,3 +216,30 @@ def record_forwards(engine: GenerationEngine, monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(engine, "_forward", recording)
     return forwarded
+
+
+async def test_a_forward_that_fails_while_rows_join_fails_those_requests_and_the_engine_serves_on(
+    engines: tuple[GenerationEngine, GenerationEngine], tokenizer: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's shared prompt is forwarded while its rows join (taken from the queue, in no batch yet). When
+    that forward fails (as oneDNN's bf16 linear did on a CPU without AVX512), each of those requests must get
+    the error; they used to wait forever, their HTTP requests with them."""
+    _, cached = engines
+    prompt = chat_ids(
+        tokenizer, [{"role": "user", "content": "Name a colour that starts with the letter q."}]
+    )
+    forward = cached._forward
+    failures = [RuntimeError("planted: the forward failed")]
+
+    def failing_once(*args: object) -> torch.Tensor:
+        if failures:
+            raise failures.pop()
+        return forward(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cached, "_forward", failing_once)
+    group = [GenerationRequest(prompt, None, GREEDY) for _ in range(2)]
+    with pytest.raises(RuntimeError, match="planted"):
+        await asyncio.wait_for(cached.generate(group), 60)
+    assert not failures  # the failure came from the forward while the rows joined
+    [answer] = await asyncio.wait_for(cached.generate([GenerationRequest(prompt, None, GREEDY)]), 120)
+    assert answer.token_ids
