@@ -40,23 +40,29 @@ MEMORY_CGROUPS = Path("/sys/fs/cgroup/memory")
 def oom_kill(process: psutil.Process, headroom_mb: int, timeout_s: float = 120.0) -> None:
     """Have the kernel's OOM killer end ``process``: move it into a new memory cgroup (v1) that allows it
     ``headroom_mb`` more than it is charged, and wait for its next allocations to overrun that. Raises unless
-    the cgroup counted an OOM kill; the cgroup is removed either way."""
+    the cgroup counted an OOM kill; a process that outlives ``timeout_s`` (it allocated too little) is moved
+    back to its own cgroup, alive. The new cgroup is removed either way."""
     if not MEMORY_CGROUPS.is_dir():
         raise RuntimeError(f"no cgroup v1 memory controller at {MEMORY_CGROUPS}: cannot cause an OOM kill")
+    (home,) = [line.split(":", 2)[2] for line in Path(f"/proc/{process.pid}/cgroup").read_text().splitlines()
+               if line.split(":")[1] == "memory"]  # fmt: skip
     group = MEMORY_CGROUPS / f"dgrpo-oom-{process.pid}-{int(time.time())}"
     group.mkdir()
     try:
         (group / "cgroup.procs").write_text(str(process.pid))
         usage = int((group / "memory.usage_in_bytes").read_text())
         (group / "memory.limit_in_bytes").write_text(str(usage + headroom_mb * 2**20))
-        process.wait(timeout_s)
+        try:
+            process.wait(timeout_s)
+        except psutil.TimeoutExpired:
+            (MEMORY_CGROUPS / home.lstrip("/") / "cgroup.procs").write_text(str(process.pid))
+            raise RuntimeError(
+                f"pid {process.pid} allocated under {headroom_mb} MB in {timeout_s:.0f}s"
+            ) from None
         oom = dict(line.split() for line in (group / "memory.oom_control").read_text().splitlines())
         if int(oom.get("oom_kill", 0)) < 1:
             raise RuntimeError(f"pid {process.pid} died, but not by the OOM killer: {oom}")
     finally:
-        if process.is_running():
-            process.kill()
-            process.wait(10)
         group.rmdir()
 
 
