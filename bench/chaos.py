@@ -39,6 +39,8 @@ from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))
+import pyarrow as pa
+import pyarrow.parquet as pq
 from chaos_cluster import (
     ChaosCluster,
     Fault,
@@ -49,9 +51,12 @@ from chaos_cluster import (
 )
 from test_chaos import chaos_spec
 
+from activities.checkpoints import download_checkpoint
 from activities.object_store import ObjectStore
 from dgrpo import run_control
 from schemas.config import TaskQueues
+from schemas.layout import checkpoint_prefix, trajectories_key
+from schemas.refs import CheckpointRef
 from schemas.run_state import RunStatus
 from workers.temporal import connect_client, result_across_restarts
 
@@ -167,6 +172,31 @@ def report(
     return "\n".join(lines)
 
 
+def intact(store: ObjectStore, run_id: str, final: RunStatus, rows: int) -> str:
+    """What the faulted run left: each step's checkpoint downloaded and every file sha256-verified against its
+    manifest, and each step's trajectories table holding each (group, rollout) once."""
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="dgrpo-chaos-check-") as scratch:
+        for step in range(final.step + 1):
+            prefix = checkpoint_prefix(run_id, step)
+            _, sha256 = store.read_manifest(prefix)
+            ref = CheckpointRef(run_id=run_id, step=step, uri=store.uri(prefix), manifest_sha256=sha256)
+            download_checkpoint(store, ref, Path(scratch) / str(step))  # raises on a missing or changed file
+            if step:
+                table = pq.read_table(pa.BufferReader(store.get_bytes(trajectories_key(run_id, step))))
+                ids = set(
+                    zip(
+                        table.column("group_index").to_pylist(),
+                        table.column("trajectory_index").to_pylist(),
+                        strict=True,
+                    )
+                )
+                lines.append(
+                    f"step {step}: checkpoint verified, {table.num_rows} rows, {len(ids)} distinct of {rows}"
+                )
+    return "\n".join(["", *lines])
+
+
 async def main(args: argparse.Namespace) -> None:
     if args.suite in ("all", "faults"):
         await bench(args, liveness=False)
@@ -197,6 +227,9 @@ async def bench(args: argparse.Namespace, liveness: bool) -> None:
             client = await connect_client(address=cluster.stack.temporal_address, wait_s=120)
             delays = await retry_delays(client, run_id, cluster.faults)
             print(report(args, calm_s, chaos_s, final, cluster.faults, delays, start, title))
+            print(
+                intact(ObjectStore(cluster.stack.s3_settings), run_id, final, args.groups * args.group_size)
+            )
         finally:
             cluster.stop()
 
