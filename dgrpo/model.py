@@ -27,6 +27,7 @@ from dgrpo.costs import CostRecorder
 from dgrpo.errors import NotRegisteredError
 from dgrpo.local_log import LocalModelLog
 from dgrpo.metrics import MetricsBuilder, group_metrics, qualified, record_metrics
+from schemas import layout
 from schemas.activities import MetricsInput
 from schemas.config import NAME_PATTERN
 from schemas.errors import RunSpecError
@@ -62,7 +63,7 @@ class Model:
         inference_base_url: str | None = None,
         inference_model_name: str | None = None,
         inference_api_key: str | None = None,
-        base_path: str = ".art",
+        base_path: str = layout.ART_BASE_PATH,
         report_metrics: list[str] | None = None,
     ) -> None:
         self.name = name

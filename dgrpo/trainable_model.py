@@ -82,7 +82,7 @@ class TrainableModel(Model):
         id: str | None = None,
         run_id: str | None = None,
         config: Any = None,
-        base_path: str = ".art",
+        base_path: str = layout.ART_BASE_PATH,
         report_metrics: list[str] | None = None,
         _internal_config: Mapping[str, Any] | None = None,
     ) -> None:

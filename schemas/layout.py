@@ -110,6 +110,8 @@ def worker_task_queue(trainer_queue: str, worker_id: str) -> str:
     return f"{trainer_queue}@{worker_id}"
 
 
+ART_BASE_PATH = ".art"
+"""Where ART-style models keep their local files unless given ``base_path`` (ART: ``.art``)."""
 ART_HISTORY_FILE = "history.jsonl"
 """ART's local metrics log: one JSON object per ``model.log`` row."""
 ART_STATE_FILE = "state.json"

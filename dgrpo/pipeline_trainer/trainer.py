@@ -33,8 +33,9 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from dgrpo.backends import Backend
 from dgrpo.errors import UnsupportedArtOption
+from dgrpo.pipeline_trainer.checkpoint_retention import CheckpointRetentionStrategy, KeepRecentAndTop
 from dgrpo.trainable_model import TrainableModel
-from schemas.config import RunSpec, TaskSpec, TrainConfig
+from schemas.config import CheckpointsSpec, RunSpec, TaskSpec, TrainConfig
 from schemas.history_bounds import MAX_INLINE_SCENARIOS_BYTES
 from schemas.run_state import RunStatus
 from schemas.trajectory import Trajectory, TrajectoryGroup
@@ -102,9 +103,12 @@ class PipelineTrainer:
         eval_at_start: bool = True,
         save_checkpoint: bool = True,
         resume: bool = True,
+        checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
+        checkpoint_retention_interval: int = 1,
         **art_options: Any,
     ) -> None:
         refuse_unsupported(save_checkpoint=save_checkpoint, resume=resume, **art_options)
+        self.checkpoints = retention_spec(checkpoint_retention_strategy, checkpoint_retention_interval)
         if eval_every_n_steps < 0:
             raise ValueError("eval_every_n_steps must be >= 0")
         if not isinstance(rollout_fn, GroupRolloutFn):
@@ -155,6 +159,7 @@ class PipelineTrainer:
             mode="pipelined",
             max_staleness=self.max_staleness,
             task_queues=self.backend.task_queues,
+            checkpoints=self.checkpoints,
         )
 
     async def train(self, *, handle_signals: bool = True) -> RunStatus:
@@ -268,6 +273,27 @@ def scenario_list(scenarios: Iterable[dict[str, Any]] | str) -> list[dict[str, A
             "directory and pass its path as scenarios"
         )
     return items
+
+
+def retention_spec(strategy: CheckpointRetentionStrategy | None, interval: int) -> CheckpointsSpec:
+    """ART's retention strategy as the run's ``checkpoints`` setting (None keeps every checkpoint, as in ART)."""
+    if interval <= 0:
+        raise ValueError("checkpoint_retention_interval must be > 0")
+    if strategy is None:
+        return CheckpointsSpec()
+    if not isinstance(strategy, KeepRecentAndTop):
+        raise UnsupportedArtOption(
+            "checkpoint_retention_strategy: the run's workers apply retention after each step and cannot call "
+            "a function of this process; pass keep_recent_and_top(...) from dgrpo.pipeline_trainer"
+        )
+    if interval != 1:
+        raise UnsupportedArtOption(
+            f"checkpoint_retention_interval={interval}: a durable run applies retention after every step"
+        )
+    try:
+        return strategy.as_checkpoints_spec()
+    except ValueError as err:
+        raise UnsupportedArtOption(str(err)) from None
 
 
 def loss_kind(loss_fn: str | None) -> Any:

@@ -6,6 +6,7 @@
 - ``trajectory_migration``: ART's older JSONL logs read, written and converted to Parquet.
 - ``sft``: SFT chats from JSONL files, learning-rate schedules, a dataset cut into ``train_sft`` calls.
 - ``litellm``: a litellm ``Choices`` as the openai ``Choice`` a trajectory holds.
+- ``benchmarking``: ``model.log``'s trajectory files as one polars table (``load_trajectories``).
 - ``retry`` (from ``dgrpo.retries``).
 """
 

@@ -61,26 +61,43 @@ def write_trajectory_groups_parquet(trajectory_groups: list[TrajectoryGroup], pa
     pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path, compression="zstd")
 
 
-def read_trajectory_groups_parquet(path: str | Path) -> list[TrajectoryGroup]:
-    """The groups written to ``path``, in group order; choices come back as plain assistant messages."""
-    groups: dict[int, TrajectoryGroup] = {}
+def read_trajectory_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The file's trajectories, one dict per row: its JSON columns decoded (unreadable ones as ``{}``),
+    each message's ``tool_calls`` decoded and its ``trainable`` kept; rows with neither reward nor
+    messages (ART's empty rows) left out."""
+    rows = []
     for row in pq.read_table(path).to_pylist():
         if row.get("reward") is None and row.get("messages") is None:
             continue
-        index = int(row.get("group_index") or 0)
+        for column in ("group_metadata", "group_metrics", "metrics", "metadata"):
+            row[column] = _json_dict(row.get(column))
+        row["group_index"] = int(row.get("group_index") or 0)
+        row["tools"] = json.loads(row["tools"]) if row.get("tools") else None
+        row["messages"] = [_message(m) for m in row.get("messages") or []]
+        rows.append(row)
+    return rows
+
+
+def read_trajectory_groups_parquet(path: str | Path) -> list[TrajectoryGroup]:
+    """The groups written to ``path``, in group order; choices come back as plain assistant messages."""
+    groups: dict[int, TrajectoryGroup] = {}
+    for row in read_trajectory_rows(path):
+        index = row["group_index"]
         if index not in groups:
             groups[index] = TrajectoryGroup(
-                metadata=_json_dict(row.get("group_metadata")),
-                metrics=_json_dict(row.get("group_metrics")),
+                metadata=row["group_metadata"],
+                metrics=row["group_metrics"],
                 logs=list(row.get("group_logs") or []),
             )
         groups[index].trajectories.append(
             Trajectory(
-                messages_and_choices=[_message(m) for m in row.get("messages") or []],
-                tools=json.loads(row["tools"]) if row.get("tools") else None,
+                messages_and_choices=[
+                    {k: v for k, v in m.items() if k != "trainable"} for m in row["messages"]
+                ],
+                tools=row["tools"],
                 reward=row["reward"],
-                metrics=_json_dict(row.get("metrics")),
-                metadata=_json_dict(row.get("metadata")),
+                metrics=row["metrics"],
+                metadata=row["metadata"],
                 logs=list(row.get("logs") or []),
             )
         )
@@ -106,6 +123,7 @@ def _message(flat: dict[str, Any]) -> dict[str, Any]:
         message["tool_calls"] = json.loads(flat["tool_calls"])
     if flat.get("tool_call_id"):
         message["tool_call_id"] = flat["tool_call_id"]
+    message["trainable"] = bool(flat.get("trainable"))
     return message
 
 
@@ -124,4 +142,4 @@ def _json_dict(payload: str | None) -> dict[str, Any]:
     return loaded if isinstance(loaded, dict) else {}
 
 
-__all__ = ["read_trajectory_groups_parquet", "write_trajectory_groups_parquet"]
+__all__ = ["read_trajectory_groups_parquet", "read_trajectory_rows", "write_trajectory_groups_parquet"]
