@@ -485,5 +485,6 @@ class JudgeActivities:
             judge_model,
             fallbacks,
         )
-        key = layout.scored_key(input.run_id, input.step)
+        attempt = activity.info().attempt if activity.in_activity() else 1
+        key = layout.scored_key(input.run_id, input.step, attempt)
         return await asyncio.to_thread(upload_groups, self.store, scored, input.run_id, input.step, key=key)

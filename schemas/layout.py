@@ -43,8 +43,12 @@ def sft_examples_key(run_id: str, step: int) -> str:
     return step_prefix(run_id, step) + SFT_EXAMPLES_FILE
 
 
-def scored_key(run_id: str, step: int) -> str:
-    return step_prefix(run_id, step) + SCORED_FILE
+def scored_key(run_id: str, step: int, attempt: int = 1) -> str:
+    """A judge attempt's scored trajectories. A retry writes beside the attempt it replaced (the first keeps
+    the plain name), so an attempt still running after its retry's ref was recorded never changes that ref's
+    object (an LLM judge need not score alike twice)."""
+    suffix = "" if attempt == 1 else f"-attempt-{attempt}"
+    return step_prefix(run_id, step) + SCORED_FILE.replace(".parquet", f"{suffix}.parquet")
 
 
 def judge_cache_key(run_id: str, sha256: str) -> str:

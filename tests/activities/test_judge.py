@@ -3,6 +3,7 @@ server (the seam) and against the real CPU server with SmolLM2 as the judge."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 
@@ -20,7 +21,7 @@ from activities.judge import (
     ruler_score_group,
 )
 from activities.object_store import ObjectStore
-from activities.trajectory_store import download_groups, upload_groups
+from activities.trajectory_store import download_groups, upload_groups, verified_bytes
 from schemas import layout
 from schemas.activities import JudgeInput
 from schemas.config import JudgeConfig
@@ -142,6 +143,30 @@ async def test_judge_activity_scores_writes_scored_parquet_and_caches(
     again = await ActivityEnvironment().run(allowing(object_store, stub).judge, input)
     assert stub.calls == 1
     assert again.ref.sha256 == ref.ref.sha256
+
+
+async def test_a_late_judge_attempt_never_changes_what_its_retry_recorded(
+    object_store: ObjectStore, stub: StubServer
+) -> None:
+    """Attempt 1 outlives its heartbeat; attempt 2 scores the step and the workflow records its ref; then
+    attempt 1 finishes with other scores (its cache entries gone, the judge answering otherwise). The
+    recorded ref must still read back, byte for byte."""
+    input = await run_judge(object_store, stub.base_url)
+    retry = ActivityEnvironment()
+    retry.info = dataclasses.replace(retry.info, attempt=2)
+    recorded = await retry.run(allowing(object_store, stub).judge, input)
+    assert recorded.ref.uri == object_store.uri(layout.scored_key("r1", 3, attempt=2))
+    object_store.delete_prefix("runs/r1/judge_cache/")
+    stub.script.append(
+        '{"scores": [{"trajectory_id": "1", "score": 0.6}, {"trajectory_id": "2", "score": 0.4}]}'
+    )
+    late = await ActivityEnvironment().run(allowing(object_store, stub).judge, input)
+    assert late.ref.sha256 != recorded.ref.sha256  # the late attempt scored otherwise
+    verified_bytes(object_store, recorded.ref)  # still the object the workflow recorded, or this raises
+    assert [t.reward for t in download_groups(object_store, recorded.ref.uri)[0].trajectories] == [
+        0.9,
+        0.1,
+    ] * 2
 
 
 async def test_judge_kind_rollout_keeps_the_rollout_rewards(
