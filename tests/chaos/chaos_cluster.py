@@ -235,15 +235,22 @@ class ChaosCluster:
         log.warning("stopped %s running %s (attempt %s)", fault.target, activity, fault.attempt)
         return fault
 
-    async def kill_trainer_child_running(self, handle: WorkflowHandle, *, after_s: float = 1.0) -> Fault:
-        """``kill -9`` the trainer child of the ``worker all`` running train; nothing restarts it but its parent."""
+    async def _trainer_child_running(
+        self, handle: WorkflowHandle, after_s: float
+    ) -> tuple[Fault, psutil.Process]:
+        """Once a ``worker all``'s trainer child has run train ``after_s`` seconds: the fault to record (``kind``
+        left for the caller) and the child."""
         while True:
             fault = await self.running(handle, "train", after_s=after_s)
             if fault.target.endswith("/trainer"):
                 break
             await asyncio.sleep(0.3)
-        name = fault.target.removesuffix("/trainer")
-        (child,) = self.children(self.workers[name], "worker trainer")
+        (child,) = self.children(self.workers[fault.target.removesuffix("/trainer")], "worker trainer")
+        return fault, child
+
+    async def kill_trainer_child_running(self, handle: WorkflowHandle, *, after_s: float = 1.0) -> Fault:
+        """``kill -9`` the trainer child of the ``worker all`` running train; nothing restarts it but its parent."""
+        fault, child = await self._trainer_child_running(handle, after_s)
         fault.kind, fault.at = "kill trainer child", datetime.now(UTC)
         child.kill()
         self.faults.append(fault)
@@ -256,13 +263,7 @@ class ChaosCluster:
         """The kernel's OOM killer ends the trainer child of the ``worker all`` running train: the child is moved
         into a memory cgroup (v1) that allows ``headroom_mb`` more than it holds, so the step's next allocations
         overrun it. ``fault.at`` is when the child died; raises unless the cgroup counted an OOM kill."""
-        while True:
-            fault = await self.running(handle, "train", after_s=after_s)
-            if fault.target.endswith("/trainer"):
-                break
-            await asyncio.sleep(0.3)
-        name = fault.target.removesuffix("/trainer")
-        (child,) = self.children(self.workers[name], "worker trainer")
+        fault, child = await self._trainer_child_running(handle, after_s)
         await asyncio.to_thread(oom_kill, child, headroom_mb)
         fault.kind, fault.at = "OOM-kill trainer child", datetime.now(UTC)
         self.faults.append(fault)
