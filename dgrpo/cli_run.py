@@ -89,6 +89,7 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
             dtype=args.dtype,
             gpu_memory_utilization=args.gpu_memory_utilization,
             prefix_cache_mb=args.prefix_cache_mb,
+            tool_call_parser=args.tool_call_parser or None,
             probe_timeout_s=args.probe_timeout_s,
             unanswered_probes=args.unanswered_probes,
             vllm_python=args.vllm_python,
@@ -224,6 +225,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         type=int,
         default=engine.prefix_cache_mb,
         help="CPU server's prefix cache; 0: off",
+    )
+    worker.add_argument(
+        "--tool-call-parser",
+        default=engine.tool_call_parser,
+        help="vLLM: how the model writes tool calls (hermes, llama3_json, ...); '' for none",
     )
     worker.add_argument(
         "--probe-timeout-s",

@@ -126,6 +126,11 @@ class EngineSettings(BaseModel):
     ``$DGRPO_VLLM_PYTHON``, else the project's ``.venv-vllm``, else the worker's own Python."""
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     """vLLM's share of the GPU's memory; None keeps vLLM's default."""
+    tool_call_parser: str | None = Field("hermes", pattern=r"^[A-Za-z0-9_.-]+$")
+    """vLLM's ``--tool-call-parser``, with ``--enable-auto-tool-choice``: how the model writes a tool call
+    (``hermes``: ``<tool_call>`` JSON, as SmolLM2, Qwen2.5 and Hermes models do; ``llama3_json`` for Llama 3).
+    Without it vLLM refuses every request with ``tool_choice: "auto"``, which the openai SDK sends with tools.
+    None: no tool calls on vLLM. Our CPU server parses ``<tool_call>`` itself."""
     prefix_cache_mb: int = Field(1024, ge=0)
     """CPU server: keys and values of finished sequences kept for prompts that extend them (multi-turn
     agents, a group's shared prompt); 0 turns prefix caching off (on vLLM too)."""

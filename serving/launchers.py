@@ -291,6 +291,8 @@ class VllmServerProcess(ServerProcess):
             argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
         if s.prefix_cache_mb == 0:
             argv.append("--no-enable-prefix-caching")
+        if s.tool_call_parser:
+            argv += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
         return argv + self.extra_args
 
     def environment(self) -> dict[str, str]:

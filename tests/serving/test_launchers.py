@@ -89,6 +89,11 @@ def test_vllms_cpu_build_serves_fp32_on_loopback_and_refuses_sleep_mode() -> Non
     env = cpu.environment()
     assert env["VLLM_HOST_IP"] == "127.0.0.1" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert "VLLM_SERVER_DEV_MODE" not in env  # development endpoints only when asked for (benches)
+    assert argv[argv.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in argv
+    plain = VllmServerProcess(
+        SMOLLM2_NAME, EngineSettings(engine="vllm", tool_call_parser=None), runtime=CPU_BUILD
+    )
+    assert "--enable-auto-tool-choice" not in plain.command()
     dev = VllmServerProcess(
         SMOLLM2_NAME, EngineSettings(engine="vllm"), runtime=CPU_BUILD, dev_endpoints=True
     )

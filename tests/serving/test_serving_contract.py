@@ -255,3 +255,33 @@ async def test_a_seed_reproduces_a_sample(sdk: openai.AsyncOpenAI) -> None:
     first = await sample(11)
     assert await sample(11) == first
     assert len({tuple(await sample(s)) for s in (1, 2, 3)} | {tuple(first)}) > 1  # seeds draw differently
+
+
+async def test_a_chat_with_tools_is_answered_on_both_engines(
+    sdk: openai.AsyncOpenAI, engine: ServerProcess
+) -> None:
+    """What a tool-using rollout sends (examples/tool_agent.py): tools and ``tool_choice: "auto"``. vLLM refuses
+    that with a 400 unless started with a tool-call parser, so the launcher passes one."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather in a city",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
+    response = await sdk.chat.completions.create(
+        model=BASE, messages=chat("What is the weather in Paris? Use the tool."), tools=tools,  # type: ignore[arg-type]
+        tool_choice="auto", max_tokens=48, temperature=0,
+    )  # fmt: skip
+    message = response.choices[0].message
+    assert message.tool_calls or message.content
+    if isinstance(engine, VllmServerProcess):
+        argv = engine.command()
+        assert argv[argv.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in argv
