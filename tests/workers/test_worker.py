@@ -65,6 +65,9 @@ def test_the_engine_flags_become_the_inference_workers_engine_settings() -> None
     )
     defaults = worker_options(build_parser().parse_args(["worker", "inference"])).engine
     assert defaults == EngineSettings() and defaults.can_sleep and not EngineSettings(engine="vllm").can_sleep
+    for flag, parser in (("llama3_json", "llama3_json"), ("", None)):
+        args = build_parser().parse_args(["worker", "inference", "--tool-call-parser", flag])
+        assert worker_options(args).engine.tool_call_parser == parser
 
 
 def test_max_concurrent_activities_is_a_whole_number_of_one_or_more(
