@@ -46,10 +46,25 @@ def test_the_recorded_histories_cover_every_workflow_and_mode() -> None:
         "replay-pipelined__0",
         "replay-shared__0",
         "replay-inline__0",
+        "replay-resample__0",
     }
     assert expected <= names
     chain = load(Path(__file__).parent / "histories" / "replay-sync__0.json")
     assert any(e.HasField("workflow_execution_continued_as_new_event_attributes") for e in chain.events)
+
+
+def test_the_resample_history_rolls_a_step_out_again_before_it_trains() -> None:
+    """``record.py --only resample``: the step's first rollouts had no learning signal, so it was rolled out
+    again on other scenarios before it trained."""
+    history = load(Path(__file__).parent / "histories" / "replay-resample__0.json")
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    first_train = scheduled.index("train")
+    assert scheduled[:first_train].count("rollouts") >= 2
+    assert scheduled[:first_train].count("compute_advantages") >= 2
 
 
 def test_the_inline_scenarios_history_is_a_run_from_before_scenarios_by_reference() -> None:

@@ -1,12 +1,14 @@
 """Record the Temporal histories that tests/workflows/test_replay.py replays on every change.
 
-    PYTHONPATH=$PWD .venv/bin/python tests/workflows/histories/record.py [--out DIR] [--only sft|inline]
+    PYTHONPATH=$PWD .venv/bin/python tests/workflows/histories/record.py [--out DIR] [--only sft|inline|resample]
 
 On a private embedded stack with one real ``dgrpo worker all`` (CPU server and CPU trainer, SmolLM2-135M):
 a sync ``TrainingRun`` of 3 steps that continues as new after 2, a pipelined run of 3 steps, a shared run of
 2 steps, and the ART-style client (``examples/art_style.py`` through ``TemporalBackend``: ``ServeModel`` and
 two ``TrainStep``s), and one ``model.train_sft`` through ``TemporalBackend`` (a ``TrainSFT``; ``--only sft``
-records that one alone). ``--only inline`` records one more run, alone: a sync run of 2 steps whose
+records that one alone). ``--only resample`` records ``replay-resample``, alone: one step of one group of two on
+sums far beyond the model, whose first rollouts had no learning signal and were rolled out again (a
+recording may need a second try if the first draw happens to differ). ``--only inline`` records one more run, alone: a sync run of 2 steps whose
 ``task.scenarios`` is an inline list (``replay-inline``). Its recorded history predates the
 ``scenarios-by-reference`` patch (each rollouts activity carries the list itself), so it was recorded from the
 workflow code before that patch (commit 0f3fe03, with this script copied in); recording it again from today's
@@ -52,6 +54,29 @@ INLINE_RUNS: dict[str, dict[str, Any]] = {
     },
 }
 
+RESAMPLE_RUNS: dict[str, dict[str, Any]] = {
+    # Sums far beyond the model: no reply comes within MAX_DISTANCE, so a reward is only the format's, and a
+    # group of two replies often has none to tell apart; a step whose groups all have none is rolled out again.
+    "replay-resample": {
+        "mode": "sync",
+        "steps": 1,
+        "groups_per_step": 1,
+        "group_size": 2,
+        "task": {
+            "rollout": "examples.arithmetic:rollout",
+            "scenarios": [
+                {
+                    "id": f"huge-{i}",
+                    "a": 10**9 + 7919 * i,
+                    "b": 2 * 10**9 + 104729 * i,
+                    "answer": 3 * 10**9 + 112648 * i,
+                }
+                for i in range(16)
+            ],
+        },
+    },
+}
+
 
 def spec(run_id: str, queues: TaskQueues, overrides: dict[str, Any]) -> RunSpec:
     data = json.loads((REPO / "examples" / "run.json").read_text())
@@ -66,7 +91,10 @@ async def training_runs(runs: dict[str, dict[str, Any]]) -> None:
     for run_id, overrides in runs.items():
         print(f"{run_id}: {overrides}", flush=True)
         handle = await run_control.start_run(client, spec(run_id, queues=TaskQueues(), overrides=overrides))
-        await run_control.watch(handle, lambda _: None, interval=1.0)
+        try:
+            await run_control.watch(handle, lambda _: None, interval=1.0)
+        except Exception as err:  # a run that fails (no learning signal) is a history too
+            print(f"{run_id} ended: {err}", flush=True)
 
 
 async def art_program(inference_url: str) -> None:
@@ -121,7 +149,9 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument(
-        "--only", choices=("sft", "inline"), help="record only the TrainSFT run, or only replay-inline"
+        "--only",
+        choices=("sft", "inline", "resample"),
+        help="record only the TrainSFT run, or only replay-inline, or only replay-resample",
     )
     args = parser.parse_args()
     out = args.out
@@ -139,10 +169,11 @@ def main() -> None:
                 if args.only == "sft":
                     asyncio.run(sft_program(worker.server_urls[0]))
                 else:
-                    asyncio.run(training_runs(INLINE_RUNS))
+                    asyncio.run(training_runs(INLINE_RUNS if args.only == "inline" else RESAMPLE_RUNS))
             finally:
                 worker.stop()
-            asyncio.run(write_histories(out, prefix="sft-" if args.only == "sft" else "replay-inline"))
+            prefix = {"sft": "sft-", "inline": "replay-inline", "resample": "replay-resample"}[args.only]
+            asyncio.run(write_histories(out, prefix=prefix))
             return
         for n, phase in enumerate(("train", "serve again")):
             worker = WorkerProcess("all", home / f"worker-{n}.log", task_queues=TaskQueues(), cwd=REPO)
