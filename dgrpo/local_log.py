@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from dgrpo.metrics import reward_std_dev
 from dgrpo.metrics_builder import MetricsBuilder
 from dgrpo.metrics_taxonomy import build_data_metrics_from_summary, summarize_trajectory_groups
 from dgrpo.utils.trajectory_logging import write_trajectory_groups_parquet
@@ -42,12 +43,6 @@ def history_key(name: str, split: str) -> str:
     if split in SPLITS and has_section and (first in SECTIONS or first in SPLITS):
         return name
     return f"{split}/{name}"
-
-
-def step_std_dev(groups: list[TrajectoryGroup]) -> float:
-    """The mean over groups of two or more trajectories of their rewards' population std (0 when none)."""
-    stds = [statistics.pstdev(t.reward for t in g.trajectories) for g in groups if len(g.trajectories) > 1]
-    return statistics.fmean(stds) if stds else 0.0
 
 
 class LocalModelLog:
@@ -138,7 +133,7 @@ class LocalModelLog:
                     values[name].append(value)
         out = {name: statistics.fmean(vs) for name, vs in values.items() if vs}
         out.update({f"group_{name}": statistics.fmean(vs) for name, vs in per_group.items()})
-        out["reward_std_dev"] = step_std_dev(groups)
+        out["reward_std_dev"] = reward_std_dev(groups)
         return out
 
     def _append(self, row: dict[str, float], split: str, step: int) -> dict[str, Any]:

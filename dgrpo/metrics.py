@@ -36,6 +36,13 @@ def qualified(name: str, split: str) -> str:
     return name if "/" in name and name.split("/", 1)[0] in SECTIONS else f"{split}/{name}"
 
 
+def reward_std_dev(groups: list[TrajectoryGroup]) -> float:
+    """ART's ``reward_std_dev``: the mean over groups of two or more trajectories of their rewards' population
+    std (0 when there are none)."""
+    stds = [statistics.pstdev(t.reward for t in g.trajectories) for g in groups if len(g.trajectories) > 1]
+    return statistics.fmean(stds) if stds else 0.0
+
+
 def group_metrics(groups: list[TrajectoryGroup], split: str) -> dict[str, float]:
     """ART's numbers for a batch of groups: ``<split>/reward`` (mean), ``<split>/reward_std_dev`` (the mean
     of each group's reward std), ``<split>/exception_rate``, the ``data/step_num_*`` counts (``train``;
@@ -46,8 +53,7 @@ def group_metrics(groups: list[TrajectoryGroup], split: str) -> dict[str, float]
     out: dict[str, float] = {}
     if rewards:
         out[f"{split}/reward"] = statistics.fmean(rewards)
-    stds = [statistics.pstdev([t.reward for t in g.trajectories]) for g in groups if len(g.trajectories) > 1]
-    out[f"{split}/reward_std_dev"] = statistics.fmean(stds) if stds else 0.0
+    out[f"{split}/reward_std_dev"] = reward_std_dev(groups)
     if trajectories or exceptions:
         out[f"{split}/exception_rate"] = exceptions / (len(trajectories) + exceptions)
     data = build_data_metrics_from_summary(
