@@ -238,17 +238,11 @@ def client_judge(client: AsyncOpenAI, judge_model: str, max_tokens: int) -> Judg
     return call
 
 
-async def ask_judge(
-    client: AsyncOpenAI, judge_model: str, messages: list[dict[str, str]], n: int, max_tokens: int
-) -> list[float] | None:
-    """Ask once, re-ask once on malformed output; None when both replies were malformed."""
-    return await ask_judge_with(client_judge(client, judge_model, max_tokens), judge_model, messages, n)
-
-
 async def ask_judge_with(
     call: JudgeCall, judge_model: str, messages: list[dict[str, str]], n: int
 ) -> list[float] | None:
-    """``ask_judge`` through any ``JudgeCall`` (dgrpo's RULER: litellm's ``acompletion`` signature)."""
+    """Ask through ``call`` (``client_judge``, or dgrpo's RULER with litellm's ``acompletion`` signature) once,
+    and once more on malformed output; None when both replies were malformed."""
     conversation = list(messages)
     for attempt in (1, 2):
         reply = await call(conversation)
