@@ -37,6 +37,8 @@ class ArtTraining:
         trajectory_groups: Iterable[TrajectoryGroup],
         *,
         learning_rate: float = 5e-6,
+        loss_fn: str | None = None,
+        normalize_advantages: bool = True,
         beta: float = 0.0,
         epsilon: float | None = None,
         epsilon_high: float | None = None,
@@ -45,12 +47,15 @@ class ArtTraining:
     ) -> LocalTrainResult:
         """Train one GRPO step (a durable ``TrainStep``) and return the new step and its metrics.
 
-        ``art_options`` are ART's other keywords, accepted at ART's defaults and refused (with the reason)
-        where dgrpo has no equivalent.
+        ``loss_fn`` (ART 0.5: ``"cispo"`` or ``"ppo"``) picks ``TrainConfig.importance_sampling`` (None: its
+        default); ``normalize_advantages=False`` is ``scale_rewards=False``, as in ART. ``art_options`` are ART's
+        other keywords, accepted at ART's defaults and refused (with the reason) where dgrpo has no equivalent.
         """
         self.check_registered(model)
         options = {
             "learning_rate": learning_rate,
+            "loss_fn": loss_fn,
+            "normalize_advantages": normalize_advantages,
             "beta": beta,
             "epsilon": epsilon,
             "epsilon_high": epsilon_high,

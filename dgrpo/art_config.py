@@ -33,6 +33,9 @@ TRAIN_OPTIONS = {
 }
 """ART ``backend.train`` keywords (and ``dev.TrainConfig`` keys) -> ``TrainConfig`` fields."""
 
+LOSS_FNS = {"cispo": "cispo", "ppo": "ppo_clip"}
+"""ART 0.5's ``loss_fn`` -> ``TrainConfig.importance_sampling``."""
+
 ART_TRAIN_DEFAULTS: dict[str, Any] = {
     "ppo": False,
     "advantage_balance": 0.0,
@@ -49,6 +52,14 @@ ART_TRAIN_DEFAULTS: dict[str, Any] = {
     "num_trajectories_learning_rate_multiplier_power": 0.0,
     "save_checkpoint": True,
     "verbose": False,
+    "loss_fn_config": None,
+    "adam_params": None,
+    "kl_penalty_coef": 0.0,
+    "kl_penalty_reference_step": None,
+    "kl_ref_adapter_path": None,
+    "kl_penalty_source": "current_learner",
+    "packed_sequence_length": None,
+    "megatron_topology": None,
 }
 """ART ``backend.train`` options with no dgrpo equivalent: accepted at ART's default value only."""
 
@@ -56,7 +67,8 @@ WHY_NOT = {
     "engine_args": "engine settings belong to the inference worker's operator (`dgrpo worker --max-lora-rank "
     "--max-loras --sleep-mode --dtype`); a model cannot change a shared server",
     "save_checkpoint": "every dgrpo step publishes its checkpoint: the next step and a resumed run start from it",
-    "ppo": "dgrpo's loss is chosen by TrainConfig.importance_sampling ('ppo_clip' or 'cispo')",
+    "ppo": "say loss_fn='ppo' (TrainConfig.importance_sampling 'ppo_clip')",
+    "loss_fn": "dgrpo trains with loss_fn='cispo' or 'ppo'",
     "allow_training_without_logprobs": "the trainer needs the sampled token ids and logprobs of every choice",
 }
 
@@ -98,12 +110,25 @@ def lora_from_lora_config(lora_config: Mapping[str, Any]) -> LoraConfig:
     return LoraConfig(**fields)
 
 
+def importance_sampling(where: str, loss_fn: str) -> str:
+    """ART's ``loss_fn`` as ``TrainConfig.importance_sampling``."""
+    if loss_fn not in LOSS_FNS:
+        raise _refuse(where, "loss_fn", loss_fn)
+    return LOSS_FNS[loss_fn]
+
+
 def train_config_fields(where: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """``TrainConfig`` fields for ART training options; an option without an equivalent is refused
     unless it has ART's default value (then it changes nothing)."""
     fields: dict[str, Any] = {}
     for key, value in options.items():
-        if key in TRAIN_OPTIONS:
+        if key == "loss_fn":
+            if value is not None:
+                fields["importance_sampling"] = importance_sampling(where, value)
+        elif key == "normalize_advantages":
+            if not value:  # ART's older name for scale_rewards; False turns the scaling off
+                fields["scale_rewards"] = False
+        elif key in TRAIN_OPTIONS:
             if value is not None:
                 fields[TRAIN_OPTIONS[key]] = value
         elif key in ART_TRAIN_DEFAULTS:

@@ -31,6 +31,7 @@ from typing import Any
 from temporalio.client import WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
+from dgrpo.art_config import importance_sampling
 from dgrpo.backends import Backend
 from dgrpo.errors import UnsupportedArtOption
 from dgrpo.pipeline_trainer.checkpoint_retention import CheckpointRetentionStrategy, KeepRecentAndTop
@@ -297,13 +298,10 @@ def retention_spec(strategy: CheckpointRetentionStrategy | None, interval: int) 
 
 
 def loss_kind(loss_fn: str | None) -> Any:
-    """ART's ``loss_fn`` as ``TrainConfig.importance_sampling``."""
+    """ART's ``loss_fn`` as ``TrainConfig.importance_sampling`` (None: the default)."""
     if loss_fn is None:
         return TrainConfig().importance_sampling
-    kinds = {"cispo": "cispo", "ppo": "ppo_clip"}
-    if loss_fn not in kinds:
-        raise UnsupportedArtOption(f"loss_fn={loss_fn!r}: dgrpo trains with 'cispo' or 'ppo'")
-    return kinds[loss_fn]
+    return importance_sampling("PipelineTrainer", loss_fn)
 
 
 def refuse_unsupported(*, save_checkpoint: bool, resume: bool, **art_options: Any) -> None:

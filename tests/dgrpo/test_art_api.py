@@ -80,6 +80,23 @@ async def test_backend_train_refuses_save_checkpoint_false(tmp_path: Path) -> No
         train_config_fields("backend.train", {"save_checkpoint": False})
 
 
+def test_backend_train_maps_art_05_loss_keywords() -> None:
+    from dgrpo.art_config import train_config_fields
+
+    fields = train_config_fields(
+        "backend.train", {"loss_fn": "ppo", "normalize_advantages": False, "adam_params": None}
+    )
+    assert fields == {"importance_sampling": "ppo_clip", "scale_rewards": False}
+    assert train_config_fields("backend.train", {"loss_fn": "cispo", "normalize_advantages": True}) == {
+        "importance_sampling": "cispo"
+    }
+    assert train_config_fields("backend.train", {"loss_fn": None}) == {}  # the TrainConfig default
+    with pytest.raises(UnsupportedArtOption, match=r"loss_fn='dapo'.*'cispo' or 'ppo'"):
+        train_config_fields("backend.train", {"loss_fn": "dapo"})
+    with pytest.raises(UnsupportedArtOption, match="loss_fn_config"):
+        train_config_fields("backend.train", {"loss_fn_config": {"clip": 0.2}})
+
+
 def test_model_train_finds_appended_choices_and_refuses_history_choices() -> None:
     from openai.types.chat.chat_completion import Choice as OpenAIChoice
 
