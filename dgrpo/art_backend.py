@@ -11,15 +11,23 @@ caller logs with ``model.log``). ``model.train`` / ``model.train_sft`` stay avai
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from dgrpo.art_config import train_config_fields
-from dgrpo.backends import ClusterBackend
+from dgrpo.backends import Backend, ClusterBackend
 from dgrpo.errors import NotRegisteredError
 from dgrpo.metrics import group_metrics, train_result_metrics
 from dgrpo.trainable_model import TrainableModel
 from dgrpo.types import LocalTrainResult, TrainResult, TrainSFTConfig
 from schemas.trajectory import Trajectory, TrajectoryGroup
+
+
+class ArtBackend(Backend, Protocol):
+    """A backend with ART's ``train``: ``LocalBackend`` and ``TemporalBackend``."""
+
+    async def train(
+        self, model: TrainableModel, trajectory_groups: Iterable[TrajectoryGroup], **options: Any
+    ) -> LocalTrainResult: ...
 
 
 class ArtTraining:

@@ -1,20 +1,23 @@
-"""``PipelineTrainer`` (ART 0.5's asynchronous trainer) as a durable, pipelined ``TrainingRun`` workflow.
+"""``PipelineTrainer`` (ART 0.5's asynchronous trainer): a durable, pipelined ``TrainingRun`` workflow when the
+workers can run its rollout, else ART's loop in this process (dgrpo/pipeline_trainer/in_process.py).
 
     trainer = PipelineTrainer(model, backend, make_group_rollout_fn(rollout, n=4), scenarios, None,
                               eval_fn=evaluate, min_batch_size=2, max_steps=10)
     await trainer.train()
 
-ART runs rollouts, training and evals as asyncio stages in this process. Here ``train()`` starts (or, when
-it is already running, joins) the ``TrainingRun`` of ``<project>-<name>`` in mode ``pipelined``: the
-inference workers roll out step n+1 while the trainer trains step n, groups older than
-``max_steps_off_policy`` policy versions are dropped, and a crash of this process, a worker or a server
-costs a retry, not the run. A finished or failed run is started again and continues after its newest
-checkpoint (so a higher ``max_steps`` trains further). ``eval_fn`` runs here, at the steps ART would run
-it, and its trajectories are logged as ``val``.
+As a ``TrainingRun``, ``train()`` starts (or, when it is already running, joins) the run of
+``<project>-<name>`` in mode ``pipelined``: the inference workers roll out step n+1 while the trainer trains
+step n, groups older than ``max_steps_off_policy`` policy versions are dropped, and a crash of this process,
+a worker or a server costs a retry, not the run. A finished or failed run is started again and continues
+after its newest checkpoint (so a higher ``max_steps`` trains further). ``eval_fn`` runs here, at the steps
+ART would run it, and its trajectories are logged as ``val``. The workers import the rollout by its path, so
+it must be ``make_group_rollout_fn`` of a module-level ``async def`` in a module the inference worker's
+operator allows (``DGRPO_TASK_MODULES``), called ``rollout(model, scenario)`` with each scenario as a dict.
 
-The workers import the rollout by its path, so it must be a module-level ``async def`` in a module the
-inference worker's operator allows (``DGRPO_TASK_MODULES``), called ``rollout(model, scenario)`` with each
-scenario as a dict; the pieces of ART's signature that cannot cross to a worker are refused with the reason.
+Any other rollout (a lambda, a closure, a group function, one needing this process's ``config``) runs in
+this process, as ART runs it, each step trained through ``backend.train`` (a durable ``TrainStep``); a
+warning says why it is not a ``TrainingRun``. ``durable=True`` refuses that instead, ``durable=False`` asks
+for it.
 """
 
 from __future__ import annotations
@@ -24,17 +27,18 @@ import inspect
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from temporalio.client import WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
+from dgrpo.art_backend import ArtBackend
 from dgrpo.art_config import importance_sampling
-from dgrpo.backends import Backend
 from dgrpo.errors import UnsupportedArtOption
 from dgrpo.pipeline_trainer.checkpoint_retention import CheckpointRetentionStrategy, KeepRecentAndTop
+from dgrpo.pipeline_trainer.in_process import EvalFn, GroupRollout, InProcessPipeline, PipelineSettings
 from dgrpo.trainable_model import TrainableModel
 from schemas.config import CheckpointsSpec, RunSpec, TaskSpec, TrainConfig
 from schemas.history_bounds import MAX_INLINE_SCENARIOS_BYTES
@@ -46,9 +50,6 @@ log = logging.getLogger(__name__)
 
 POLL_S = 2.0
 """How often ``train()`` asks the run for its step (to run ``eval_fn`` at the right steps)."""
-
-EvalResult = Sequence[Trajectory | TrajectoryGroup] | Mapping[str, Sequence[Trajectory | TrajectoryGroup]]
-EvalFn = Callable[[TrainableModel, int, Any], Awaitable[EvalResult]]
 
 
 @dataclass(frozen=True)
@@ -80,16 +81,21 @@ def make_group_rollout_fn(
     return GroupRolloutFn(single_rollout_fn, n)
 
 
-class PipelineTrainer:
-    """ART's ``PipelineTrainer(model, backend, rollout_fn, scenarios, config, eval_fn=...)``; ``train()``
-    runs it as a durable pipelined ``TrainingRun``."""
+class PipelineTrainer(InProcessPipeline):
+    """ART's ``PipelineTrainer(model, backend, rollout_fn, scenarios, config, eval_fn=...)``; ``train()`` runs
+    it as a durable pipelined ``TrainingRun`` when the workers can run the rollout, else in this process.
+
+    ``durable``: True requires the ``TrainingRun`` (refused, saying why, when the rollout cannot cross to a
+    worker); False runs the loop here; None (default) picks the ``TrainingRun`` when it can and says why not
+    when it cannot.
+    """
 
     def __init__(
         self,
         model: TrainableModel,
-        backend: Backend,
-        rollout_fn: GroupRolloutFn,
-        scenarios: Iterable[dict[str, Any]] | str,
+        backend: ArtBackend,
+        rollout_fn: GroupRollout,
+        scenarios: Iterable[Any] | AsyncIterator[Any] | str,
         config: Any,
         eval_fn: EvalFn | None = None,
         *,
@@ -97,46 +103,66 @@ class PipelineTrainer:
         min_batch_size: int = 4,
         max_batch_size: int | None = None,
         max_steps_off_policy: int | None = 4,
+        queue_maxsize: int | None = None,
         learning_rate: float = 1e-5,
         loss_fn: str | None = None,
+        normalize_advantages: bool = True,
         max_steps: int | None = None,
+        discard_queue_multiplier: int = 100,
         eval_every_n_steps: int = 20,
         eval_at_start: bool = True,
         save_checkpoint: bool = True,
         resume: bool = True,
         checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
         checkpoint_retention_interval: int = 1,
+        durable: bool | None = None,
         **art_options: Any,
     ) -> None:
         refuse_unsupported(save_checkpoint=save_checkpoint, resume=resume, **art_options)
+        settings = PipelineSettings(
+            num_rollout_workers=num_rollout_workers,
+            min_batch_size=min_batch_size,
+            max_batch_size=max_batch_size,
+            max_steps_off_policy=max_steps_off_policy,
+            queue_maxsize=queue_maxsize,
+            max_steps=max_steps,
+            eval_every_n_steps=eval_every_n_steps,
+            eval_at_start=eval_at_start,
+            discard_queue_multiplier=discard_queue_multiplier,
+        )
         self.checkpoints = retention_spec(checkpoint_retention_strategy, checkpoint_retention_interval)
-        if eval_every_n_steps < 0:
-            raise ValueError("eval_every_n_steps must be >= 0")
-        if not isinstance(rollout_fn, GroupRolloutFn):
-            raise UnsupportedArtOption(
-                "PipelineTrainer's rollouts run on the inference workers one trajectory at a time: pass "
-                "rollout_fn=make_group_rollout_fn(single_rollout_fn, n=...) (from dgrpo.pipeline_trainer), "
-                f"not the group function {getattr(rollout_fn, '__name__', rollout_fn)!r}"
-            )
-        self.model = model
-        self.backend = backend
-        self.rollout_fn = rollout_fn
-        self.rollout_path = rollout_path(rollout_fn.single, config)
-        self.scenarios = scenario_list(scenarios)
-        self.config = config
-        self.eval_fn = eval_fn
-        self.num_rollout_workers = num_rollout_workers
+        self.durable = durable is not False
+        if self.durable:
+            try:
+                self.rollout_path, scenarios = durable_task(rollout_fn, scenarios, config)
+            except UnsupportedArtOption as why:
+                if durable:
+                    raise
+                self.durable = False
+                log.warning(
+                    "PipelineTrainer runs in this process (rollouts here, each step a durable TrainStep through "
+                    "backend.train), not as a durable TrainingRun, because %s",
+                    why,
+                )
+        if not self.durable:
+            scenarios = in_process_scenarios(scenarios, self.checkpoints)
+        train_options = {"learning_rate": learning_rate, "loss_fn": loss_fn}
+        if not normalize_advantages:
+            train_options["normalize_advantages"] = False
+        super().__init__(model, backend, rollout_fn, scenarios, config, eval_fn, settings, train_options)
+        self.scenarios = scenarios
         self.groups_per_step = max_batch_size or min_batch_size
         self.max_staleness = max_steps_off_policy if max_steps_off_policy is not None else 1_000_000
         self.train_config = TrainConfig(learning_rate=learning_rate, importance_sampling=loss_kind(loss_fn))
-        self.max_steps = max_steps
-        self.eval_every_n_steps = eval_every_n_steps
-        self.eval_at_start = eval_at_start
 
     def run_spec(self) -> RunSpec:
         """The ``TrainingRun`` this trainer starts: the model's run id, mode ``pipelined``."""
-        if self.max_steps is not None:
-            steps = self.max_steps
+        if not isinstance(self.rollout_fn, GroupRolloutFn) or not self.durable:
+            raise UnsupportedArtOption(
+                "this PipelineTrainer runs in this process (durable=False): no TrainingRun"
+            )
+        if self.settings.max_steps is not None:
+            steps = self.settings.max_steps
         elif isinstance(self.scenarios, list):
             steps = math.ceil(
                 len(self.scenarios) / self.groups_per_step
@@ -151,7 +177,7 @@ class PipelineTrainer:
             task=TaskSpec(
                 rollout=self.rollout_path,
                 scenarios=self.scenarios,
-                rollout_concurrency=self.num_rollout_workers * self.rollout_fn.n,
+                rollout_concurrency=self.settings.num_rollout_workers * self.rollout_fn.n,
             ),
             steps=steps,
             groups_per_step=self.groups_per_step,
@@ -163,8 +189,12 @@ class PipelineTrainer:
             checkpoints=self.checkpoints,
         )
 
-    async def train(self, *, handle_signals: bool = True) -> RunStatus:
-        """Start (or join) the run and wait for it, running ``eval_fn`` at its steps; returns its status."""
+    async def train(self, *, handle_signals: bool = True) -> RunStatus | None:
+        """Start (or join) the run and wait for it, running ``eval_fn`` at its steps; returns its status.
+        In this process (``durable`` False): run the loop, as ART's ``train`` (None)."""
+        if not self.durable:
+            await self.train_in_process(handle_signals)
+            return None
         spec = self.run_spec()
         await self.backend.start()
         client = await self.backend.temporal_client()
@@ -202,27 +232,46 @@ class PipelineTrainer:
 
     async def _maybe_eval(self, status: RunStatus, evaluated: set[int], final: bool) -> None:
         step = status.step
+        every = self.settings.eval_every_n_steps
         due = (
-            (self.eval_at_start and not evaluated)
+            (self.settings.eval_at_start and not evaluated)
             or final
-            or (self.eval_every_n_steps > 0 and step > 0 and step % self.eval_every_n_steps == 0)
+            or (every > 0 and step > 0 and step % every == 0)
         )
         if not due or step in evaluated or status.adapter is None:
             return
         evaluated.add(step)
-        assert self.eval_fn is not None
         self.model.use_served(step, status.adapter)
-        results = await self.eval_fn(self.model, step, self.config)
-        splits = results if isinstance(results, Mapping) else {"val": results}
-        for split, items in splits.items():
-            await self.model.log(as_groups(items), split=split, step=step)
+        await self.evaluate(step)
 
 
-def as_groups(items: Sequence[Trajectory | TrajectoryGroup]) -> list[TrajectoryGroup]:
-    """An eval's result as groups: its groups, and its loose trajectories as one more group."""
-    loose = [i for i in items if isinstance(i, Trajectory)]
-    groups = [i for i in items if isinstance(i, TrajectoryGroup)]
-    return [*groups, TrajectoryGroup(loose)] if loose else groups
+def durable_task(
+    rollout_fn: GroupRollout, scenarios: Any, config: Any
+) -> tuple[str, list[dict[str, Any]] | str]:
+    """The rollout's ``module:function`` and the scenarios as a ``TrainingRun`` carries them; raises
+    ``UnsupportedArtOption`` saying why the workers could not run them."""
+    if not isinstance(rollout_fn, GroupRolloutFn):
+        raise UnsupportedArtOption(
+            "a TrainingRun's rollouts run on the inference workers one trajectory at a time: it needs "
+            "rollout_fn=make_group_rollout_fn(single_rollout_fn, n=...) (from dgrpo.pipeline_trainer), "
+            f"not the group function {getattr(rollout_fn, '__name__', rollout_fn)!r}"
+        )
+    return rollout_path(rollout_fn.single, config), scenario_list(scenarios)
+
+
+def in_process_scenarios(scenarios: Any, checkpoints: CheckpointsSpec) -> Iterable[Any] | AsyncIterator[Any]:
+    """The scenarios of a loop in this process; what only a ``TrainingRun`` does is refused, saying why."""
+    if isinstance(scenarios, str):
+        raise UnsupportedArtOption(
+            f"scenarios={scenarios!r}: a path or 'module:function' is read by a TrainingRun's workers; in this "
+            "process pass the scenarios themselves"
+        )
+    if checkpoints != CheckpointsSpec():
+        raise UnsupportedArtOption(
+            "checkpoint_retention_strategy is applied by a TrainingRun's workers after each step; in this process "
+            "call model.delete_checkpoints(...) between steps, or give a module-level rollout (a TrainingRun)"
+        )
+    return scenarios
 
 
 def rollout_path(fn: Callable[..., Any], config: Any) -> str:
@@ -254,7 +303,7 @@ def scenario_list(scenarios: Iterable[dict[str, Any]] | str) -> list[dict[str, A
     """The scenarios as the run spec carries them: a list of JSON objects, or a path the workers read."""
     if isinstance(scenarios, str):
         return scenarios
-    if isinstance(scenarios, AsyncIterator):
+    if isinstance(scenarios, AsyncIterator | Iterator):
         raise UnsupportedArtOption(
             "a durable run needs its scenarios up front (a retried step must see the same ones): pass a list, "
             "or a .jsonl path / 'module:function' the inference workers read"

@@ -1,5 +1,5 @@
 """``PipelineTrainer``'s mapping of ART's arguments onto a pipelined ``TrainingRun``, and what it refuses
-(no stack needed; tests/workflows/test_pipeline_trainer_run.py runs it)."""
+with ``durable=True`` (no stack needed; tests/workflows/test_pipeline_trainer_run.py runs it)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ def trainer(**kwargs: Any) -> PipelineTrainer:
         "rollout_fn": make_group_rollout_fn(rollout, n=3),
         "scenarios": scenarios()[:10],
         "config": None,
+        "durable": True,  # what a TrainingRun cannot take is refused (without it: run in this process)
     }
     args.update(kwargs)
     return PipelineTrainer(model, backend, **args)

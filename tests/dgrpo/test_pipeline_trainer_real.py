@@ -3,6 +3,7 @@ arithmetic task, with ``eval_fn`` run here and logged as ``val`` next to the run
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +54,39 @@ async def test_pipeline_trainer_trains_two_pipelined_steps_and_evaluates(tmp_pat
     # eval_fn ran at the start and at the end (ART's eval_at_start, and the final step)
     assert records[0]["val/data/step_num_trajectories"] == 2 and "val/reward" in records[0]
     assert records[2]["val/data/step_num_trajectories"] == 2 and "val/reward" in records[2]
+
+
+async def test_a_closure_rollout_trains_in_this_process_through_backend_train(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    seen: list[int] = []
+
+    async def grouped(
+        model: art.TrainableModel, scenario: dict[str, Any], config: Any
+    ) -> art.TrajectoryGroup:
+        seen.append(scenario["answer"])  # a closure: the workers could not import it
+        return await art.TrajectoryGroup(rollout(model, scenario) for _ in range(3))
+
+    try:
+        with LocalBackend(path=home) as backend:
+            model = art.TrainableModel(
+                name="here",
+                project="art-pipeline",
+                base_model="smollm2-135m-instruct",
+                base_path=str(tmp_path),
+            )
+            await model.register(backend)
+            trainer = PipelineTrainer(
+                model, backend, grouped, scenarios()[:4], None, min_batch_size=2, max_batch_size=2,
+                learning_rate=2e-4, eval_fn=None,
+            )  # fmt: skip
+            assert not trainer.durable
+            await trainer.train()
+            step = await model.get_step()
+    finally:
+        LocalBackend(path=home).stop_all()
+    rows = [
+        json.loads(line)
+        for line in (tmp_path / "art-pipeline/models/here/history.jsonl").read_text().splitlines()
+    ]
+    trained = [r["step"] for r in rows if "train/reward" in r]
+    assert len(seen) == 4 and 1 <= step <= 2 and trained == list(range(1, step + 1))
