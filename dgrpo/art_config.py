@@ -63,6 +63,12 @@ ART_TRAIN_DEFAULTS: dict[str, Any] = {
 }
 """ART ``backend.train`` options with no dgrpo equivalent: accepted at ART's default value only."""
 
+GPU_IDS_WHY = (
+    "which GPUs train and which serve is the workers' operator's, per process (e.g. `CUDA_VISIBLE_DEVICES=0 dgrpo "
+    "worker trainer` and `CUDA_VISIBLE_DEVICES=1 dgrpo worker inference`), not a model's; backend.train and "
+    "PipelineTrainer already train while the server keeps serving (ART's dedicated mode), so leave them out"
+)
+
 WHY_NOT = {
     "engine_args": "engine settings belong to the inference worker's operator (`dgrpo worker --max-lora-rank "
     "--max-loras --sleep-mode --dtype`); a model cannot change a shared server",
@@ -70,6 +76,10 @@ WHY_NOT = {
     "ppo": "say loss_fn='ppo' (TrainConfig.importance_sampling 'ppo_clip')",
     "loss_fn": "dgrpo trains with loss_fn='cispo' or 'ppo'",
     "allow_training_without_logprobs": "the trainer needs the sampled token ids and logprobs of every choice",
+    "trainer_gpu_ids": GPU_IDS_WHY,
+    "inference_gpu_ids": GPU_IDS_WHY,
+    "rollout_weights_mode": "dgrpo serves each step as a LoRA adapter (ART's 'lora', which may be given); it "
+    "does not push merged weights to the server",
 }
 
 
@@ -95,6 +105,8 @@ def lora_from_internal_config(internal: Mapping[str, Any]) -> tuple[LoraConfig |
                 if key != "max_seq_length":
                     raise _refuse("_internal_config['init_args']", key, value)
                 max_seq_len = int(value)
+        elif section == "rollout_weights_mode" and values == "lora":
+            continue  # ART's default, and what dgrpo does
         else:
             raise _refuse("_internal_config", section, values)
     return (LoraConfig(**lora) if lora else None), max_seq_len

@@ -6,7 +6,7 @@ the others with the reason (docs/art-compat.md lists them).
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 
 class InitArgs(TypedDict, total=False):
@@ -42,12 +42,16 @@ class EngineArgs(TypedDict, total=False):
 
 
 class InternalModelConfig(TypedDict, total=False):
-    """ART's ``TrainableModel(_internal_config=...)``."""
+    """ART's ``TrainableModel(_internal_config=...)``. Of ART 0.5's dedicated-mode keys,
+    ``rollout_weights_mode="lora"`` is what dgrpo does; GPU ids are refused (the workers' operator places them)."""
 
     init_args: InitArgs
     peft_args: PeftArgs
     engine_args: EngineArgs
     trainer_args: dict[str, Any]
+    trainer_gpu_ids: list[int]
+    inference_gpu_ids: list[int]
+    rollout_weights_mode: Literal["lora", "merged"]
 
 
 class TrainConfig(TypedDict, total=False):

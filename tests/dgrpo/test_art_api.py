@@ -52,6 +52,22 @@ def test_internal_config_peft_and_init_args_map_to_lora_and_max_seq_len() -> Non
     assert type(config) is not art.TrainConfig  # the workflow input gets the plain schema class
 
 
+def test_art_05_dedicated_mode_keys_refuse_gpu_ids_and_accept_lora_weights() -> None:
+    lora = art.dev.InternalModelConfig(rollout_weights_mode="lora", peft_args=art.dev.PeftArgs(r=4))
+    assert art.TrainableModel(name="m", _internal_config=lora).spec.lora.rank == 4
+    dedicated = art.dev.InternalModelConfig(trainer_gpu_ids=[0], inference_gpu_ids=[1])
+    with pytest.raises(
+        UnsupportedArtOption, match=r"trainer_gpu_ids=\[0\].*CUDA_VISIBLE_DEVICES=0 dgrpo worker"
+    ):
+        art.TrainableModel(name="m", _internal_config=dedicated)
+    with pytest.raises(UnsupportedArtOption, match=r"inference_gpu_ids.*workers' operator"):
+        art.TrainableModel(name="m", _internal_config={"inference_gpu_ids": [1]})
+    with pytest.raises(UnsupportedArtOption, match=r"rollout_weights_mode='merged'.*LoRA adapter"):
+        art.TrainableModel(
+            name="m", _internal_config=art.dev.InternalModelConfig(rollout_weights_mode="merged")
+        )
+
+
 def test_settings_without_an_equivalent_are_refused_saying_why() -> None:
     with pytest.raises(UnsupportedArtOption, match=r"gpu_memory_utilization.*inference worker's operator"):
         art.TrainableModel(name="m", _internal_config={"engine_args": {"gpu_memory_utilization": 0.8}})
