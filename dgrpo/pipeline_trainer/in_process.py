@@ -160,8 +160,8 @@ class InProcessPipeline:
     # ---- rollouts ---------------------------------------------------------------------------------
     async def _rollout_stage(self) -> None:
         async with asyncio.TaskGroup() as workers:
-            for _ in range(self.settings.num_rollout_workers):
-                workers.create_task(self._rollout_worker())
+            for worker in range(self.settings.num_rollout_workers):
+                workers.create_task(self._rollout_worker(worker))
         assert self._output_queue is not None
         await self._output_queue.put(None)  # the scenarios ran out: train what is queued, then stop
 
@@ -173,7 +173,7 @@ class InProcessPipeline:
         except StopAsyncIteration:
             return False, None
 
-    async def _rollout_worker(self) -> None:
+    async def _rollout_worker(self, worker_id: int) -> None:
         assert self._output_queue is not None
         while not self.state.done:
             more, scenario = await self._next_scenario()
@@ -188,7 +188,13 @@ class InProcessPipeline:
             try:
                 group = await self.rollout_fn(self.model, scenario, self.config)
             except Exception as err:  # as in ART: one scenario's failure costs that scenario only
-                log.warning("rollout of scenario %r failed: %s: %s", scenario, type(err).__name__, err)
+                log.warning(
+                    "rollout worker %d: scenario %r failed: %s: %s",
+                    worker_id,
+                    scenario,
+                    type(err).__name__,
+                    err,
+                )
                 continue
             finally:
                 token.var.reset(token)
@@ -319,10 +325,13 @@ class InProcessPipeline:
         if self.eval_fn is None or self._eval_queue is None:
             return
         while (step := await self._eval_queue.get()) is not None:
-            try:
-                await self.evaluate(step)
-            except Exception as err:  # as in ART: a failed eval is reported, training goes on
-                log.warning("eval at step %d failed: %s: %s", step, type(err).__name__, err)
+            await self._run_eval(step)
+
+    async def _run_eval(self, step: int) -> None:
+        try:
+            await self.evaluate(step)
+        except Exception as err:  # as in ART: a failed eval is reported, training goes on
+            log.warning("eval at step %d failed: %s: %s", step, type(err).__name__, err)
 
     async def evaluate(self, step: int) -> None:
         """Run ``eval_fn`` at ``step`` and log each split it returns (a list: ``val``)."""

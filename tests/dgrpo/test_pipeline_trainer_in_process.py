@@ -10,11 +10,14 @@ import asyncio
 import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import dgrpo as art
+from dgrpo.costs import track_api_cost
+from dgrpo.metrics_builder import MetricsBuilder
 from dgrpo.pipeline_trainer import PipelineTrainer, keep_recent_and_top, make_group_rollout_fn
 from dgrpo.types import LocalTrainResult
 from examples.arithmetic import rollout, scenarios
@@ -200,3 +203,30 @@ def test_the_mode_is_a_training_run_when_the_workers_can_run_the_rollout(tmp_pat
         )
     with pytest.raises(ValueError, match="max_batch_size must be >= min_batch_size"):
         in_process(tmp_path, backend, lambda *_: None, [], min_batch_size=3, max_batch_size=2)
+
+
+async def test_rollouts_record_costs_as_train_and_evals_as_eval(tmp_path: Path) -> None:
+    contexts: list[str] = []
+
+    @track_api_cost(source="judge/score", provider="openai", model_name="some/judge", prompt_price_per_million=1.0,
+                    completion_price_per_million=2.0)  # fmt: skip
+    async def judge() -> Any:
+        contexts.append(MetricsBuilder.get_active().cost_context)
+        return SimpleNamespace(usage=SimpleNamespace(prompt_tokens=100, completion_tokens=50))
+
+    async def grouped(m: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        await judge()
+        return group([0.0, 1.0])
+
+    async def evaluate(m: Any, step: int, config: Any) -> list[art.Trajectory]:
+        await judge()
+        return [art.Trajectory(reward=1.0, messages_and_choices=[{"role": "user", "content": "e"}])]
+
+    trainer = in_process(tmp_path, StepBackend(), grouped, range(1), eval_fn=evaluate, min_batch_size=1)
+    await trainer.run_stages(0)
+
+    assert sorted(contexts) == ["eval", "train"]
+    rows = history(tmp_path)
+    val = next(r for r in rows if "val/reward" in r)
+    assert val["costs/eval/judge/score"] == pytest.approx(200e-6) and "time/step_eval_s" in val
+    assert next(r for r in rows if "train/reward" in r)["costs/train/judge/score"] == pytest.approx(200e-6)
