@@ -16,7 +16,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import load
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 from transformers import AutoModelForCausalLM
 
 import dgrpo
@@ -27,6 +27,7 @@ from schemas.config import RunSpec, TaskQueues
 from schemas.layout import MANIFEST_NAME, checkpoint_prefix, spec_key, trajectories_key
 from schemas.run_state import RunStatus
 from schemas.settings import ENV_HOME, S3Settings
+from serving.client import ServingClient
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
 from workflows.training_run import TrainingRun
@@ -189,3 +190,52 @@ async def test_register_serves_a_warm_start_adapter_at_step_0(
     again = dgrpo.TrainableModel(name=name, project="it", base_model=str(adapter))
     await again.register(backend)
     assert again.get_inference_name() == f"{model.run_id}@0"
+
+
+async def test_runs_sharing_one_fleet_each_complete_with_their_own_adapters(
+    client: Client, workers: WorkerProcess, queues: TaskQueues, s3_settings: S3Settings
+) -> None:
+    """Three runs (sync and pipelined, LoRA ranks 4, 8 and 16) on one inference server and one trainer, and a
+    fourth terminated mid-rollout: each of the three completes with its own checkpoints, no run waits for the
+    others to finish (every run has trained step 1 before any has trained its last), and every run's newest
+    adapter is still served at the end (no run's reload evicted another's)."""
+    tag = uuid.uuid4().hex[:6]
+    specs = [
+        small_spec(f"fleet-a-{tag}", queues, steps=2),
+        small_spec(f"fleet-b-{tag}", queues, steps=2, mode="pipelined"),
+        small_spec(f"fleet-c-{tag}", queues, steps=2),
+    ]
+    for spec, rank in zip(specs, (4, 8, 16), strict=True):
+        spec.model.lora.rank = rank
+    doomed = small_spec(f"fleet-d-{tag}", queues, steps=2)
+    reached: dict[str, dict[int, float]] = {spec.run_id: {} for spec in specs}
+
+    def seen(status: RunStatus) -> None:
+        reached[status.run_id].setdefault(status.step, asyncio.get_running_loop().time())
+
+    handles = [await run_control.start_run(client, spec) for spec in specs]
+    doomed_handle = await run_control.start_run(client, doomed)
+    watches = [asyncio.ensure_future(run_control.watch(h, seen, interval=0.5)) for h in handles]
+    rolling_out = asyncio.Event()
+
+    def doomed_seen(status: RunStatus) -> None:
+        if status.phase == "rollouts":
+            rolling_out.set()
+
+    doomed_watch = asyncio.ensure_future(run_control.watch(doomed_handle, doomed_seen, interval=0.3))
+    await asyncio.wait_for(rolling_out.wait(), 300)
+    await doomed_handle.terminate("a run failing beside the others")
+    with pytest.raises(WorkflowFailureError):
+        await doomed_watch
+
+    finals = await asyncio.wait_for(asyncio.gather(*watches), 900)
+    store = ObjectStore(s3_settings)
+    for spec, final in zip(specs, finals, strict=True):
+        assert (final.phase, final.step) == ("done", 2), (spec.run_id, final.error)
+        assert all(h.n_trajectories == 8 for h in final.history), (spec.run_id, final.history)
+        assert_steps_in_store(store, spec.run_id, 2)
+    first_step = max(steps[1] for steps in reached.values())
+    last_step = min(steps[2] for steps in reached.values())
+    assert first_step < last_step, reached
+    served = await ServingClient(workers.server_urls[0]).adapters()
+    assert {f"{spec.run_id}@2" for spec in specs} <= served.keys(), sorted(served)
