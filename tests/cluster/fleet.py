@@ -11,9 +11,19 @@ from pathlib import Path
 
 from netns import Cluster, Host, ip, wait_for
 
+from base_models.resolve import ensure_smollm2
+from schemas.settings import dgrpo_cache
+
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable
+
+
+def image_cache() -> Path:
+    """The machine's converted-model cache, filled once here as an image build would: every host mounts it
+    read-only (``Host.image_cache``), so a host started fresh mid-test does not convert the GGUF again."""
+    ensure_smollm2()
+    return Path(dgrpo_cache())
 
 
 def start_stack(c: Cluster, s3_address: str | None = None) -> dict[str, str]:

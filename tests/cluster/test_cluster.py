@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from fleet import HERE, PYTHON, REPO, logs, start_stack, start_worker, wait_healthy
+from fleet import HERE, PYTHON, REPO, image_cache, logs, start_stack, start_worker, wait_healthy
 from netns import Cluster
 
 pytestmark = pytest.mark.slow
@@ -20,7 +20,7 @@ STEPS = 2
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
-    with Cluster(["stack", *ROLES, "client"]) as c:
+    with Cluster(["stack", *ROLES, "client"], image_cache=image_cache()) as c:
         env = start_stack(c)
         for role in ROLES:
             start_worker(c[role], role, env)
