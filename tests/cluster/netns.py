@@ -32,6 +32,11 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
 
 
+def tc(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Traffic control (``tc -n NETNS qdisc ...``): ``ip`` has no qdisc object."""
+    return subprocess.run(["tc", *args], check=check, capture_output=True, text=True)
+
+
 class Host:
     """One namespace: its address on the bridge, its private HOME / TMPDIR / DGRPO_HOME / DGRPO_CACHE."""
 
@@ -42,6 +47,9 @@ class Host:
         """Other hosts' directories, covered by an empty tmpfs in this host's mount namespace."""
         self.kept: list[Path] = []
         """Directories under /tmp that stay visible on the host's private /tmp: the code and its Python."""
+        self.image_cache: Path | None = None
+        """Converted models mounted read-only as this host's DGRPO_CACHE: what a container image carries, so a
+        rescheduled host does not convert the model again. Nothing a worker writes can land there."""
 
     def env(self) -> dict[str, str]:
         """A fresh environment for this host: the machine's PATH and Python only, private directories."""
@@ -68,6 +76,10 @@ class Host:
                 f"mkdir -p {where} && mount --move {shlex.quote(str(self.root / f'.kept{i}'))} {where}"
             )
         steps += [f"mount -t tmpfs tmpfs {shlex.quote(str(p))}" for p in self.hidden]
+        if self.image_cache is not None:
+            cache = shlex.quote(str(self.root / "dgrpo_cache"))
+            steps.append(f"mkdir -p {cache} && mount --bind {shlex.quote(str(self.image_cache))} {cache}")
+            steps.append(f"mount -o remount,bind,ro {cache}")
         script = f'hostname "$0" && {" && ".join(steps)} && exec "$@"'
         unshare = ["unshare", "--uts", "--mount", "--propagation", "private", "--", "sh", "-c", script]
         return ["ip", "netns", "exec", self.netns, *unshare, f"{self.name}-{self.netns}", *argv]
@@ -127,9 +139,10 @@ def code_under_tmp() -> list[Path]:
 
 
 class Cluster:
-    """Hosts named in ``names``, each with an address 10.213.<net>.<i>; torn down on exit."""
+    """Hosts named in ``names``, each with an address 10.213.<net>.<i>; torn down on exit. ``image_cache``: see
+    ``Host.image_cache``."""
 
-    def __init__(self, names: list[str], root: Path | None = None) -> None:
+    def __init__(self, names: list[str], root: Path | None = None, image_cache: Path | None = None) -> None:
         tag = uuid.uuid4().hex[:6]
         self.tag = tag
         self.net = int(tag[:2], 16) % 250 + 1  # a /24 of its own, so clusters of parallel runs don't meet
@@ -145,6 +158,7 @@ class Cluster:
             host.root.mkdir(parents=True, exist_ok=True)
             host.hidden = [other.root for other in self.hosts.values() if other is not host]
             host.kept = kept
+            host.image_cache = image_cache
 
     def __getitem__(self, name: str) -> Host:
         return self.hosts[name]

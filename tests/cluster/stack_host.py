@@ -2,8 +2,10 @@
 reachable from the other hosts at ``ADDRESS`` through a TCP forwarder per port, as a cluster's Temporal and
 object store are reachable at their service addresses. Writes the environment that points workers at it
 (``DGRPO_*``, the S3 keys included) to ``ENV_FILE`` once both answer, then runs until SIGTERM.
+``S3_ADDRESS`` (optional, another address of this host): where S3 is served instead, so one host can lose
+S3 alone (a route to that address removed) while it still reaches Temporal.
 
-    python tests/cluster/stack_host.py ADDRESS ENV_FILE
+    python tests/cluster/stack_host.py ADDRESS ENV_FILE [S3_ADDRESS]
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ async def forward(address: str, port: int) -> asyncio.Server:
     return await asyncio.start_server(connection, address, port)
 
 
-async def serve(address: str, env_file: Path) -> None:
+async def serve(address: str, env_file: Path, s3_address: str) -> None:
     stack = EmbeddedStack(
         Path(os.environ["DGRPO_HOME"]), free_ports=True, ui=False, tied_to_parent=True, start_timeout=240
     )
@@ -56,10 +58,10 @@ async def serve(address: str, env_file: Path) -> None:
     try:
         state = stack.state
         assert state is not None
-        servers = [await forward(address, port) for port in (state.temporal_port, state.s3_port)]
+        servers = [await forward(address, state.temporal_port), await forward(s3_address, state.s3_port)]
         env = stack.env()
         env[ENV_TEMPORAL_ADDRESS] = env["TEMPORAL_ADDRESS"] = f"{address}:{state.temporal_port}"
-        env[ENV_S3_ENDPOINT] = f"{address}:{state.s3_port}"
+        env[ENV_S3_ENDPOINT] = f"{s3_address}:{state.s3_port}"
         await asyncio.to_thread(env_file.write_text, json.dumps(env))
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -71,4 +73,5 @@ async def serve(address: str, env_file: Path) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(serve(sys.argv[1], Path(sys.argv[2])))
+    address = sys.argv[1]
+    asyncio.run(serve(address, Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else address))

@@ -6,56 +6,27 @@ directories, and cannot see another's files."""
 from __future__ import annotations
 
 import json
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from netns import Cluster, Host, wait_for
+from fleet import HERE, PYTHON, REPO, image_cache, logs, start_stack, start_worker, wait_healthy
+from netns import Cluster
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
-PYTHON = sys.executable
 ROLES = ("control", "inference", "trainer")
 STEPS = 2
 
 
-def healthy(host: Host, role: str, env: dict[str, str]) -> bool:
-    """The worker's own health probe (deploy/k8s's readiness probe), run on its host."""
-    try:
-        host.run([PYTHON, "-m", "workers.health", role], env, timeout=30, cwd=REPO)
-    except (RuntimeError, TimeoutError):
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
-    with Cluster(["stack", *ROLES, "client"]) as c:
-        stack = c["stack"]
-        env_file = stack.root / "stack-env.json"
-        log = stack.root / "stack.log"
-        proc = stack.spawn([PYTHON, str(HERE / "stack_host.py"), stack.address, str(env_file)], {}, log)
-        wait_for(env_file.exists, "the stack host's Temporal and S3 answering", log=log, proc=proc)
-        env = json.loads(env_file.read_text())
-        env["PYTHONPATH"] = str(REPO)
+    with Cluster(["stack", *ROLES, "client"], image_cache=image_cache()) as c:
+        env = start_stack(c)
         for role in ROLES:
-            c[role].spawn(
-                [PYTHON, "-m", "dgrpo.cli", "worker", role], env, c[role].root / "worker.log", cwd=REPO
-            )
+            start_worker(c[role], role, env)
         for role in ROLES:
-            wait_for(lambda r=role: healthy(c[r], r, env), f"the {role} worker polling Temporal", timeout=300)
+            wait_healthy(c[role], role, env)
         yield c, env
-
-
-def logs(c: Cluster) -> str:
-    out = []
-    for host in c.hosts.values():
-        for log in host.root.glob("*.log"):
-            out.append(f"--- {host.name}: {log.name}\n" + log.read_text(errors="replace")[-3000:])
-    return "\n".join(out)
 
 
 def test_hosts_see_neither_each_others_files_nor_the_machines_tmp(

@@ -1,0 +1,228 @@
+"""The client host's side of a fault test (tests/cluster/test_cluster_faults.py): the test, in the machine's own
+namespace, cannot reach the cluster's Temporal or S3, so it asks this process, started on the client host, one
+JSON line at a time on stdin; each answer is one JSON line on stdout ({"error": ...} when a request failed).
+
+    {"op": "start", "run_id": R, "steps": N, "groups": G, "group_size": K}   start the TrainingRun
+    {"op": "running", "activity": A, "after_s": S, "hosts": [H, ...]}       once A has run S s on one of the
+        hosts: {"host", "run_id", "activity_id", "attempt"}
+    {"op": "retried", "activity_id": A, "attempt": N}                      once attempt N of A failed or A completed
+    {"op": "late_write", "run_id": R, "activity_id": A, "attempt": N}       once that attempt's shard is stored
+    {"op": "phase", "phase": P, "step": N, "timeout_s": T}                  once the run is at P of step N
+    {"op": "final", "timeout_s": T}                                        the run's final status
+    {"op": "verify", "faults": [...], "rows": R}                            what the run left, and each fault's
+        seconds to the retry that succeeded
+
+    python tests/cluster/observer.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sys
+import tempfile
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "tests" / "chaos")]
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+from chaos_cluster import Fault, MomentPassed, pending_activities, retry_delays, wait_for_phase  # noqa: E402
+from temporalio.api.enums.v1 import EventType, PendingActivityState  # noqa: E402
+from temporalio.client import Client, WorkflowHandle  # noqa: E402
+
+from activities.checkpoints import download_checkpoint  # noqa: E402
+from activities.object_store import ObjectStore  # noqa: E402
+from dgrpo import run_control  # noqa: E402
+from schemas.config import RunSpec  # noqa: E402
+from schemas.layout import checkpoint_prefix, rollout_shard_key, trajectories_key  # noqa: E402
+from schemas.refs import CheckpointRef  # noqa: E402
+from schemas.run_state import RunStatus  # noqa: E402
+from schemas.settings import S3Settings  # noqa: E402
+from workers.temporal import connect_client, result_across_restarts  # noqa: E402
+
+
+def host_of(identity: str) -> str:
+    """The cluster host a worker identity (``pid@<host>-<netns>``, netns.py's hostnames) belongs to."""
+    return identity.partition("@")[2].rsplit("-", 1)[0]
+
+
+class Observer:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.store = ObjectStore(S3Settings.from_env())
+        self.handle: WorkflowHandle[Any, Any] | None = None
+        self.result: asyncio.Future[RunStatus] | None = None
+
+    async def start(self, run_id: str, steps: int, groups: int, group_size: int) -> dict[str, Any]:
+        data = json.loads((REPO / "examples" / "run.json").read_text())
+        data.update(run_id=run_id, steps=steps, groups_per_step=groups, group_size=group_size)
+        data.update(groups_per_shard=1, metrics={"wandb": False}, train={"learning_rate": 2e-4})
+        data["model"]["name"] = run_id
+        self.handle = await run_control.start_run(self.client, RunSpec.model_validate(data), self.store)
+        self.result = asyncio.ensure_future(result_across_restarts(self.handle))
+        return {"workflow_id": run_id}
+
+    async def running(self, activity: str, after_s: float, hosts: list[str]) -> dict[str, Any]:
+        """Once ``activity`` has run ``after_s`` seconds on one of ``hosts`` (the run ending first raises)."""
+        assert self.handle is not None and self.result is not None
+        while not self.result.done():
+            run_id, pendings = await pending_activities(self.handle)
+            for pending in pendings:
+                host = host_of(pending.last_worker_identity)
+                if (
+                    pending.activity_type.name == activity
+                    and pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+                    and host in hosts
+                    and datetime.now(UTC) - pending.last_started_time.ToDatetime(tzinfo=UTC)
+                    >= timedelta(seconds=after_s)
+                ):
+                    return {
+                        "host": host,
+                        "run_id": run_id,
+                        "activity_id": pending.activity_id,
+                        "attempt": pending.attempt,
+                    }
+            await asyncio.sleep(0.2)
+        raise MomentPassed(f"the run ended before {activity} ran on one of {hosts}: {self.result.result()}")
+
+    async def retried(self, activity_id: str, attempt: int) -> dict[str, Any]:
+        """Once attempt ``attempt`` of ``activity_id`` has failed (a later attempt is pending) or it completed."""
+        assert self.handle is not None and self.result is not None
+        while not self.result.done():
+            _, pendings = await pending_activities(self.handle)
+            later = [p.attempt for p in pendings if p.activity_id == activity_id]
+            if not later or later[0] > attempt:
+                return {"attempt": later[0] if later else None}
+            await asyncio.sleep(0.2)
+        raise MomentPassed(
+            f"the run ended before {activity_id} attempt {attempt} ended: {self.result.result()}"
+        )
+
+    async def late_write(self, run_id: str, activity_id: str, attempt: int) -> dict[str, Any]:
+        """Once the rollouts shard of attempt ``attempt`` of ``activity_id`` is in the store: a partitioned
+        attempt, cancelled on its host when its heartbeats failed, still finishes the upload it was in once
+        healed. Its key is that attempt's own (schemas/layout.py), so only then is all it wrote there."""
+        assert self.handle is not None
+        history = self.client.get_workflow_handle(self.handle.id, run_id=run_id)
+        async for event in history.fetch_history_events():
+            attrs = event.activity_task_scheduled_event_attributes
+            if (
+                event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+                and attrs.activity_id == activity_id
+            ):
+                shard = json.loads(attrs.input.payloads[0].data)
+                break
+        else:
+            raise LookupError(f"no activity {activity_id} in run {run_id}")
+        key = rollout_shard_key(self.handle.id, shard["step"], shard["shard"], attempt)
+        while True:
+            if await asyncio.to_thread(self.store.exists, key):
+                return {"key": key}
+            await asyncio.sleep(0.5)
+
+    async def phase(self, phase: str, step: int, timeout_s: float = 1800.0) -> dict[str, Any]:
+        assert self.handle is not None
+        try:
+            await wait_for_phase(self.handle, phase, step, timeout_s)
+        except MomentPassed:
+            return {"passed": True}
+        return {"passed": False}
+
+    async def final(self, timeout_s: float) -> dict[str, Any]:
+        assert self.result is not None
+        final = await asyncio.wait_for(asyncio.shield(self.result), timeout_s)
+        return {
+            "phase": final.phase,
+            "step": final.step,
+            "error": final.error,
+            "history": [h.model_dump(mode="json", include={"step", "n_trajectories", "n_exceptions"})
+                        for h in final.history],
+        }  # fmt: skip
+
+    async def verify(self, faults: list[dict[str, Any]], rows: int) -> dict[str, Any]:
+        """Each fault's seconds to the attempt that succeeded; every step's checkpoint downloaded with each file
+        sha256-verified against its manifest; every step's rows, distinct (group, rollout) pairs among them;
+        and every object a completed activity recorded in the history (its sha256) as the store holds it now."""
+        assert self.handle is not None
+        recorded = [Fault(f["kind"], f["host"], datetime.fromisoformat(f["at"]), f["activity"], f["run_id"],
+                          f["activity_id"], f["attempt"]) for f in faults]  # fmt: skip
+        delays = await retry_delays(self.client, self.handle.id, recorded)
+        steps = []
+        run_id = self.handle.id
+        with tempfile.TemporaryDirectory(prefix="dgrpo-verify-") as scratch:
+            for step in range(len((await self.final(60))["history"]) + 1):
+                prefix = checkpoint_prefix(run_id, step)
+                _, sha256 = self.store.read_manifest(prefix)
+                ref = CheckpointRef(
+                    run_id=run_id, step=step, uri=self.store.uri(prefix), manifest_sha256=sha256
+                )
+                download_checkpoint(self.store, ref, Path(scratch) / str(step))  # raises on a changed file
+                if step == 0:
+                    continue
+                table = pq.read_table(pa.BufferReader(self.store.get_bytes(trajectories_key(run_id, step))))
+                pairs = zip(table.column("group_index").to_pylist(), table.column("trajectory_index").to_pylist(),
+                            strict=True)  # fmt: skip
+                steps.append({"step": step, "rows": table.num_rows, "distinct": len(set(pairs))})
+        return {
+            "delays": [delays.get(i) for i in range(len(recorded))],
+            "steps": steps,
+            "changed": await self.changed_since_recorded(),
+        }
+
+    async def changed_since_recorded(self) -> list[str]:
+        """Objects and checkpoints that completed activities recorded (in every run of the chain) whose content
+        is no longer what was recorded: what a late attempt overwrote."""
+        assert self.handle is not None
+        changed: list[str] = []
+        async for execution in self.client.list_workflows(f"WorkflowId = '{self.handle.id}'"):
+            history = self.client.get_workflow_handle(self.handle.id, run_id=execution.run_id)
+            async for event in history.fetch_history_events():
+                if event.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                    continue
+                for payload in event.activity_task_completed_event_attributes.result.payloads:
+                    try:
+                        found = json.loads(payload.data)
+                    except ValueError:
+                        continue
+                    changed += self.check_refs(found)
+        return changed
+
+    def check_refs(self, value: object) -> list[str]:
+        """The refs in ``value`` (a decoded activity result) whose object or manifest changed."""
+        if isinstance(value, list):
+            return [uri for item in value for uri in self.check_refs(item)]
+        if not isinstance(value, dict):
+            return []
+        uri = value.get("uri")
+        if isinstance(uri, str) and uri.startswith("s3://"):
+            if "manifest_sha256" in value:
+                _, sha = self.store.read_manifest(self.store.key(uri))
+                return [] if sha == value["manifest_sha256"] else [uri]
+            if "sha256" in value:
+                sha = hashlib.sha256(self.store.get_bytes(self.store.key(uri))).hexdigest()
+                return [] if sha == value["sha256"] else [uri]
+        return [uri for item in value.values() for uri in self.check_refs(item)]
+
+
+async def main() -> None:
+    observer = Observer(await connect_client(wait_s=120))
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        request = json.loads(line)
+        ops = {"start": observer.start, "running": observer.running, "phase": observer.phase,
+               "retried": observer.retried,
+               "late_write": observer.late_write, "final": observer.final, "verify": observer.verify}  # fmt: skip
+        try:
+            answer = await ops[request.pop("op")](**request)
+        except Exception as err:  # the test shows it, with the hosts' logs
+            answer = {"error": f"{type(err).__name__}: {err}"}
+        print(json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
