@@ -35,7 +35,7 @@ from temporalio.client import WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from dgrpo.art_backend import ArtBackend
-from dgrpo.art_config import importance_sampling
+from dgrpo.art_config import train_config_fields
 from dgrpo.errors import UnsupportedArtOption
 from dgrpo.pipeline_trainer.checkpoint_retention import CheckpointRetentionStrategy, KeepRecentAndTop
 from dgrpo.pipeline_trainer.in_process import EvalFn, GroupRollout, InProcessPipeline, PipelineSettings
@@ -153,7 +153,7 @@ class PipelineTrainer(InProcessPipeline):
         self.scenarios = scenarios
         self.groups_per_step = max_batch_size or min_batch_size
         self.max_staleness = max_steps_off_policy if max_steps_off_policy is not None else 1_000_000
-        self.train_config = TrainConfig(learning_rate=learning_rate, importance_sampling=loss_kind(loss_fn))
+        self.train_config = TrainConfig(**train_config_fields("PipelineTrainer", train_options))
 
     def run_spec(self) -> RunSpec:
         """The ``TrainingRun`` this trainer starts: the model's run id, mode ``pipelined``."""
@@ -344,13 +344,6 @@ def retention_spec(strategy: CheckpointRetentionStrategy | None, interval: int) 
         return strategy.as_checkpoints_spec()
     except ValueError as err:
         raise UnsupportedArtOption(str(err)) from None
-
-
-def loss_kind(loss_fn: str | None) -> Any:
-    """ART's ``loss_fn`` as ``TrainConfig.importance_sampling`` (None: the default)."""
-    if loss_fn is None:
-        return TrainConfig().importance_sampling
-    return importance_sampling("PipelineTrainer", loss_fn)
 
 
 def refuse_unsupported(*, save_checkpoint: bool, resume: bool, **art_options: Any) -> None:

@@ -35,6 +35,8 @@ def test_art_arguments_become_a_pipelined_run_spec() -> None:
     assert spec.task.scenarios == scenarios()[:10]
     assert (spec.task_queues.control, spec.task_queues.inference) == ("c", "i")
     assert trainer(max_steps=7, max_batch_size=4).run_spec().steps == 7
+    # One mapping of ART's training keywords for both modes: backend.train's (in this process) and the run's.
+    assert spec.train.scale_rewards and not trainer(normalize_advantages=False).run_spec().train.scale_rewards
 
 
 async def nested_rollout_holder() -> None:
