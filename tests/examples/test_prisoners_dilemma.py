@@ -34,7 +34,7 @@ def test_payoffs_as_in_art() -> None:
     assert pd.payoffs("cooperate", "none") == (3, 0)
 
 
-@pytest.mark.slow
+@pytest.mark.extended  # beyond CI's 30 minutes (issue 23): run with `pytest -m extended`
 async def test_it_trains_two_steps_on_vllm_with_only_the_engine_variable_set(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
