@@ -22,6 +22,7 @@ fails the step before anything is stored, naming the trajectory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import importlib
 import inspect
@@ -393,38 +394,44 @@ class RolloutActivities:
         indices = pick_scenarios(len(scenarios), input.groups_per_step, input.scenario_offset, input.seed)
         picked = [(i, scenarios[i]) for i in indices]
         base_name = await self.served_base_name()
-        if self.serving is not None and input.adapter == adapter_name(input.run_id, input.policy_step):
-            await self.serving.ensure_adapter(input.run_id, input.policy_step)
-        models = [
-            RolloutModel(
-                name=input.model_name,
-                inference_base_url=url,
-                served_model=input.adapter or base_name,
-                step=input.policy_step,
-                base_model=base_name,
-                api_key=self.api_key,
-            )
-            for url in self.inference_urls
-        ]
-        log.info(
-            "rollouts for %s step %d (shard %d of %d): %d scenarios x %d via %s on %s",
-            input.run_id,
-            input.step,
-            input.shard + 1,
-            input.shards,
-            len(picked),
-            input.group_size,
-            models[0].served_model,
-            self.inference_urls,
+        lease = (
+            self.serving.leases.hold(input.adapter)
+            if self.serving is not None and input.adapter
+            else contextlib.nullcontext()
         )
-        try:
-            slots = self.slots(input.run_id, input.task.rollout_concurrency)
-            groups = await run_groups(
-                fn, input.task, models, picked, input.group_size, input.policy_step, slots
+        with lease:  # no load on this worker unloads the adapter while these rollouts use it (--max-loras)
+            if self.serving is not None and input.adapter == adapter_name(input.run_id, input.policy_step):
+                await self.serving.ensure_adapter(input.run_id, input.policy_step)
+            models = [
+                RolloutModel(
+                    name=input.model_name,
+                    inference_base_url=url,
+                    served_model=input.adapter or base_name,
+                    step=input.policy_step,
+                    base_model=base_name,
+                    api_key=self.api_key,
+                )
+                for url in self.inference_urls
+            ]
+            log.info(
+                "rollouts for %s step %d (shard %d of %d): %d scenarios x %d via %s on %s",
+                input.run_id,
+                input.step,
+                input.shard + 1,
+                input.shards,
+                len(picked),
+                input.group_size,
+                models[0].served_model,
+                self.inference_urls,
             )
-        finally:
-            for model in models:
-                await model.aclose()
+            try:
+                slots = self.slots(input.run_id, input.task.rollout_concurrency)
+                groups = await run_groups(
+                    fn, input.task, models, picked, input.group_size, input.policy_step, slots
+                )
+            finally:
+                for model in models:
+                    await model.aclose()
         try:
             check_numbers(groups, f"rollout {input.task.rollout}")
         except DgrpoError as err:  # nothing is written: a bad reward or logprob never reaches the store

@@ -7,9 +7,12 @@
 - ``store``: the ``ObjectStore`` checkpoints are read from; default ``ObjectStore.from_env()`` on first use.
 - ``adapter_root``: where checkpoints are downloaded (the servers read adapters from this machine's disk);
   default ``$DGRPO_HOME/adapters``. A checkpoint lands in ``layout.local_step_dir(root, run_id, step)``.
-- ``leases``: an ``AdapterLeases`` shared with the rollout activities; reload never evicts a held adapter.
+- ``leases``: an ``AdapterLeases`` shared with the rollout activities, which hold their adapter while they run;
+  nothing here evicts a held adapter.
 - ``engine``: the ``EngineSettings`` the servers run with (the operator's); ``reload`` refuses a run they
-  cannot serve before loading anything.
+  cannot serve before loading anything, and every load leaves at most ``engine.max_loras`` adapters on a server
+  (``--max-loras``, for every run together): the least recently used that no rollout holds are unloaded first,
+  whichever run they belong to. A rollout that needs one of them again loads it back (``ensure_adapter``).
 - ``liveness``: the servers' ``EngineLiveness`` (the worker's watch reports to it); every activity here and
   the rollouts run under its ``guard``: failed as retryable when the server is restarted under them.
 
@@ -23,8 +26,9 @@ import asyncio
 import logging
 import re
 import shutil
+import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -51,24 +55,38 @@ ADAPTER_FILE_PREFIX = "adapter_"
 
 
 class AdapterLeases:
-    """Adapters that work on this worker still needs (a multi-turn rollout between two requests)."""
+    """Adapters that work on this worker still needs (a rollout between two requests), and when each adapter
+    was last loaded or used here: what the ``--max-loras`` cap unloads first."""
 
     def __init__(self) -> None:
         self._counts: Counter[str] = Counter()
+        self._used: dict[str, float] = {}
 
     @contextmanager
     def hold(self, name: str) -> Iterator[None]:
         """Keep ``name`` loaded while the block runs."""
         self._counts[name] += 1
+        self.touch(name)
         try:
             yield
         finally:
             self._counts[name] -= 1
             if self._counts[name] <= 0:
                 del self._counts[name]
+            self.touch(name)
 
     def held(self) -> set[str]:
         return set(self._counts)
+
+    def touch(self, name: str) -> None:
+        self._used[name] = time.monotonic()
+
+    def forget(self, name: str) -> None:
+        self._used.pop(name, None)
+
+    def least_recently_used(self, names: Iterable[str]) -> list[str]:
+        """``names`` oldest use first; one never loaded or used by this worker counts as oldest."""
+        return sorted(names, key=lambda n: (self._used.get(n, float("-inf")), n))
 
 
 def _heartbeat(*details: Any) -> None:
@@ -79,6 +97,12 @@ def _heartbeat(*details: Any) -> None:
 def _adapter_step(run_id: str, name: str) -> int | None:
     match = re.fullmatch(re.escape(run_id) + r"@(\d+)", name)
     return int(match.group(1)) if match else None
+
+
+def _run_and_step(name: str) -> tuple[str, int] | None:
+    """``<run id>@<step>`` split; None for a name that is not a run's adapter."""
+    match = re.fullmatch(r"(.+)@(\d+)", name)
+    return (match.group(1), int(match.group(2))) if match else None
 
 
 class ServingActivities:
@@ -167,15 +191,21 @@ class ServingActivities:
         local = await self._download_and_load(self.clients, name, ref)
         self.served[name] = local
         unloaded = await self._evict(ref.run_id, keep=input.serving.keep_adapters, current=name)
-        for evicted in unloaded:
+        unloaded += await self._cap(current=name)
+        self._forget(unloaded)
+        return ReloadResult(
+            adapter=name, servers=[c.base_url for c in self.clients], unloaded=sorted(set(unloaded))
+        )
+
+    def _forget(self, unloaded: Iterable[str]) -> None:
+        """Drop what this worker kept for adapters no server holds any more, their local copies too."""
+        for evicted in set(unloaded):
             self.served.pop(evicted, None)
             self.contents.pop(evicted, None)
-            step = _adapter_step(ref.run_id, evicted)
-            if step is not None:
-                shutil.rmtree(self.local_dir(ref.run_id, step), ignore_errors=True)
-        return ReloadResult(
-            adapter=name, servers=[c.base_url for c in self.clients], unloaded=sorted(unloaded)
-        )
+            self.leases.forget(evicted)
+            parsed = _run_and_step(evicted)
+            if parsed is not None:
+                shutil.rmtree(self.local_dir(*parsed), ignore_errors=True)
 
     async def ensure_adapter(self, run_id: str, step: int) -> str:
         """Serve ``<run id>@<step>`` on every server, loading the run's published checkpoint where it is
@@ -191,6 +221,7 @@ class ServingActivities:
                     raise application_error(err) from err
                 ref = CheckpointRef(run_id=run_id, step=step, uri=self.store.uri(prefix), manifest_sha256=sha)
                 self.served[name] = await self._download_and_load(missing, name, ref)
+                self._forget(await self._cap(current=name))
         return name
 
     async def _download_and_load(
@@ -236,6 +267,7 @@ class ServingActivities:
                 ) from err
             log.info("%s %s on %s", "loaded" if loaded else "already had", name, client.base_url)
         self.contents[name] = ref.manifest_sha256
+        self.leases.touch(name)
         return local
 
     async def restore(self) -> list[str]:
@@ -265,6 +297,29 @@ class ServingActivities:
                 if await client.unload_adapter(evict):
                     unloaded.add(evict)
         return sorted(unloaded)
+
+    async def _cap(self, current: str) -> list[str]:
+        """Unload, from each server holding more than ``--max-loras`` adapters, the least recently used that
+        no rollout holds (never ``current``), until it holds ``--max-loras``; what was unloaded."""
+        unloaded: list[str] = []
+        for client in self.clients:
+            loaded = [n for n in await client.adapters() if _run_and_step(n) is not None]
+            excess = len(loaded) - self.engine.max_loras
+            if excess <= 0:
+                continue
+            held = self.leases.held() | {current}
+            for evict in self.leases.least_recently_used(n for n in loaded if n not in held)[:excess]:
+                _heartbeat("unload", evict, client.base_url)
+                if await client.unload_adapter(evict):
+                    unloaded.append(evict)
+                    excess -= 1
+                    log.info(
+                        "unloaded %s from %s (--max-loras %d)", evict, client.base_url, self.engine.max_loras
+                    )
+            if excess > 0:
+                log.warning("%s holds %d adapters over --max-loras %d: rollouts hold them", client.base_url,
+                            excess, self.engine.max_loras)  # fmt: skip
+        return unloaded
 
     @activity.defn(name=ActivityName.SERVING_CONTROL)
     async def serving_control(self, input: ServingControlInput) -> None:

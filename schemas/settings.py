@@ -115,7 +115,8 @@ class EngineSettings(BaseModel):
     max_lora_rank: int = Field(64, ge=1, le=512)
     """The largest LoRA rank the engine loads (vLLM's ``--max-lora-rank``, rounded up to a rank it accepts)."""
     max_loras: int = Field(4, ge=1)
-    """Adapters loaded at once (vLLM's ``--max-loras``); a run keeps at most ``max_loras - 1`` of its own."""
+    """Adapters loaded at once on each server, for all runs together (vLLM's ``--max-loras``): a load beyond it
+    unloads the least recently used adapter no rollout holds. A run keeps at most ``max_loras - 1`` of its own."""
     sleep_mode: bool = False
     """vLLM ``--enable-sleep-mode``, which a run in ``shared`` mode needs; our CPU server always sleeps."""
     dtype: Literal["auto", "fp32", "bf16"] = "auto"

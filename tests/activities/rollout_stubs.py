@@ -63,6 +63,17 @@ async def counted(model: Any, scenario: dict[str, Any]) -> Trajectory:
         RUNNING[0] -= 1
 
 
+GATE: dict[str, asyncio.Event] = {}
+"""``gated`` rollouts wait on ``GATE["open"]`` after setting ``GATE["started"]`` (a test creates both)."""
+
+
+async def gated(model: Any, scenario: dict[str, Any]) -> Trajectory:
+    """``ok``, once the test opens ``GATE``: a rollout still running while the test does something else."""
+    GATE["started"].set()
+    await GATE["open"].wait()
+    return await ok(model, scenario)
+
+
 async def wrong_type(model: Any, scenario: dict[str, Any]) -> dict[str, Any]:
     return {"reward": 1.0}
 

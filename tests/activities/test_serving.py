@@ -10,6 +10,7 @@ from typing import Any
 
 import openai
 import pytest
+import rollout_stubs
 import torch
 from peft import LoraConfig, get_peft_model
 from temporalio import workflow
@@ -20,10 +21,11 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from transformers import AutoModelForCausalLM
 
 from activities.object_store import ObjectStore
+from activities.rollouts import RolloutActivities
 from activities.serving import ServingActivities
 from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
-from schemas.activities import ReloadInput, ReloadResult, ServingControlInput
-from schemas.config import ServingSpec
+from schemas.activities import ReloadInput, ReloadResult, RolloutsInput, ServingControlInput
+from schemas.config import ServingSpec, TaskSpec
 from schemas.errors import CONFIG_ERROR, CORRUPT_CHECKPOINT
 from schemas.refs import CheckpointRef
 from schemas.settings import EngineSettings
@@ -120,6 +122,74 @@ async def test_two_runs_of_one_model_name_serve_their_own_adapters(
     assert loaded[second.adapter] == str(tmp_path / f"run-b-{suffix}" / "000001")
     assert second.unloaded == []
     for name in (first.adapter, second.adapter):
+        await client.unload_adapter(name)
+
+
+async def test_max_loras_counts_every_runs_adapters_and_unloads_the_least_recently_used_unheld(
+    cpu_server: str, object_store: ObjectStore, adapter_dir: Path, tmp_path: Path
+) -> None:
+    """``--max-loras`` caps a server's adapters for all runs together: a load beyond it unloads the adapter
+    least recently loaded or used that nothing holds, whichever run it is, never a held one; a rollout that
+    needs an unloaded adapter again loads it back, and the cap holds then too."""
+    suffix = uuid.uuid4().hex[:6]
+    a, b, c = (f"run-cap{x}-{suffix}" for x in "abc")
+    acts = ServingActivities(
+        [cpu_server], store=object_store, adapter_root=tmp_path, engine=EngineSettings(max_loras=2)
+    )
+    client = ServingClient(cpu_server)
+    ours = {f"{run}@1" for run in (a, b, c)}
+
+    async def served() -> set[str]:
+        loaded = await client.adapters()
+        assert len(loaded) <= 2, sorted(loaded)  # the cap, whatever else the server held before
+        return ours & loaded.keys()
+
+    for run in (a, b):
+        await reload(acts, "agent", publish(object_store, adapter_dir, run, 1), keep=1)
+    assert await served() == {f"{a}@1", f"{b}@1"}
+    publish(object_store, adapter_dir, c, 1)
+    with acts.leases.hold(f"{a}@1"):  # a rollout of run a between two requests: a@1 is older, but held
+        third = await reload(acts, "agent", publish(object_store, adapter_dir, c, 1), keep=1)
+        assert f"{b}@1" in third.unloaded and await served() == {f"{a}@1", f"{c}@1"}
+        assert not (tmp_path / b / "000001").exists()  # its local copy went with it
+    # Run b rolls out again: its adapter comes back, and c@1 (used before a@1's lease ended) makes room.
+    with acts.leases.hold(f"{b}@1"):
+        assert await acts.ensure_adapter(b, 1) == f"{b}@1"
+    assert await served() == {f"{a}@1", f"{b}@1"}
+    assert f"{c}@1" not in acts.served
+    for name in await served():
+        await client.unload_adapter(name)
+
+
+async def test_running_rollouts_hold_their_adapter_through_other_runs_loads(
+    cpu_server: str, object_store: ObjectStore, adapter_dir: Path, tmp_path: Path
+) -> None:
+    """The rollouts activity holds its adapter while its rollouts run: other runs' reloads on a worker at its
+    ``--max-loras`` unload a newer adapter that nothing holds instead, and the hold ends with the rollouts."""
+    suffix = uuid.uuid4().hex[:6]
+    mine, other, third = (f"run-held{x}-{suffix}" for x in "abc")
+    acts = ServingActivities(
+        [cpu_server], store=object_store, adapter_root=tmp_path, engine=EngineSettings(max_loras=2)
+    )
+    rollouts = RolloutActivities(cpu_server, object_store, serving=acts, task_modules=("rollout_stubs",))
+    client = ServingClient(cpu_server)
+    publish(object_store, adapter_dir, mine, 1)
+    rollout_stubs.GATE.update(started=asyncio.Event(), open=asyncio.Event())
+    inp = RolloutsInput(
+        run_id=mine, step=2, model_name="agent", adapter=f"{mine}@1", policy_step=1,
+        task=TaskSpec(rollout="rollout_stubs:gated", scenarios="rollout_stubs:scenarios"),
+        groups_per_step=1, group_size=2,
+    )  # fmt: skip
+    running = asyncio.ensure_future(ActivityEnvironment().run(rollouts.rollouts, inp))
+    await asyncio.wait_for(rollout_stubs.GATE["started"].wait(), 120)  # its adapter loaded, rollouts running
+    await reload(acts, "agent", publish(object_store, adapter_dir, other, 1), keep=1)
+    last = await reload(acts, "agent", publish(object_store, adapter_dir, third, 1), keep=1)
+    assert last.unloaded == [f"{other}@1"]  # the least recently used that nothing holds
+    assert {f"{mine}@1", f"{third}@1"} <= (await client.adapters()).keys()
+    rollout_stubs.GATE["open"].set()
+    assert (await asyncio.wait_for(running, 120)).n_trajectories == 2
+    assert acts.leases.held() == set()
+    for name in (f"{mine}@1", f"{third}@1"):
         await client.unload_adapter(name)
 
 

@@ -26,7 +26,7 @@ from dgrpo import run_control
 from schemas.config import RunSpec, TaskQueues
 from schemas.layout import MANIFEST_NAME, checkpoint_prefix, spec_key, trajectories_key
 from schemas.run_state import RunStatus
-from schemas.settings import ENV_HOME, S3Settings
+from schemas.settings import ENV_HOME, EngineSettings, S3Settings
 from serving.client import ServingClient
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
@@ -196,9 +196,10 @@ async def test_runs_sharing_one_fleet_each_complete_with_their_own_adapters(
     client: Client, workers: WorkerProcess, queues: TaskQueues, s3_settings: S3Settings
 ) -> None:
     """Three runs (sync and pipelined, LoRA ranks 4, 8 and 16) on one inference server and one trainer, and a
-    fourth terminated mid-rollout: each of the three completes with its own checkpoints, no run waits for the
-    others to finish (every run has trained step 1 before any has trained its last), and every run's newest
-    adapter is still served at the end (no run's reload evicted another's)."""
+    fourth terminated mid-rollout: each of the three completes with its own checkpoints and every row of every
+    step (no rollout lost its adapter to another run's load), no run waits for the others to finish (every run
+    has trained step 1 before any has trained its last), and the server holds at most the worker's
+    ``--max-loras`` adapters of all the runs together."""
     tag = uuid.uuid4().hex[:6]
     specs = [
         small_spec(f"fleet-a-{tag}", queues, steps=2),
@@ -240,4 +241,5 @@ async def test_runs_sharing_one_fleet_each_complete_with_their_own_adapters(
     last_step = min(steps[2] for steps in reached.values())
     assert first_step < last_step, reached
     served = await ServingClient(workers.server_urls[0]).adapters()
-    assert {f"{spec.run_id}@2" for spec in specs} <= served.keys(), sorted(served)
+    ours = [name for name in served if name.startswith("fleet-") and name.split("@")[0].endswith(tag)]
+    assert 0 < len(ours) <= len(served) <= EngineSettings().max_loras, sorted(served)
