@@ -28,7 +28,6 @@ from dgrpo.errors import NotRegisteredError
 from dgrpo.local_log import LocalModelLog
 from dgrpo.metrics import MetricsBuilder, group_metrics, qualified, record_metrics
 from schemas import layout
-from schemas.activities import MetricsInput
 from schemas.config import NAME_PATTERN
 from schemas.errors import RunSpecError
 from schemas.trajectory import Trajectory, TrajectoryGroup
@@ -175,30 +174,47 @@ class Model:
         if not row:
             raise ValueError("model.log got neither trajectories nor metrics; nothing to record")
         at = await self.get_step() if step is None else step
-        await self._local_log.log(groups, split, at, dict(metrics or {}), builder_numbers)
+        history_row = await self._local_log.log(groups, split, at, dict(metrics or {}), builder_numbers)
+        if history_row:
+            await asyncio.to_thread(self._log_metrics, history_row, split, at)
         if self._backend is not None:
             await asyncio.to_thread(self._record, at, row)
         return row
 
     def _record(self, step: int, metrics: dict[str, float], curve_title: str | None = None) -> None:
-        """Into the run's metrics Parquet, and W&B when ``report_metrics`` asks for it (ART's rule)."""
+        """Into the run's metrics Parquet (dgrpo's names and totals); redraw the reward curve if titled."""
         record_metrics(
             self._require_backend().object_store(), self.run_id, self.name, step, metrics, curve_title
         )
+
+    def _log_metrics(self, metrics: dict[str, float], split: str, step: int) -> None:
+        """ART's one row of a log call: appended to ``history.jsonl`` under ART's keys (dgrpo/local_log.py), and
+        the same row sent to the model's W&B run when ``report_metrics`` asks for it (ART's rule)."""
+        row = self._local_log.append(metrics, split, step)
+        try:
+            run = self._get_wandb_run()
+            if run is not None and self._wandb is not None:
+                self._wandb.log_row(self._wandb_id, run, row)
+        except Exception as err:  # W&B is a convenience: the history row is already written
+            log.warning(
+                "W&B logging for %s step %d failed: %s: %s", self._wandb_id, step, type(err).__name__, err
+            )
+
+    @property
+    def _wandb_id(self) -> str:
+        """The W&B run's id: the model's run id, the one a ``TrainingRun`` of this model logs to as well."""
+        return run_id_of(self.project, self.name)
+
+    def _get_wandb_run(self) -> Any:
+        """The model's W&B run, opened on first use (and again once finished) with ART's ``wandb.init``
+        arguments, ``define_metric`` calls and config (activities/metrics.py, ``WandbSink``); None when
+        ``report_metrics`` does not ask for W&B."""
         if not self.reports_to_wandb():
-            return
+            return None
         if self._wandb is None:
             self._wandb = WandbSink(Path(self.base_path) / "wandb")
-            self._wandb.update_config(self.run_id, self._wandb_config)
-        inp = MetricsInput(
-            run_id=self.run_id, project=self.project, model_name=self.name, step=step, metrics=metrics
-        )
-        try:
-            self._wandb.log(inp)
-        except Exception as err:  # W&B is a convenience: the Parquet row is already written
-            log.warning(
-                "W&B logging for %s step %d failed: %s: %s", self.run_id, step, type(err).__name__, err
-            )
+            self._wandb.update_config(self._wandb_id, self._wandb_config)
+        return self._wandb.run(self._wandb_id, self.project, self.name)
 
     def reports_to_wandb(self) -> bool:
         """As in ART: ``report_metrics`` names ``"wandb"``, or is None and ``WANDB_API_KEY`` is set (without a
@@ -228,7 +244,7 @@ class Model:
             raise TypeError(f"config must be a dict[str, Any], not {type(config).__name__}")
         self._wandb_config = merged_wandb_config(self._wandb_config, config)
         if self._wandb is not None:
-            self._wandb.update_config(self.run_id, self._wandb_config)
+            self._wandb.update_config(self._wandb_id, self._wandb_config)
 
     def finish_wandb(self) -> None:
         """Finish the model's W&B run (dgrpo only; ART leaves it to the process's exit)."""
