@@ -15,15 +15,16 @@ import re
 from collections.abc import Iterable
 from contextvars import Token
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from openai import AsyncOpenAI
 from pydantic import BaseModel
 
 from activities.metrics import WandbSink
-from activities.rollout_model import DEFAULT_API_KEY, routed_openai_client
+from activities.rollout_model import DEFAULT_API_KEY, routed_http_client
 from dgrpo.backends import Backend
-from dgrpo.costs import CostRecorder
+from dgrpo.client_costs import CostRecordingClient, CostRecordingCompletions
+from dgrpo.costs import CostCalculator, CostRecorder, sampled_tokens
 from dgrpo.errors import NotRegisteredError
 from dgrpo.local_log import LocalModelLog
 from dgrpo.metrics import MetricsBuilder, group_metrics, qualified, record_metrics
@@ -34,6 +35,15 @@ from schemas.trajectory import Trajectory, TrajectoryGroup
 from serving.client import openai_base_url
 
 log = logging.getLogger(__name__)
+
+_OpenAIChatCompletionsProxy = CostRecordingCompletions
+"""ART's name for ``client.chat.completions`` of ``openai_client()``."""
+
+
+def _no_costs(
+    prompt_tokens: int | None, completion_tokens: int | None, cost_context: str
+) -> dict[str, float]:
+    return {}
 
 
 def run_id_of(project: str, name: str) -> str:
@@ -77,6 +87,7 @@ class Model:
         self.base_path = base_path
         self.report_metrics = report_metrics
         self._client: AsyncOpenAI | None = None
+        self._cost_calculator: CostCalculator | None = None
         self._backend: Backend | None = None
         self._step = 0
         self._wandb: WandbSink | None = None
@@ -118,33 +129,68 @@ class Model:
         return self._step
 
     def openai_client(self) -> AsyncOpenAI:
-        """An ``AsyncOpenAI`` (one per model) whose ``model=self.name`` goes to ``get_inference_name()``."""
+        """An ``AsyncOpenAI`` (one per model) whose ``model=self.name`` goes to ``get_inference_name()``, wrapped
+        as ART wraps it (dgrpo/client_costs.py): its chat completions send the model's default ``extra_body``
+        and record their cost under the active metrics context (``set_cost_calculator``)."""
         if self._client is None:
             if self.inference_base_url is None:
                 raise NotRegisteredError(
                     f"model {self.name!r} has no inference server yet: call `await model.register(backend)` "
                     "first (or give inference_base_url=...)"
                 )
-            self._client = routed_openai_client(
-                openai_base_url(self.inference_base_url),
-                self.name,
-                self.get_inference_name,
+            client = AsyncOpenAI(
+                base_url=openai_base_url(self.inference_base_url),
                 api_key=self.inference_api_key,
+                http_client=routed_http_client(self.name, self.get_inference_name),
+                max_retries=2,
             )
+            wrapped = CostRecordingClient(
+                client, self._record_openai_completion_costs, self._default_chat_completion_extra_body()
+            )
+            self._client = cast(AsyncOpenAI, wrapped)  # an AsyncOpenAI to every caller, as ART's
         return self._client
+
+    @property
+    def cost_calculator(self) -> CostCalculator:
+        """What a chat completion of ``openai_client()`` costs (ART's): none unless ``set_cost_calculator``."""
+        return self._cost_calculator or _no_costs
+
+    def set_cost_calculator(self, calculator: CostCalculator | None) -> None:
+        """Price this model's own chat completions, e.g. ``build_cost_calculator(MODEL_PRICING[name])``; None
+        stops. dgrpo's backends set none (its inference runs on the operator's hardware)."""
+        self._cost_calculator = calculator
+
+    def _record_openai_completion_costs(self, response: Any) -> None:
+        """ART's: ``response``'s cost into the active metrics builder's ``costs/<context>/...``, if one is."""
+        try:
+            builder = MetricsBuilder.get_active()
+        except LookupError:
+            return
+        prompt_tokens, completion_tokens = sampled_tokens(response)
+        costs = self.cost_calculator(prompt_tokens, completion_tokens, builder.cost_context)
+        for key, usd in costs.items():
+            if key.startswith("costs/"):
+                builder.add_cost(key.removeprefix("costs/"), float(usd))
+
+    def _default_chat_completion_extra_body(self) -> dict[str, Any] | None:
+        """The ``extra_body`` every chat completion of ``openai_client()`` sends (ART's); none for a ``Model``."""
+        return None
 
     def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
         """``litellm.acompletion(**params, messages=...)`` keyword arguments for this model (ART's); before
         ``register`` (no server yet) ``base_url`` is None, as in ART."""
         name = self.get_inference_name(step)
         url = self.inference_base_url
-        return {
+        params: dict[str, Any] = {
             # litellm's provider prefix for an OpenAI-compatible vLLM server.
             "model": f"hosted_vllm/{name}" if self.trainable else name,
             "base_url": None if url is None else openai_base_url(url),
             "api_key": self.inference_api_key,
             "temperature": 1,  # sampling at the policy's own distribution, as GRPO assumes
         }
+        if extra_body := self._default_chat_completion_extra_body():
+            params["extra_body"] = extra_body
+        return params
 
     async def log(
         self,

@@ -114,6 +114,10 @@ class TrainableModel(Model):
         )
         self._served: str | None = None
         self._base_served: str | None = None
+        template_kwargs = (_internal_config or {}).get("chat_template_kwargs")
+        self.chat_template_kwargs = None if template_kwargs is None else dict(template_kwargs)
+        """ART's ``_internal_config["chat_template_kwargs"]`` (``enable_thinking``, ...): the server renders
+        each chat completion of ``openai_client()`` with them."""
 
     # ---- registration and serving ----------------------------------------------------------------
     async def register(self, backend: Backend) -> None:
@@ -356,6 +360,11 @@ class TrainableModel(Model):
         return doomed
 
     # ---- helpers ----------------------------------------------------------------------------------
+    def _default_chat_completion_extra_body(self) -> dict[str, Any] | None:
+        if self.chat_template_kwargs is None:
+            return None
+        return {"chat_template_kwargs": dict(self.chat_template_kwargs)}
+
     def _record_train(self, step: int, metrics: dict[str, float], curve_title: str | None = None) -> None:
         """A ``train`` row of ``model.train``: the run's metrics Parquet, ``history.jsonl`` and W&B."""
         self._record(step, metrics, curve_title)

@@ -58,6 +58,8 @@ class ChatCompletionRequest(BaseModel):
     """vLLM extra: EOS and stop tokens are not drawn before this many tokens."""
     return_tokens_as_token_ids: bool = False
     """vLLM extra: logprob tokens as ``token_id:<n>`` instead of text."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """vLLM extra: keyword arguments the chat template is rendered with (``enable_thinking``, ...)."""
     stream: bool = False
 
     @model_validator(mode="after")
