@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from transformers import AutoTokenizer
 
 import dgrpo as art
@@ -93,3 +94,5 @@ def test_the_server_renders_the_chat_template_with_the_requests_kwargs() -> None
 
     assert rendered(chat_template_kwargs={"enable_thinking": True}) == "<think>hello"
     assert rendered() == "hello"
+    with pytest.raises(ValidationError, match="chat_template_kwargs may not set chat_template"):
+        rendered(chat_template_kwargs={"chat_template": "{{ 'mine' }}"})  # as vLLM, untrusted by default
