@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 import dgrpo as art
 from base_models.resolve import ensure_smollm2
 from dgrpo.costs import MODEL_PRICING, build_cost_calculator, track_api_cost
+from dgrpo.errors import UnsupportedArtOption
 from dgrpo.metrics_builder import MetricsBuilder
 from serving.api import ChatCompletionRequest
 from serving.chat import ChatRenderer
@@ -96,3 +97,9 @@ def test_the_server_renders_the_chat_template_with_the_requests_kwargs() -> None
     assert rendered() == "hello"
     with pytest.raises(ValidationError, match="chat_template_kwargs may not set chat_template"):
         rendered(chat_template_kwargs={"chat_template": "{{ 'mine' }}"})  # as vLLM, untrusted by default
+
+
+def test_a_chat_template_of_the_models_own_is_refused_not_ignored() -> None:
+    for key in ("chat_template", "chat_template_path"):
+        with pytest.raises(UnsupportedArtOption, match=f"_internal_config: {key}="):
+            art.TrainableModel(name="m", project="p", _internal_config={key: "{{ messages }}"})
