@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 STEP_COLUMN = "step"
 WANDB_STEP = "training_step"
 """ART's W&B x-axis."""
+WANDB_CLOCK = "time/wall_clock_sec"
+"""Seconds since the client's model was made (ART's), logged with each row of its W&B run."""
 REWARD = "train/reward"
 REWARD_STD = "train/reward_std_dev"
 WANDB_TIMEOUT_S = 60.0
@@ -147,14 +149,32 @@ def reward_curve_png(rows: list[dict[str, Any]], title: str) -> bytes:
     return buf.getvalue()
 
 
+WANDB_SECTIONS = (
+    "reward",
+    "loss",
+    "throughput",
+    "costs",
+    "time",
+    "data",
+    "train",
+    "val",
+    "test",
+    "discarded",
+)
+"""The sections ART plots against ``training_step`` (``<section>/*``), in the order ART defines them."""
+
+
 class WandbSink:
-    """One W&B run per training run, kept open across steps by the worker process."""
+    """One W&B run per training run, kept open across steps by the worker process (or the client's model),
+    laid out as ART lays out a model's run: ART's ``wandb.init`` arguments and ``define_metric`` calls."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.runs: dict[str, Any] = {}
         self.configs: dict[str, dict[str, Any]] = {}
         """Run id -> the W&B run config (given to ``wandb.init``, or to the open run when it changes)."""
+        self.defined: dict[str, set[str]] = {}
+        """Run id -> the metrics given ``training_step`` as their x-axis one by one."""
 
     def update_config(self, run_id: str, config: dict[str, Any]) -> None:
         """The run's W&B config: set on the open run now, or given to ``wandb.init`` when it opens."""
@@ -162,31 +182,57 @@ class WandbSink:
             return
         self.configs[run_id] = config
         run = self.runs.get(run_id)
-        if run is not None:
+        if run is not None and not run._is_finished:  # ART's check too: W&B has no public "finished"
             run.config.update(config)
 
-    def log(self, input: MetricsInput) -> None:
+    def run(self, run_id: str, project: str, name: str) -> Any:
+        """The open W&B run of ``run_id``, opened (again, once finished) as ART opens a model's: its sections
+        (``WANDB_SECTIONS``) plotted against ``training_step``; offline unless ``WANDB_API_KEY`` is set."""
         import wandb
 
-        run = self.runs.get(input.run_id)
-        if run is None:
-            wandb_dir = self.root / input.run_id
-            wandb_dir.mkdir(parents=True, exist_ok=True)
-            run = wandb.init(
-                project=input.project,
-                name=input.model_name,
-                id=input.run_id,
-                dir=str(wandb_dir),
-                mode="online" if os.environ.get("WANDB_API_KEY") else "offline",
-                resume="allow",
-                reinit="create_new",
-                config=self.configs.get(input.run_id),
-                settings=wandb.Settings(silent=True, console="off"),
-            )
-            run.define_metric(WANDB_STEP)
-            run.define_metric("*", step_metric=WANDB_STEP)
-            self.runs[input.run_id] = run
-        run.log({WANDB_STEP: input.step, **input.metrics})
+        run = self.runs.get(run_id)
+        if run is not None and not run._is_finished:
+            return run
+        wandb_dir = self.root / run_id
+        wandb_dir.mkdir(parents=True, exist_ok=True)
+        config = self.configs.get(run_id)
+        run = wandb.init(
+            project=project,
+            name=name,
+            id=run_id,
+            config=config,
+            resume="allow",
+            reinit="create_new",
+            dir=str(wandb_dir),
+            mode="online" if os.environ.get("WANDB_API_KEY") else "offline",
+            settings=wandb.Settings(silent=True, console="off"),
+        )
+        run.define_metric(WANDB_STEP)
+        run.define_metric(WANDB_CLOCK)
+        for section in WANDB_SECTIONS:
+            run.define_metric(f"{section}/*", step_metric=WANDB_STEP)
+        if config:
+            run.config.update(config)  # a resumed run keeps its old config over init's
+        self.runs[run_id] = run
+        self.defined[run_id] = {WANDB_STEP, WANDB_CLOCK}
+        return run
+
+    def log_row(self, run_id: str, run: Any, row: dict[str, Any]) -> None:
+        """``run.log(row)``, ``row`` holding its ``training_step``; a ``costs/`` key (nested, as ART defines them)
+        or one outside ART's sections (``offpolicy/...``, a split of the program's) is first given
+        ``training_step`` as its x-axis."""
+        defined = self.defined.setdefault(run_id, {WANDB_STEP, WANDB_CLOCK})
+        for key in row:
+            if key not in defined and (
+                key.startswith("costs/") or key.split("/", 1)[0] not in WANDB_SECTIONS
+            ):
+                run.define_metric(key, step_metric=WANDB_STEP)
+                defined.add(key)
+        run.log(row)
+
+    def log(self, input: MetricsInput) -> None:
+        run = self.run(input.run_id, input.project, input.model_name)
+        self.log_row(input.run_id, run, {WANDB_STEP: input.step, **input.metrics})
 
     def close(self) -> None:
         for run in self.runs.values():

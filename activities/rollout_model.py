@@ -139,10 +139,17 @@ def routed_openai_client(
     max_retries: int = 2,
 ) -> AsyncOpenAI:
     """An ``AsyncOpenAI`` on ``base_url`` (``http://host:port/v1``) whose ``model=name`` means ``target_model``."""
+    http_client = routed_http_client(name, target_model, timeout=timeout, max_connections=max_connections)
+    return AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http_client, max_retries=max_retries)
+
+
+def routed_http_client(
+    name: str, target_model: TargetModel, *, timeout: float = 600.0, max_connections: int = 256
+) -> httpx.AsyncClient:
+    """The HTTP client of ``routed_openai_client``: requests naming ``model=name`` go to ``target_model``."""
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=min(64, max_connections))
     transport = RoutingTransport(name, target_model, httpx.AsyncHTTPTransport(limits=limits))
-    http_client = httpx.AsyncClient(transport=transport, timeout=timeout)
-    return AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http_client, max_retries=max_retries)
+    return httpx.AsyncClient(transport=transport, timeout=timeout)
 
 
 @dataclass

@@ -107,6 +107,8 @@ def lora_from_internal_config(internal: Mapping[str, Any]) -> tuple[LoraConfig |
                 max_seq_len = int(value)
         elif section == "rollout_weights_mode" and values == "lora":
             continue  # ART's default, and what dgrpo does
+        elif section == "chat_template_kwargs":
+            continue  # sent with each chat completion of the model's client (TrainableModel)
         else:
             raise _refuse("_internal_config", section, values)
     return (LoraConfig(**lora) if lora else None), max_seq_len

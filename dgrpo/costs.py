@@ -51,8 +51,53 @@ class TokenPricing:
     cache_read_per_million: float | None = None
 
 
-MODEL_PRICING: dict[str, ModelPricing] = {}
-"""Prices of served models by name; empty: a dgrpo model runs on its operator's hardware."""
+HOSTED_PRICES: tuple[tuple[str, float, float, float], ...] = (
+    ("Qwen/Qwen3.6-35B-A3B", 0.36, 0.89, 1.07),
+    ("Qwen/Qwen3.6-27B", 1.24, 3.73, 3.73),
+    ("Qwen/Qwen3.5-4B", 0.22, 0.67, 0.67),
+    ("Qwen/Qwen3.5-27B", 1.24, 3.73, 3.73),
+    ("Qwen/Qwen3.5-35B-A3B", 0.36, 0.89, 1.07),
+    ("Qwen/Qwen3.5-397B-A17B", 2.00, 5.00, 6.00),
+    ("Qwen/Qwen3.5-397B-A17B:peft:262144", 4.00, 10.00, 12.00),
+    ("Qwen/Qwen3-4B-Instruct-2507", 0.07, 0.22, 0.22),
+    ("Qwen/Qwen3-8B", 0.13, 0.40, 0.40),
+    ("Qwen/Qwen3-8B-Base", 0.13, 0.40, 0.40),
+    ("Qwen/Qwen3-30B-A3B", 0.12, 0.30, 0.36),
+    ("Qwen/Qwen3-30B-A3B-Base", 0.12, 0.30, 0.36),
+    ("Qwen/Qwen3-30B-A3B-Instruct-2507", 0.12, 0.30, 0.36),
+    ("Qwen/Qwen3-32B", 0.49, 1.47, 1.47),
+    ("Qwen/Qwen3-235B-A22B-Instruct-2507", 0.68, 1.70, 2.04),
+    ("Qwen/Qwen3-VL-30B-A3B-Instruct", 0.18, 0.44, 0.53),
+    ("Qwen/Qwen3-VL-235B-A22B-Instruct", 1.02, 2.56, 3.07),
+    ("meta-llama/Llama-3.2-1B", 0.03, 0.09, 0.09),
+    ("meta-llama/Llama-3.2-3B", 0.06, 0.18, 0.18),
+    ("meta-llama/Llama-3.1-8B", 0.13, 0.40, 0.40),
+    ("meta-llama/Llama-3.1-8B-Instruct", 0.13, 0.40, 0.40),
+    ("meta-llama/Llama-3.1-70B", 1.05, 3.16, 3.16),
+    ("meta-llama/Llama-3.3-70B-Instruct", 1.05, 3.16, 3.16),
+    ("deepseek-ai/DeepSeek-V3.1", 1.13, 2.81, 3.38),
+    ("deepseek-ai/DeepSeek-V3.1-Base", 1.13, 2.81, 3.38),
+    ("openai/gpt-oss-120b", 0.18, 0.44, 0.52),
+    ("openai/gpt-oss-120b:peft:131072", 0.63, 1.54, 1.82),
+    ("openai/gpt-oss-20b", 0.12, 0.30, 0.36),
+    ("moonshotai/Kimi-K2-Thinking", 0.98, 2.44, 2.93),
+    ("moonshotai/Kimi-K2.5", 1.47, 3.66, 4.40),
+    ("moonshotai/Kimi-K2.5:peft:131072", 5.15, 12.81, 15.40),
+    ("moonshotai/Kimi-K2.6", 1.47, 3.66, 4.40),
+    ("moonshotai/Kimi-K2.6:peft:131072", 5.15, 12.81, 15.40),
+    ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", 0.13, 0.33, 0.40),
+    ("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16", 0.38, 0.96, 1.16),
+    ("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16:peft:262144", 0.76, 1.92, 2.32),
+)
+"""ART 0.5.18's list prices (USD per million tokens: prefill, sample, train) of the models its hosted
+training service serves; ``<model>:peft:<context>`` is the long-context LoRA tier."""
+
+MODEL_PRICING: dict[str, ModelPricing] = {
+    name: ModelPricing(prefill, sample, train) for name, prefill, sample, train in HOSTED_PRICES
+}
+"""ART's prices of served models by name: ``track_api_cost`` prices such a model by them when litellm has no
+price for it, and ``build_cost_calculator`` makes them a model client's costs. dgrpo's own inference runs on
+its operator's hardware, so no dgrpo backend gives a model a cost calculator by itself."""
 
 MODEL_TOKEN_PRICING: dict[str, TokenPricing] = {
     "openai/gpt-4.1": TokenPricing(2.0, 8.0, cached_prompt_per_million=0.5),
@@ -91,7 +136,7 @@ def compute_sample_costs(
     }
 
 
-def build_cost_calculator(pricing: ModelPricing) -> Callable[[int | None, int | None, str], dict[str, float]]:
+def build_cost_calculator(pricing: ModelPricing) -> CostCalculator:
     """``compute_sample_costs`` with ``pricing`` bound: ``(prompt_tokens, completion_tokens, context)``."""
 
     def calculate(
@@ -105,6 +150,10 @@ def build_cost_calculator(pricing: ModelPricing) -> Callable[[int | None, int | 
         )
 
     return calculate
+
+
+CostCalculator = Callable[[int | None, int | None, str], dict[str, float]]
+"""``(prompt_tokens, completion_tokens, cost_context)`` -> ``costs/<context>/...`` metrics (ART's)."""
 
 
 # ---- a response's cost ---------------------------------------------------------------------------------
@@ -148,6 +197,16 @@ def reported_cost(response: Any) -> float | None:
 
 def _tokens(usage: Any, *path: str) -> float:
     return _number(_field(usage, *path)) or 0.0
+
+
+def sampled_tokens(response: Any) -> tuple[int, int]:
+    """A chat completion's prompt tokens, once per choice (each sample is its own prefill, as ART counts
+    them), and its completion tokens; 0 where the response reports no usage (a stream)."""
+    usage = _field(response, "usage")
+    choices = _field(response, "choices") or []
+    return int(_tokens(usage, "prompt_tokens")) * max(len(choices), 1), int(
+        _tokens(usage, "completion_tokens")
+    )
 
 
 def estimated_cost(provider: str, response: Any, pricing: TokenPricing) -> float | None:
@@ -346,6 +405,7 @@ def track_api_cost(
 __all__ = [
     "MODEL_PRICING",
     "MODEL_TOKEN_PRICING",
+    "CostCalculator",
     "ModelPricing",
     "TokenPricing",
     "build_cost_calculator",

@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from activities.metrics import WANDB_CLOCK, WANDB_STEP
 from dgrpo.metrics import reward_std_dev
 from dgrpo.metrics_builder import MetricsBuilder
 from dgrpo.metrics_taxonomy import build_data_metrics_from_summary, summarize_trajectory_groups
@@ -84,10 +85,11 @@ class LocalModelLog:
         step: int,
         metrics: dict[str, float],
         builder_numbers: tuple[dict[str, float], frozenset[str]],
-    ) -> dict[str, Any] | None:
-        """Write one ``model.log`` call: its groups' Parquet (when given) and its history row; returns the row
-        (None when it holds nothing, as ART then writes none). ``builder_numbers`` are what the model's own
-        ``MetricsBuilder`` held for the split (``track_api_cost`` costs, ``add_data``), summed in here too."""
+    ) -> dict[str, float]:
+        """One ``model.log`` call: write its groups' Parquet (when given) and return the numbers of its history
+        row (empty when none, as ART then writes none; ``append`` writes it). ``builder_numbers`` are what the
+        model's own ``MetricsBuilder`` held for the split (``track_api_cost`` costs, ``add_data``), summed in here
+        too."""
         builder = self._scoped(split)
         values, scenario_ids = builder_numbers
         for name, value in values.items():
@@ -102,9 +104,8 @@ class LocalModelLog:
             write_trajectory_groups_parquet(groups, path)
         averages.update(self._route(builder, metrics))
         row = {**averages, **await builder.flush()}
-        written = self._append(row, split, step) if row else None
         self._write_state()
-        return written
+        return row
 
     def _group_numbers(
         self, builder: MetricsBuilder, groups: list[TrajectoryGroup], split: str, given: set[str]
@@ -136,16 +137,18 @@ class LocalModelLog:
         out["reward_std_dev"] = reward_std_dev(groups)
         return out
 
-    def _append(self, row: dict[str, float], split: str, step: int) -> dict[str, Any]:
+    def append(self, row: dict[str, float], split: str, step: int) -> dict[str, Any]:
+        """Append ``row`` to ``history.jsonl`` under ART's keys (``history_key``), with ``training_step`` and
+        ``time/wall_clock_sec``; NaNs are left out of the file. Returns the keyed row (what ART sends W&B)."""
         keyed: dict[str, Any] = {history_key(name, split): value for name, value in row.items()}
-        keyed["training_step"] = step
-        keyed["time/wall_clock_sec"] = time.time() - self._started
+        keyed[WANDB_STEP] = step
+        keyed[WANDB_CLOCK] = time.time() - self._started
         line = {k: v for k, v in keyed.items() if not (isinstance(v, float) and math.isnan(v))}
         line |= {"step": step, "recorded_at": datetime.now().isoformat()}
         self.dir.mkdir(parents=True, exist_ok=True)
         with open(self.dir / layout.ART_HISTORY_FILE, "a") as f:
             f.write(json.dumps(line) + "\n")
-        return line
+        return keyed
 
     def _read_state(self) -> dict[str, Any]:
         path = self.dir / layout.ART_STATE_FILE

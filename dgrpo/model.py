@@ -15,26 +15,35 @@ import re
 from collections.abc import Iterable
 from contextvars import Token
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from openai import AsyncOpenAI
 from pydantic import BaseModel
 
 from activities.metrics import WandbSink
-from activities.rollout_model import DEFAULT_API_KEY, routed_openai_client
+from activities.rollout_model import DEFAULT_API_KEY, routed_http_client
 from dgrpo.backends import Backend
-from dgrpo.costs import CostRecorder
+from dgrpo.client_costs import CostRecordingClient, CostRecordingCompletions
+from dgrpo.costs import CostCalculator, CostRecorder, sampled_tokens
 from dgrpo.errors import NotRegisteredError
 from dgrpo.local_log import LocalModelLog
 from dgrpo.metrics import MetricsBuilder, group_metrics, qualified, record_metrics
 from schemas import layout
-from schemas.activities import MetricsInput
 from schemas.config import NAME_PATTERN
 from schemas.errors import RunSpecError
 from schemas.trajectory import Trajectory, TrajectoryGroup
 from serving.client import openai_base_url
 
 log = logging.getLogger(__name__)
+
+_OpenAIChatCompletionsProxy = CostRecordingCompletions
+"""ART's name for ``client.chat.completions`` of ``openai_client()``."""
+
+
+def _no_costs(
+    prompt_tokens: int | None, completion_tokens: int | None, cost_context: str
+) -> dict[str, float]:
+    return {}
 
 
 def run_id_of(project: str, name: str) -> str:
@@ -78,6 +87,7 @@ class Model:
         self.base_path = base_path
         self.report_metrics = report_metrics
         self._client: AsyncOpenAI | None = None
+        self._cost_calculator: CostCalculator | None = None
         self._backend: Backend | None = None
         self._step = 0
         self._wandb: WandbSink | None = None
@@ -119,33 +129,68 @@ class Model:
         return self._step
 
     def openai_client(self) -> AsyncOpenAI:
-        """An ``AsyncOpenAI`` (one per model) whose ``model=self.name`` goes to ``get_inference_name()``."""
+        """An ``AsyncOpenAI`` (one per model) whose ``model=self.name`` goes to ``get_inference_name()``, wrapped
+        as ART wraps it (dgrpo/client_costs.py): its chat completions send the model's default ``extra_body``
+        and record their cost under the active metrics context (``set_cost_calculator``)."""
         if self._client is None:
             if self.inference_base_url is None:
                 raise NotRegisteredError(
                     f"model {self.name!r} has no inference server yet: call `await model.register(backend)` "
                     "first (or give inference_base_url=...)"
                 )
-            self._client = routed_openai_client(
-                openai_base_url(self.inference_base_url),
-                self.name,
-                self.get_inference_name,
+            client = AsyncOpenAI(
+                base_url=openai_base_url(self.inference_base_url),
                 api_key=self.inference_api_key,
+                http_client=routed_http_client(self.name, self.get_inference_name),
+                max_retries=2,
             )
+            wrapped = CostRecordingClient(
+                client, self._record_openai_completion_costs, self._default_chat_completion_extra_body()
+            )
+            self._client = cast(AsyncOpenAI, wrapped)  # an AsyncOpenAI to every caller, as ART's
         return self._client
+
+    @property
+    def cost_calculator(self) -> CostCalculator:
+        """What a chat completion of ``openai_client()`` costs (ART's): none unless ``set_cost_calculator``."""
+        return self._cost_calculator or _no_costs
+
+    def set_cost_calculator(self, calculator: CostCalculator | None) -> None:
+        """Price this model's own chat completions, e.g. ``build_cost_calculator(MODEL_PRICING[name])``; None
+        stops. dgrpo's backends set none (its inference runs on the operator's hardware)."""
+        self._cost_calculator = calculator
+
+    def _record_openai_completion_costs(self, response: Any) -> None:
+        """ART's: ``response``'s cost into the active metrics builder's ``costs/<context>/...``, if one is."""
+        try:
+            builder = MetricsBuilder.get_active()
+        except LookupError:
+            return
+        prompt_tokens, completion_tokens = sampled_tokens(response)
+        costs = self.cost_calculator(prompt_tokens, completion_tokens, builder.cost_context)
+        for key, usd in costs.items():
+            if key.startswith("costs/"):
+                builder.add_cost(key.removeprefix("costs/"), float(usd))
+
+    def _default_chat_completion_extra_body(self) -> dict[str, Any] | None:
+        """The ``extra_body`` every chat completion of ``openai_client()`` sends (ART's); none for a ``Model``."""
+        return None
 
     def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
         """``litellm.acompletion(**params, messages=...)`` keyword arguments for this model (ART's); before
         ``register`` (no server yet) ``base_url`` is None, as in ART."""
         name = self.get_inference_name(step)
         url = self.inference_base_url
-        return {
+        params: dict[str, Any] = {
             # litellm's provider prefix for an OpenAI-compatible vLLM server.
             "model": f"hosted_vllm/{name}" if self.trainable else name,
             "base_url": None if url is None else openai_base_url(url),
             "api_key": self.inference_api_key,
             "temperature": 1,  # sampling at the policy's own distribution, as GRPO assumes
         }
+        if extra_body := self._default_chat_completion_extra_body():
+            params["extra_body"] = extra_body
+        return params
 
     async def log(
         self,
@@ -175,30 +220,47 @@ class Model:
         if not row:
             raise ValueError("model.log got neither trajectories nor metrics; nothing to record")
         at = await self.get_step() if step is None else step
-        await self._local_log.log(groups, split, at, dict(metrics or {}), builder_numbers)
+        history_row = await self._local_log.log(groups, split, at, dict(metrics or {}), builder_numbers)
+        if history_row:
+            await asyncio.to_thread(self._log_metrics, history_row, split, at)
         if self._backend is not None:
             await asyncio.to_thread(self._record, at, row)
         return row
 
     def _record(self, step: int, metrics: dict[str, float], curve_title: str | None = None) -> None:
-        """Into the run's metrics Parquet, and W&B when ``report_metrics`` asks for it (ART's rule)."""
+        """Into the run's metrics Parquet (dgrpo's names and totals); redraw the reward curve if titled."""
         record_metrics(
             self._require_backend().object_store(), self.run_id, self.name, step, metrics, curve_title
         )
+
+    def _log_metrics(self, metrics: dict[str, float], split: str, step: int) -> None:
+        """ART's one row of a log call: appended to ``history.jsonl`` under ART's keys (dgrpo/local_log.py), and
+        the same row sent to the model's W&B run when ``report_metrics`` asks for it (ART's rule)."""
+        row = self._local_log.append(metrics, split, step)
+        try:
+            run = self._get_wandb_run()
+            if run is not None and self._wandb is not None:
+                self._wandb.log_row(self._wandb_id, run, row)
+        except Exception as err:  # W&B is a convenience: the history row is already written
+            log.warning(
+                "W&B logging for %s step %d failed: %s: %s", self._wandb_id, step, type(err).__name__, err
+            )
+
+    @property
+    def _wandb_id(self) -> str:
+        """The W&B run's id: the model's run id, the one a ``TrainingRun`` of this model logs to as well."""
+        return run_id_of(self.project, self.name)
+
+    def _get_wandb_run(self) -> Any:
+        """The model's W&B run, opened on first use (and again once finished) with ART's ``wandb.init``
+        arguments, ``define_metric`` calls and config (activities/metrics.py, ``WandbSink``); None when
+        ``report_metrics`` does not ask for W&B."""
         if not self.reports_to_wandb():
-            return
+            return None
         if self._wandb is None:
             self._wandb = WandbSink(Path(self.base_path) / "wandb")
-            self._wandb.update_config(self.run_id, self._wandb_config)
-        inp = MetricsInput(
-            run_id=self.run_id, project=self.project, model_name=self.name, step=step, metrics=metrics
-        )
-        try:
-            self._wandb.log(inp)
-        except Exception as err:  # W&B is a convenience: the Parquet row is already written
-            log.warning(
-                "W&B logging for %s step %d failed: %s: %s", self.run_id, step, type(err).__name__, err
-            )
+            self._wandb.update_config(self._wandb_id, self._wandb_config)
+        return self._wandb.run(self._wandb_id, self.project, self.name)
 
     def reports_to_wandb(self) -> bool:
         """As in ART: ``report_metrics`` names ``"wandb"``, or is None and ``WANDB_API_KEY`` is set (without a
@@ -228,7 +290,7 @@ class Model:
             raise TypeError(f"config must be a dict[str, Any], not {type(config).__name__}")
         self._wandb_config = merged_wandb_config(self._wandb_config, config)
         if self._wandb is not None:
-            self._wandb.update_config(self.run_id, self._wandb_config)
+            self._wandb.update_config(self._wandb_id, self._wandb_config)
 
     def finish_wandb(self) -> None:
         """Finish the model's W&B run (dgrpo only; ART leaves it to the process's exit)."""

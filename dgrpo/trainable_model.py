@@ -114,6 +114,10 @@ class TrainableModel(Model):
         )
         self._served: str | None = None
         self._base_served: str | None = None
+        template_kwargs = (_internal_config or {}).get("chat_template_kwargs")
+        self.chat_template_kwargs = None if template_kwargs is None else dict(template_kwargs)
+        """ART's ``_internal_config["chat_template_kwargs"]`` (``enable_thinking``, ...): the server renders
+        each chat completion of ``openai_client()`` with them."""
 
     # ---- registration and serving ----------------------------------------------------------------
     async def register(self, backend: Backend) -> None:
@@ -258,9 +262,9 @@ class TrainableModel(Model):
         else:
             ref = await asyncio.to_thread(upload_groups, store, groups, self.run_id, step)
             # Recorded before training, so a client that dies in train() still leaves the step's numbers.
-            await asyncio.to_thread(self._record, step, group_metrics(groups, "train"), self._title())
+            await asyncio.to_thread(self._record_train, step, group_metrics(groups, "train"), self._title())
             result = await self._run_train_step(client, ref, config, step)
-            await asyncio.to_thread(self._record, step, train_result_metrics(result))
+            await asyncio.to_thread(self._record_train, step, train_result_metrics(result))
         self._step, self._served = result.step, result.adapter
         return result
 
@@ -274,8 +278,8 @@ class TrainableModel(Model):
         """ART's supervised fine-tuning: train on the trajectories' assistant turns (a durable ``TrainSFT``),
         publish and serve the result as the next step, and log its numbers there (ART returns None)."""
         result = await self.fine_tune(trajectories, config, _config)
-        if result.metrics:
-            await asyncio.to_thread(self._record, result.step, result.metrics)
+        if result.metrics:  # as ART's: one train row of the averaged numbers at the new step
+            await self.log(metrics=result.metrics, split="train", step=result.step)
         return result
 
     async def fine_tune(
@@ -356,6 +360,16 @@ class TrainableModel(Model):
         return doomed
 
     # ---- helpers ----------------------------------------------------------------------------------
+    def _default_chat_completion_extra_body(self) -> dict[str, Any] | None:
+        if self.chat_template_kwargs is None:
+            return None
+        return {"chat_template_kwargs": dict(self.chat_template_kwargs)}
+
+    def _record_train(self, step: int, metrics: dict[str, float], curve_title: str | None = None) -> None:
+        """A ``train`` row of ``model.train``: the run's metrics Parquet, ``history.jsonl`` and W&B."""
+        self._record(step, metrics, curve_title)
+        self._log_metrics(metrics, "train", step)
+
     def _title(self) -> str:
         return f"{self.project}/{self.name}"
 

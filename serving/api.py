@@ -31,6 +31,12 @@ class ChatMessage(BaseModel):
         return self
 
 
+RENDERER_ARGUMENTS = frozenset(
+    {"chat_template", "conversation", "tools", "add_generation_prompt", "tokenize"}
+)
+"""``apply_chat_template`` arguments the server sets itself, which ``chat_template_kwargs`` may not."""
+
+
 class ChatCompletionRequest(BaseModel):
     """``POST /v1/chat/completions`` (non-streaming)."""
 
@@ -58,6 +64,8 @@ class ChatCompletionRequest(BaseModel):
     """vLLM extra: EOS and stop tokens are not drawn before this many tokens."""
     return_tokens_as_token_ids: bool = False
     """vLLM extra: logprob tokens as ``token_id:<n>`` instead of text."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """vLLM extra: keyword arguments the chat template is rendered with (``enable_thinking``, ...)."""
     stream: bool = False
 
     @model_validator(mode="after")
@@ -66,6 +74,13 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("stream=true is not supported by this server; send stream=false")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
+        reserved = sorted(set(self.chat_template_kwargs or {}) & RENDERER_ARGUMENTS)
+        if (
+            reserved
+        ):  # a template of the request's own, as vLLM refuses one without --trust-request-chat-template
+            raise ValueError(
+                f"chat_template_kwargs may not set {', '.join(reserved)}: this server renders them"
+            )
         return self
 
     @property

@@ -35,6 +35,7 @@ class ChatRenderer:
                 tools=req.tools if native_tools else None,
                 add_generation_prompt=True,
                 tokenize=False,
+                **(req.chat_template_kwargs or {}),
             )
         except Exception as err:  # a template that cannot render these messages: the caller's input
             raise ServingHTTPError(

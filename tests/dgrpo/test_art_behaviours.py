@@ -54,6 +54,8 @@ def test_trajectory_takes_arts_policy_versions_and_the_store_keeps_them() -> Non
 
 
 class FakeRun:
+    _is_finished = False
+
     def __init__(self) -> None:
         self.config = types.SimpleNamespace(updates=[])
         self.config.update = self.config.updates.append  # type: ignore[attr-defined]
@@ -95,4 +97,7 @@ def test_a_wandb_run_starts_with_its_config_and_takes_later_updates(
     sink.log(MetricsInput(run_id="p-m", project="p", model_name="m", step=1, metrics={"val/reward": 1}))
     assert inits[0]["config"] == {"experiment": {"learning_rate": 1e-5}}
     sink.update_config("p-m", {"experiment": {"learning_rate": 1e-5}, "seed": 7})
-    assert run.config.updates == [{"experiment": {"learning_rate": 1e-5}, "seed": 7}]  # type: ignore[attr-defined]
+    assert run.config.updates == [  # type: ignore[attr-defined]
+        {"experiment": {"learning_rate": 1e-5}},  # again after init, as ART: a resumed run keeps its old one
+        {"experiment": {"learning_rate": 1e-5}, "seed": 7},
+    ]
