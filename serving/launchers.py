@@ -121,8 +121,8 @@ def lora_rank_flag(rank: int) -> int:
 
 def refuse_unkeyed_exposure(host: str) -> None:
     """Refuse a server bound beyond loopback without ``$DGRPO_SERVE_API_KEY`` (both engines then require it):
-    whoever reaches the server may run a run's requests, load adapters from its adapter root and put it to
-    sleep, so an address other hosts reach takes a key."""
+    whoever reaches the server may generate, load adapters and put it to sleep, so an address other hosts
+    reach takes a key."""
     if not is_loopback(host) and serving_api_key() is None:
         raise EngineSetupError(
             f"the inference server would bind {host}, beyond this machine, without an API key: set "
