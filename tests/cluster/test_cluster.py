@@ -91,6 +91,8 @@ def test_a_run_completes_on_workers_that_share_nothing_but_temporal_and_s3(
     # could not read still counts: judge_fallback 1); a judge it could not reach fails the run instead
     assert [len(j) for j in report["judged"]] == [8] * STEPS, report["judged"]
     assert all("judge_fallback" in t for j in report["judged"] for t in j)
+    fallbacks = [sum(t["judge_fallback"] for t in j) for j in report["judged"]]
+    print(f"\nRULER from the control host: trajectories it could not score, per step: {fallbacks} of 8")
 
 
 def test_an_art_client_on_another_host_chats_with_the_served_adapter(
