@@ -39,24 +39,20 @@ from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))
-import pyarrow as pa
-import pyarrow.parquet as pq
 from chaos_cluster import (
     ChaosCluster,
     Fault,
     MomentPassed,
     retry_delays,
+    stored_steps,
     unless_done,
     wait_for_phase,
 )
 from test_chaos import chaos_spec
 
-from activities.checkpoints import download_checkpoint
 from activities.object_store import ObjectStore
 from dgrpo import run_control
 from schemas.config import TaskQueues
-from schemas.layout import checkpoint_prefix, trajectories_key
-from schemas.refs import CheckpointRef
 from schemas.run_state import RunStatus
 from workers.temporal import connect_client, result_across_restarts
 
@@ -173,27 +169,11 @@ def report(
 
 
 def intact(store: ObjectStore, run_id: str, final: RunStatus, rows: int) -> str:
-    """What the faulted run left: each step's checkpoint downloaded and every file sha256-verified against its
-    manifest, and each step's trajectories table holding each (group, rollout) once."""
-    lines = []
-    with tempfile.TemporaryDirectory(prefix="dgrpo-chaos-check-") as scratch:
-        for step in range(final.step + 1):
-            prefix = checkpoint_prefix(run_id, step)
-            _, sha256 = store.read_manifest(prefix)
-            ref = CheckpointRef(run_id=run_id, step=step, uri=store.uri(prefix), manifest_sha256=sha256)
-            download_checkpoint(store, ref, Path(scratch) / str(step))  # raises on a missing or changed file
-            if step:
-                table = pq.read_table(pa.BufferReader(store.get_bytes(trajectories_key(run_id, step))))
-                ids = set(
-                    zip(
-                        table.column("group_index").to_pylist(),
-                        table.column("trajectory_index").to_pylist(),
-                        strict=True,
-                    )
-                )
-                lines.append(
-                    f"step {step}: checkpoint verified, {table.num_rows} rows, {len(ids)} distinct of {rows}"
-                )
+    """What the faulted run left (``stored_steps``: every checkpoint sha256-verified, each step's rows)."""
+    lines = [
+        f"step {s['step']}: checkpoint verified, {s['rows']} rows, {s['distinct']} distinct of {rows}"
+        for s in stored_steps(store, run_id, final.step)
+    ]
     return "\n".join(["", *lines])
 
 

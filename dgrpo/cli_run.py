@@ -81,6 +81,7 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
         model=args.model,
         server_url=args.server_url,
         serve_port=args.serve_port,
+        serve_host=args.serve_host,
         engine=EngineSettings(
             engine=args.engine or default_engine(),
             max_lora_rank=args.max_lora_rank,
@@ -249,6 +250,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     worker.add_argument(
         "--serve-port", type=int, help="port of the CPU server (default $DGRPO_SERVE_PORT or free)"
+    )
+    worker.add_argument(
+        "--serve-host",
+        help="address the inference server binds (default $DGRPO_SERVE_HOST, else 127.0.0.1; any other, "
+        "0.0.0.0 for one, needs $DGRPO_SERVE_API_KEY)",
     )
     worker.add_argument(
         "--grace-s",

@@ -29,6 +29,10 @@ ENV_INFERENCE_URL = "DGRPO_INFERENCE_URL"
 """The inference server's ``/v1`` URL: for a client (``TemporalBackend``) and the default judge of a control worker."""
 ENV_SERVE_PORT = "DGRPO_SERVE_PORT"
 """Port of the server an inference worker starts (default: a free one)."""
+ENV_SERVE_HOST = "DGRPO_SERVE_HOST"
+"""The address the inference worker's server binds (``dgrpo worker --serve-host``; default ``127.0.0.1``). Any
+other (``0.0.0.0``: every interface) lets other hosts reach it: a control worker's judge, an ART client's
+``model.openai_client()``; the worker then refuses to start without ``DGRPO_SERVE_API_KEY``."""
 ENV_JUDGE_BASE_URLS = "DGRPO_JUDGE_BASE_URLS"
 """Comma-separated judge endpoints a control worker may call besides its own inference server
 (``dgrpo worker --judge-base-url``); a run's ``judge.base_url`` must be one of them."""

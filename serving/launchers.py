@@ -33,8 +33,9 @@ import httpx
 from base_models.resolve import resolve_base_model
 from host.processes import HOST, ChildProcess, free_port
 from schemas.errors import EngineSetupError
-from schemas.settings import EngineSettings
-from serving.client import ServingClient
+from schemas.settings import ENV_SERVE_API_KEY, ENV_SERVE_HOST, EngineSettings
+from serving.client import ServingClient, serving_api_key
+from serving.options import is_loopback
 
 START_TIMEOUT_S = 300.0
 
@@ -49,6 +50,8 @@ BUILD_VLLM = (
     "build it with `bash deploy/install.sh --vllm`, or name one with `dgrpo worker --vllm-python PATH` "
     f"(${ENV_VLLM_PYTHON})"
 )
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+"""Bind addresses meaning every interface: the worker itself reaches such a server on loopback."""
 CPU_KV_CACHE_GIB = "2"
 """vLLM's CPU build sizes its KV cache from this (``VLLM_CPU_KVCACHE_SPACE``), not from a share of memory."""
 
@@ -116,8 +119,21 @@ def lora_rank_flag(rank: int) -> int:
     raise ValueError(f"LoRA rank {rank} is above vLLM's largest --max-lora-rank ({VLLM_LORA_RANKS[-1]})")
 
 
+def refuse_unkeyed_exposure(host: str) -> None:
+    """Refuse a server bound beyond loopback without ``$DGRPO_SERVE_API_KEY`` (both engines then require it):
+    whoever reaches the server may generate, load adapters and put it to sleep, so an address other hosts
+    reach takes a key."""
+    if not is_loopback(host) and serving_api_key() is None:
+        raise EngineSetupError(
+            f"the inference server would bind {host}, beyond this machine, without an API key: set "
+            f"{ENV_SERVE_API_KEY} where the worker runs (its clients, the judge included, send it), or bind "
+            f"127.0.0.1 ({ENV_SERVE_HOST} / --serve-host)"
+        )
+
+
 class ServerProcess(ABC):
-    """One inference server process on ``host:port``; subclasses say which command and environment start it."""
+    """One inference server process on ``host:port``; subclasses say which command and environment start it.
+    A ``host`` beyond loopback needs ``$DGRPO_SERVE_API_KEY`` (``refuse_unkeyed_exposure``)."""
 
     def __init__(
         self,
@@ -130,6 +146,7 @@ class ServerProcess(ABC):
         start_adapter_name: str | None = None,
         log_path: str | Path | None = None,
     ) -> None:
+        refuse_unkeyed_exposure(host)
         self.model = model
         self.settings = settings or EngineSettings()
         self.host = host
@@ -153,8 +170,10 @@ class ServerProcess(ABC):
 
     @property
     def base_url(self) -> str:
-        """``http://host:port`` (the OpenAI SDK wants ``client.openai_base_url``, ending in ``/v1``)."""
-        return f"http://{self.host}:{self.port}"
+        """``http://host:port`` as this machine reaches the server (loopback for a wildcard bind); the OpenAI
+        SDK wants ``client.openai_base_url``, ending in ``/v1``."""
+        host = HOST if self.host in WILDCARD_HOSTS else self.host
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     @property
     def client(self) -> ServingClient:
@@ -246,6 +265,12 @@ class VllmServerProcess(ServerProcess):
         self.extra_args = list(extra_args or [])
         self._runtime = runtime
         self.dev_endpoints = dev_endpoints
+        if (self.settings.sleep_mode or dev_endpoints) and not is_loopback(self.host):
+            raise EngineSetupError(
+                f"vLLM's sleep mode serves its development endpoints (/sleep, /wake_up, /collective_rpc), which "
+                f"its API key does not guard, so it binds only loopback: drop --sleep-mode to serve on "
+                f"{self.host}, or bind 127.0.0.1 ({ENV_SERVE_HOST} / --serve-host)"
+            )
 
     @property
     def runtime(self) -> VllmRuntime:
@@ -298,6 +323,8 @@ class VllmServerProcess(ServerProcess):
     def environment(self) -> dict[str, str]:
         env = _runtime_env(self.runtime.python)
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        if serving_api_key() is not None:  # vLLM then wants it on /v1/*; its dev endpoints stay on loopback
+            env["VLLM_API_KEY"] = str(serving_api_key())
         if not self.runtime.cuda:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
             env.setdefault(

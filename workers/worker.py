@@ -4,7 +4,7 @@
   rollout shards, store of inline scenarios, judge, advantages and metrics activities.
 - inference: rollouts, reload and sleep/wake, in front of a serving engine: ``server_url`` attaches to a
   running one (vLLM or ours); otherwise ``engine`` (our CPU server, or ``vllm serve``) is started for
-  ``model`` on ``serve_port``.
+  ``model`` on ``serve_host:serve_port``.
 - trainer: train, train_sft, publish, publish_initial, republish_checkpoint and latest_checkpoint, polling the trainer queue and its own
   worker-specific queue (publish runs where the trained step is staged).
 
@@ -37,10 +37,10 @@ from temporalio.worker import Interceptor, Worker
 
 from activities.object_store import WORKER_OUTAGE_S, ObjectStore
 from activities.serving import ServingActivities
-from host.processes import free_port
+from host.processes import HOST, free_port
 from schemas.config import TaskQueues
 from schemas.layout import worker_task_queue
-from schemas.settings import ENV_SERVE_PORT, EngineSettings, WorkerLifecycle, dgrpo_home
+from schemas.settings import ENV_SERVE_HOST, ENV_SERVE_PORT, EngineSettings, WorkerLifecycle, dgrpo_home
 from serving.launchers import ServerProcess, server_process
 from workers.error_contract import ErrorContract
 from workers.heartbeat_ticker import THROTTLE as HEARTBEAT_THROTTLE
@@ -87,6 +87,9 @@ class WorkerOptions:
     """How long it waits for Temporal at start-up, and the grace its activities get on SIGTERM."""
     serve_port: int | None = None
     """Port of the CPU server this worker starts (default ``$DGRPO_SERVE_PORT``, else a free one)."""
+    serve_host: str | None = None
+    """Address the server this worker starts binds (default ``$DGRPO_SERVE_HOST``, else loopback); beyond
+    loopback it needs ``$DGRPO_SERVE_API_KEY``, or the worker refuses to start."""
     staging_root: Path | None = None
     """Where the trainer stages trained steps (default ``$DGRPO_HOME/staging``)."""
     worker_id: str | None = None
@@ -215,8 +218,9 @@ def _own_server(opts: WorkerOptions) -> ServerProcess | None:
     if opts.role not in ("inference", "all") or opts.server_url:
         return None
     port = opts.serve_port or int(os.environ.get(ENV_SERVE_PORT, "0")) or free_port()
+    host = opts.serve_host or os.environ.get(ENV_SERVE_HOST) or HOST
     log_path = Path(dgrpo_home()) / "logs" / f"serve-{port}.log"
-    return server_process(opts.model, opts.engine, port=port, log_path=log_path)
+    return server_process(opts.model, opts.engine, host=host, port=port, log_path=log_path)
 
 
 async def run_workers(

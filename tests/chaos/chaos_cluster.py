@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -21,11 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
+from activities.checkpoints import download_checkpoint
+from activities.object_store import ObjectStore
 from schemas.config import TaskQueues
+from schemas.layout import checkpoint_prefix, trajectories_key
+from schemas.refs import CheckpointRef
 from schemas.settings import ENV_HOME
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
@@ -363,3 +370,27 @@ async def retry_delays(client: Client, workflow_id: str, faults: list[Fault]) ->
         ]
         delays[i] = (min(later) - fault.at).total_seconds() if later else None
     return delays
+
+
+def stored_steps(store: ObjectStore, run_id: str, steps: int) -> list[dict[str, int]]:
+    """What a faulted run left, checked: the checkpoint of each step 0 to ``steps`` downloaded with every file
+    sha256-verified against its manifest (raises on a missing or changed file), and each trained step's
+    trajectories table: its rows and its distinct (group, rollout) pairs. bench/chaos.py and
+    tests/cluster/observer.py both judge a run by it."""
+    found = []
+    with tempfile.TemporaryDirectory(prefix="dgrpo-verify-") as scratch:
+        for step in range(steps + 1):
+            prefix = checkpoint_prefix(run_id, step)
+            _, sha256 = store.read_manifest(prefix)
+            ref = CheckpointRef(run_id=run_id, step=step, uri=store.uri(prefix), manifest_sha256=sha256)
+            download_checkpoint(store, ref, Path(scratch) / str(step))
+            if step == 0:
+                continue
+            table = pq.read_table(pa.BufferReader(store.get_bytes(trajectories_key(run_id, step))))
+            pairs = zip(
+                table.column("group_index").to_pylist(),
+                table.column("trajectory_index").to_pylist(),
+                strict=True,
+            )
+            found.append({"step": step, "rows": table.num_rows, "distinct": len(set(pairs))})
+    return found

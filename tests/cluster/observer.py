@@ -21,7 +21,6 @@ import asyncio
 import hashlib
 import json
 import sys
-import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,18 +28,21 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "chaos")]
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-from chaos_cluster import Fault, MomentPassed, pending_activities, retry_delays, wait_for_phase  # noqa: E402
+from chaos_cluster import (  # noqa: E402
+    Fault,
+    MomentPassed,
+    pending_activities,
+    retry_delays,
+    stored_steps,
+    wait_for_phase,
+)
 from temporalio.api.enums.v1 import EventType, PendingActivityState  # noqa: E402
 from temporalio.client import Client, WorkflowHandle  # noqa: E402
 
-from activities.checkpoints import download_checkpoint  # noqa: E402
 from activities.object_store import ObjectStore  # noqa: E402
 from dgrpo import run_control  # noqa: E402
 from schemas.config import RunSpec  # noqa: E402
-from schemas.layout import checkpoint_prefix, rollout_shard_key, trajectories_key  # noqa: E402
-from schemas.refs import CheckpointRef  # noqa: E402
+from schemas.layout import rollout_shard_key  # noqa: E402
 from schemas.run_state import RunStatus  # noqa: E402
 from schemas.settings import S3Settings  # noqa: E402
 from workers.temporal import connect_client, result_across_restarts  # noqa: E402
@@ -152,25 +154,10 @@ class Observer:
         recorded = [Fault(f["kind"], f["host"], datetime.fromisoformat(f["at"]), f["activity"], f["run_id"],
                           f["activity_id"], f["attempt"]) for f in faults]  # fmt: skip
         delays = await retry_delays(self.client, self.handle.id, recorded)
-        steps = []
-        run_id = self.handle.id
-        with tempfile.TemporaryDirectory(prefix="dgrpo-verify-") as scratch:
-            for step in range(len((await self.final(60))["history"]) + 1):
-                prefix = checkpoint_prefix(run_id, step)
-                _, sha256 = self.store.read_manifest(prefix)
-                ref = CheckpointRef(
-                    run_id=run_id, step=step, uri=self.store.uri(prefix), manifest_sha256=sha256
-                )
-                download_checkpoint(self.store, ref, Path(scratch) / str(step))  # raises on a changed file
-                if step == 0:
-                    continue
-                table = pq.read_table(pa.BufferReader(self.store.get_bytes(trajectories_key(run_id, step))))
-                pairs = zip(table.column("group_index").to_pylist(), table.column("trajectory_index").to_pylist(),
-                            strict=True)  # fmt: skip
-                steps.append({"step": step, "rows": table.num_rows, "distinct": len(set(pairs))})
+        steps = len((await self.final(60))["history"])
         return {
             "delays": [delays.get(i) for i in range(len(recorded))],
-            "steps": steps,
+            "steps": await asyncio.to_thread(stored_steps, self.store, self.handle.id, steps),
             "changed": await self.changed_since_recorded(),
         }
 

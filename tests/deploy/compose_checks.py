@@ -192,6 +192,7 @@ def check_service(
     role = contract.worker_role(worker)
     if role is not None:
         problems += contract.check_worker_env(env, where)
+        problems += contract.check_serving_env(env, ports[name], where)
         if seconds(str(svc.get("stop_grace_period", "10s"))) < contract.WORKER_GRACE_S:
             problems.append(f"{where}: stop_grace_period must be at least {contract.WORKER_GRACE_S}s")
         problems += check_gpu(svc, role, where, gpus)

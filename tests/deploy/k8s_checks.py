@@ -119,6 +119,16 @@ def check_service(svc: Obj, docs: list[Obj]) -> list[str]:
     ports = svc.get("spec", {}).get("ports") or []
     if not ports or not all(isinstance(p.get("port"), int) for p in ports):
         problems.append(f"{name_of(svc)}: every port needs a numeric port")
+    selected = [
+        w for w in docs if w.get("kind") in WORKLOADS and all(
+            w["spec"]["template"]["metadata"].get("labels", {}).get(k) == v for k, v in selector.items()
+        )
+    ]  # fmt: skip
+    declared = {p.get("name") for w in selected for _, c in containers(w) for p in c.get("ports", [])}
+    for port in ports:
+        target = port.get("targetPort")
+        if isinstance(target, str) and target not in declared:
+            problems.append(f"{name_of(svc)}: targetPort {target!r} is no port the selected pods name")
     return problems
 
 
@@ -188,15 +198,16 @@ def check_container(w: Obj, c: Obj, where: str, docs: list[Obj], services: dict[
     elif contract.image_repo(c["image"]).startswith(OWN_IMAGE_PREFIX):
         problems.append(f"{where}: an image of this project states its command (`dgrpo worker ROLE ...`)")
     role = contract.worker_role(worker)
+    ports = {p["containerPort"] for p in c.get("ports", [])} | {p.get("name") for p in c.get("ports", [])}
     if role is not None:
         problems += contract.check_worker_env(env, where)
+        problems += contract.check_serving_env(env, {p["containerPort"] for p in c.get("ports", [])}, where)
         grace = w["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
         if grace < contract.WORKER_GRACE_S:
             problems.append(f"{where}: terminationGracePeriodSeconds {grace} < {contract.WORKER_GRACE_S}")
         gpus = int(((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0))
         if role in contract.GPU_ROLES and gpus < 1:
             problems.append(f"{where}: a {role} worker needs resources.limits nvidia.com/gpu: 1")
-    ports = {p["containerPort"] for p in c.get("ports", [])} | {p.get("name") for p in c.get("ports", [])}
     for kind in ("readinessProbe", "livenessProbe"):
         probe = c.get(kind)
         if probe is None:

@@ -148,6 +148,22 @@ COMPOSE_DEFECTS: dict[str, tuple[Callable[[Raw], Any], str]] = {
         lambda r: replace(r, "postgres", volumes=["pgdata:/var/lib/postgresql/data"]),
         "volume 'pgdata' is not declared",
     ),
+    "inference server beyond loopback without its key": (
+        lambda r: unset_env(r, "inference-0", "DGRPO_SERVE_API_KEY"),
+        "service inference-0: DGRPO_SERVE_HOST=0.0.0.0 serves beyond the container without DGRPO_SERVE_API_KEY",
+    ),
+    "serve port not exposed": (
+        lambda r: set_env(r, "inference-1", DGRPO_SERVE_PORT="9000"),
+        "service inference-1: DGRPO_SERVE_PORT=9000 is not a port the container declares",
+    ),
+    "judge URL without the server's key": (
+        lambda r: unset_env(r, "control", "DGRPO_SERVE_API_KEY"),
+        "service control: sets DGRPO_INFERENCE_URL without DGRPO_SERVE_API_KEY",
+    ),
+    "judge URL of a port not exposed": (
+        lambda r: set_env(r, "control", DGRPO_INFERENCE_URL="http://inference-0:8080/v1"),
+        "service inference-0 serves ports [8000], not 8080",
+    ),
     "unknown top-level key": (lambda r: r.update(service={}), "top-level key 'service'"),
 }
 

@@ -227,6 +227,26 @@ K8S_DEFECTS: dict[str, tuple[Callable[[Docs], Any], str]] = {
         lambda d: obj(d, "StatefulSet", "postgres")["spec"].update(serviceName="pg"),
         "serviceName 'pg' is no Service here",
     ),
+    "inference server beyond loopback without its key": (
+        lambda d: container(d, "inference")["env"].remove(env_item(d, "inference", "DGRPO_SERVE_API_KEY")),
+        "DGRPO_SERVE_HOST=0.0.0.0 serves beyond the container without DGRPO_SERVE_API_KEY",
+    ),
+    "serve port the container does not declare": (
+        lambda d: env_item(d, "inference", "DGRPO_SERVE_PORT").update(value="8001"),
+        "DGRPO_SERVE_PORT=8001 is not a port the container declares ([8000])",
+    ),
+    "judge URL without the server's key": (
+        lambda d: container(d, "control")["env"].remove(env_item(d, "control", "DGRPO_SERVE_API_KEY")),
+        "sets DGRPO_INFERENCE_URL without DGRPO_SERVE_API_KEY",
+    ),
+    "judge URL of a port the Service does not serve": (
+        lambda d: env_item(d, "control", "DGRPO_INFERENCE_URL").update(value="http://inference:8080/v1"),
+        "service inference serves ports [8000], not 8080",
+    ),
+    "Service targets a port the pods do not name": (
+        lambda d: obj(d, "Service", "inference")["spec"]["ports"][0].update(targetPort="http"),
+        "targetPort 'http' is no port the selected pods name",
+    ),
     "mount of no volume": (
         lambda d: container(d, "trainer")["volumeMounts"].append({"name": "models", "mountPath": "/models"}),
         "mounts volume 'models', which the pod does not have",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dgrpo.cli import build_parser
 from schemas import settings
+from serving.options import is_loopback
 from workers import health
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,8 +34,13 @@ REQUIRED_ENV = (
 )
 """What a worker in a cluster cannot start without (``S3Settings.from_env`` refuses to)."""
 
-ADDRESS_ENV = (settings.ENV_TEMPORAL_ADDRESS, settings.ENV_S3_ENDPOINT, "POSTGRES_SEEDS")
-"""Variables whose value is ``host[:port]`` of another service of the cluster."""
+ADDRESS_ENV = (
+    settings.ENV_TEMPORAL_ADDRESS,
+    settings.ENV_S3_ENDPOINT,
+    settings.ENV_INFERENCE_URL,
+    "POSTGRES_SEEDS",
+)
+"""Variables whose value is ``host[:port]`` (or a URL) of another service of the cluster."""
 
 WORKER_GRACE_S = 60
 """SIGTERM to SIGKILL a worker must get: stop polling, then let running activities finish or fail over."""
@@ -172,9 +178,34 @@ def check_address(name: str, value: str, services: Mapping[str, set[int]], where
     """A ``host[:port]`` variable names a service of the cluster, and a port it serves."""
     if name not in ADDRESS_ENV:
         return []
-    host, _, port = value.removeprefix("http://").removeprefix("https://").partition(":")
+    host, _, port = value.removeprefix("http://").removeprefix("https://").partition("/")[0].partition(":")
     if host not in services:
         return [f"{where}: {name}={value} names {host}, which is no service here ({sorted(services)})"]
     if port and int(port) not in services[host]:
         return [f"{where}: {name}={value}: service {host} serves ports {sorted(services[host])}, not {port}"]
     return []
+
+
+def check_serving_env(env: Mapping[str, str | None], ports: set[int], where: str) -> list[str]:
+    """A server bound beyond loopback has its key (the worker refuses to start without) and a port the
+    container declares; whoever is given the server's URL is given its key too. ``ports``: the container's."""
+    problems = []
+    host = env.get(settings.ENV_SERVE_HOST)
+    keyed = settings.ENV_SERVE_API_KEY in env
+    if host is not None and not is_loopback(host) and not keyed:
+        problems.append(
+            f"{where}: {settings.ENV_SERVE_HOST}={host} serves beyond the container without "
+            f"{settings.ENV_SERVE_API_KEY}: the worker refuses to start"
+        )
+    if host is not None and not is_loopback(host):
+        port = env.get(settings.ENV_SERVE_PORT)
+        if port is None or int(port) not in ports:
+            problems.append(
+                f"{where}: {settings.ENV_SERVE_PORT}={port} is not a port the container declares ({sorted(ports)})"
+            )
+    if settings.ENV_INFERENCE_URL in env and not keyed:
+        problems.append(
+            f"{where}: sets {settings.ENV_INFERENCE_URL} without {settings.ENV_SERVE_API_KEY}: the server it "
+            "names requires its key"
+        )
+    return problems

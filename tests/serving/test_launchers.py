@@ -135,6 +135,36 @@ def test_the_worker_refuses_a_vllm_engine_it_cannot_start(tmp_path: Path) -> Non
     assert "Traceback" not in done.stderr
 
 
+def test_a_server_bound_beyond_loopback_needs_the_api_key_on_both_engines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DGRPO_SERVE_HOST`` other than loopback without ``DGRPO_SERVE_API_KEY``: ``dgrpo worker inference``
+    refuses to start (one line, exit 2); with the key each engine binds there and requires it, and the worker
+    reaches a wildcard bind on loopback. vLLM's unguarded development endpoints (sleep mode) stay on loopback."""
+    env = {k: v for k, v in os.environ.items() if k != "DGRPO_SERVE_API_KEY"}
+    done = subprocess.run(
+        [sys.executable, "-m", "dgrpo.cli", "worker", "inference", "--temporal-wait-s", "0"],
+        capture_output=True, text=True, timeout=120,
+        env={**env, "DGRPO_HOME": str(tmp_path), "DGRPO_SERVE_HOST": "0.0.0.0"},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "would bind 0.0.0.0, beyond this machine, without an API key" in done.stderr, done.stderr
+    assert "DGRPO_SERVE_API_KEY" in done.stderr and "Traceback" not in done.stderr
+    monkeypatch.delenv("DGRPO_SERVE_API_KEY", raising=False)
+    for engine in ("cpu", "vllm"):
+        with pytest.raises(EngineSetupError, match="without an API key"):
+            server_process(SMOLLM2_NAME, EngineSettings(engine=engine), host="10.0.0.5")  # type: ignore[arg-type]
+    monkeypatch.setenv("DGRPO_SERVE_API_KEY", "k3y")
+    cpu = server_process(SMOLLM2_NAME, EngineSettings(engine="cpu"), host="0.0.0.0", port=8123)
+    assert cpu.command()[cpu.command().index("--host") + 1] == "0.0.0.0"
+    assert cpu.base_url == "http://127.0.0.1:8123"
+    vllm = VllmServerProcess(SMOLLM2_NAME, host="10.0.0.5", port=8124, runtime=GPU_BUILD)
+    assert vllm.base_url == "http://10.0.0.5:8124"
+    assert vllm.environment()["VLLM_API_KEY"] == "k3y"
+    with pytest.raises(EngineSetupError, match=r"development endpoints.*drop --sleep-mode"):
+        VllmServerProcess(SMOLLM2_NAME, EngineSettings(sleep_mode=True), host="0.0.0.0", runtime=GPU_BUILD)
+
+
 def test_dgrpo_engine_chooses_the_engine_a_worker_starts_when_no_flag_does(tmp_path: Path) -> None:
     """``DGRPO_ENGINE=vllm`` makes ``dgrpo worker`` (and so ``LocalBackend``'s workers) start vLLM; a value
     naming no engine is refused, not taken as ``cpu``."""
