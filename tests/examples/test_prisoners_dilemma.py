@@ -1,6 +1,6 @@
 """examples/prisoners_dilemma.py (ART's example, ported): its payoff rules, and two real training steps of
-SmolLM2-135M served by vLLM (its CPU build) and trained on the CPU, with its three ``model.log`` splits read
-back from the run's metrics."""
+SmolLM2-135M trained on the CPU, with its three ``model.log`` splits read back from the run's metrics: served
+by our CPU engine in every test run, and by vLLM (its CPU build) in the ``extended`` tests."""
 
 from __future__ import annotations
 
@@ -34,27 +34,44 @@ def test_payoffs_as_in_art() -> None:
     assert pd.payoffs("cooperate", "none") == (3, 0)
 
 
+ARGS = ["--steps", "2", "--rounds", "1", "--games", "2", "--max-tokens", "8", "--learning-rate", "2e-4"]
+
+
+def assert_trained_two_steps(home: Path, name: str) -> None:
+    """Two steps trained, the program's three ``model.log`` splits at the step its games were played with,
+    ``model.train``'s numbers at the step it produced, both checkpoints stored."""
+    records, checkpoints = stored_run(home, run_id_of("prisoners-dilemma", name))
+    assert checkpoints == [1, 2]
+    for step in (0, 1):
+        assert records[step]["versus-self/data/step_num_trajectories"] == 4  # 2 games, 2 players
+        assert records[step]["versus-base/data/step_num_trajectories"] == 2
+        assert 0 <= records[step]["base-model/reward"] <= 5 * 1
+    for step in (1, 2):
+        assert records[step]["data/step_num_trajectories"] == 6
+        assert "loss/train" in records[step]
+
+
+@pytest.mark.slow
+async def test_it_trains_two_steps_on_the_examples_backend(
+    example_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The ported program unchanged on the examples' ``LocalBackend`` (our CPU engine)."""
+    assert await pd.main(pd.parse_args(["--home", str(example_home), "--name", "cpu", *ARGS])) == 0
+    assert "cpu is at step 2" in capsys.readouterr().out
+    assert_trained_two_steps(example_home, "cpu")
+
+
 @pytest.mark.extended  # beyond CI's 30 minutes (issue 23): run with `pytest -m extended`
 async def test_it_trains_two_steps_on_vllm_with_only_the_engine_variable_set(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The ported program unchanged, on its own ``LocalBackend`` whose workers serve with vLLM (CPU build)
-    because ``DGRPO_ENGINE=vllm``: two steps trained, its three ``model.log`` splits read back from the run's
-    metrics, both checkpoints stored, and vLLM served the games."""
+    because ``DGRPO_ENGINE=vllm``, and vLLM served the games."""
     monkeypatch.setenv("DGRPO_ENGINE", "vllm")
     home = tmp_path / "home"
-    argv = ["--home", str(home), "--steps", "2", "--rounds", "1", "--games", "2", "--max-tokens", "8"]
-    assert await pd.main(pd.parse_args([*argv, "--learning-rate", "2e-4"])) == 0
+    assert await pd.main(pd.parse_args(["--home", str(home), *ARGS])) == 0
     assert "001 is at step 2" in capsys.readouterr().out
-    records, checkpoints = stored_run(home, run_id_of("prisoners-dilemma", "001"))
-    assert checkpoints == [1, 2]
-    for step in (0, 1):  # model.log at the step the games were played with
-        assert records[step]["versus-self/data/step_num_trajectories"] == 4  # 2 games, 2 players
-        assert records[step]["versus-base/data/step_num_trajectories"] == 2
-        assert 0 <= records[step]["base-model/reward"] <= 5 * 1
-    for step in (1, 2):  # model.train's numbers for the step it produced
-        assert records[step]["data/step_num_trajectories"] == 6
-        assert "loss/train" in records[step]
+    assert_trained_two_steps(home, "001")
     (served,) = (home / "logs").glob("serve-*.log")  # the one inference server the workers started
     log = served.read_text(errors="replace")
     assert "(APIServer pid=" in log and "POST /v1/chat/completions" in log, log[-3000:]  # vLLM's, answering
