@@ -72,7 +72,7 @@ class ArtTraining:
         }
         config = model.step_config(None, train_config_fields("backend.train", options))
         groups = list(trajectory_groups)
-        result = await model.train(groups, config)
+        result = await model.train_step(groups, config, history=False)  # the program's model.log writes those
         data = {k: v for k, v in group_metrics(groups, "train").items() if k.startswith("data/")}
         metrics = {**data, **train_result_metrics(result)}
         return LocalTrainResult(step=result.step, metrics=metrics, checkpoint_path=result.checkpoint.uri)

@@ -243,6 +243,15 @@ class TrainableModel(Model):
         log each stage).
         """
         config = self.step_config(config, train_config_fields("model.train(_config=...)", _config or {}))
+        return await self.train_step(trajectory_groups, config, history=True)
+
+    async def train_step(
+        self, trajectory_groups: Iterable[TrajectoryGroup], config: TrainConfig, *, history: bool
+    ) -> TrainStepResult:
+        """``train`` with its ``TrainConfig`` made. The step's numbers always go to the run's metrics Parquet;
+        ``history`` also writes them as rows of ``history.jsonl`` and W&B, as ART 0.3's ``model.train`` logged
+        them. ``backend.train`` leaves those rows to the program's ``model.log``, as ART 0.5's does."""
+        record = self._record_train if history else self._record
         groups = check_trainable(list(trajectory_groups))
         backend = self._require_backend()
         store = backend.object_store()
@@ -262,9 +271,9 @@ class TrainableModel(Model):
         else:
             ref = await asyncio.to_thread(upload_groups, store, groups, self.run_id, step)
             # Recorded before training, so a client that dies in train() still leaves the step's numbers.
-            await asyncio.to_thread(self._record_train, step, group_metrics(groups, "train"), self._title())
+            await asyncio.to_thread(record, step, group_metrics(groups, "train"), self._title())
             result = await self._run_train_step(client, ref, config, step)
-            await asyncio.to_thread(self._record_train, step, train_result_metrics(result))
+            await asyncio.to_thread(record, step, train_result_metrics(result))
         self._step, self._served = result.step, result.adapter
         return result
 
