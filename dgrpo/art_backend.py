@@ -10,13 +10,14 @@ caller logs with ``model.log``). ``model.train`` / ``model.train_sft`` stay avai
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, Protocol
 
 from dgrpo.art_config import train_config_fields
 from dgrpo.backends import Backend, ClusterBackend
 from dgrpo.errors import NotRegisteredError
 from dgrpo.metrics import group_metrics, train_result_metrics
+from dgrpo.sft import batch_metrics
 from dgrpo.trainable_model import TrainableModel
 from dgrpo.types import LocalTrainResult, TrainResult, TrainSFTConfig
 from schemas.trajectory import Trajectory, TrajectoryGroup
@@ -88,6 +89,26 @@ class ArtTraining:
         metrics, logged by the caller (``model.train_sft`` logs them itself)."""
         self.check_registered(model)
         return await model.fine_tune(trajectories, config)
+
+    # ART's seam of ``model.get_step`` and ``model.train_sft`` (``art.Backend``'s names).
+    async def _get_step(self, model: TrainableModel) -> int:
+        """The newest step the model's workflows trained and served (``model.served_step``)."""
+        self.check_registered(model)
+        return model.served_step
+
+    async def _train_sft(
+        self,
+        model: TrainableModel,
+        trajectories: Iterable[Trajectory],
+        config: TrainSFTConfig,
+        dev_config: Mapping[str, Any],
+        verbose: bool = False,
+    ) -> AsyncIterator[dict[str, float]]:
+        """One durable ``TrainSFT`` as the model's next step, then each of its batches' numbers (the
+        trainer reports them when the step is served; ``dgrpo.sft.batch_metrics``)."""
+        self.check_registered(model)
+        for metrics in batch_metrics(await model.run_sft(trajectories, config, dev_config)):
+            yield metrics
 
 
 class TemporalBackend(ArtTraining, ClusterBackend):

@@ -13,7 +13,8 @@ import asyncio
 import logging
 import os
 import time
-from typing import Protocol
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any, Protocol
 
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
@@ -22,8 +23,10 @@ from temporalio.client import Client
 
 from activities.object_store import ObjectStore
 from dgrpo.errors import BackendError
+from dgrpo.types import TrainSFTConfig
 from schemas.config import TaskQueues
 from schemas.settings import ENV_INFERENCE_URL, S3Settings, TemporalSettings
+from schemas.trajectory import Trajectory
 from serving.client import ServingClient
 from workers.temporal import connect_client
 
@@ -48,6 +51,24 @@ class Backend(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+    # ART's seam between a model and its backend (``art.Backend``'s names), which ``TrainableModel.get_step``
+    # and ``train_sft`` go through, so a backend of ART's own works with a dgrpo model too. ``model`` is a
+    # ``TrainableModel``, typed Any here as dgrpo/trainable_model.py is built on this module.
+    async def _get_step(self, model: Any) -> int:
+        """The model's current step."""
+        ...
+
+    def _train_sft(
+        self,
+        model: Any,
+        trajectories: Iterable[Trajectory],
+        config: TrainSFTConfig,
+        dev_config: Mapping[str, Any],
+        verbose: bool = False,
+    ) -> AsyncIterator[dict[str, float]]:
+        """Fine-tune ``model`` on the trajectories as its next step, yielding each batch's numbers."""
+        ...
 
 
 async def connect(address: str, namespace: str, tls: bool, api_key: str | None) -> Client:

@@ -21,6 +21,7 @@ from openai import AsyncOpenAI
 from pydantic import BaseModel
 
 from activities.metrics import WandbSink
+from activities.object_store import ObjectStore
 from activities.rollout_model import DEFAULT_API_KEY, routed_http_client
 from dgrpo.backends import Backend
 from dgrpo.client_costs import CostRecordingClient, CostRecordingCompletions
@@ -89,6 +90,9 @@ class Model:
         self._client: AsyncOpenAI | None = None
         self._cost_calculator: CostCalculator | None = None
         self._backend: Backend | None = None
+        self._store: ObjectStore | None = None
+        """The object store of the dgrpo backend ``register`` bound, where ``log`` also records the run's
+        metrics Parquet; None for a backend set otherwise (ART's tests set ``model._backend``)."""
         self._step = 0
         self._wandb: WandbSink | None = None
         self._wandb_config: dict[str, Any] = {}
@@ -113,8 +117,9 @@ class Model:
         """Bind the model to ``backend``, so ``log`` records its trajectories next to the trained ones."""
         check_config(self.config)
         await backend.start()
-        await asyncio.to_thread(backend.object_store().ensure_bucket)
-        self._backend = backend
+        store = backend.object_store()
+        await asyncio.to_thread(store.ensure_bucket)
+        self._backend, self._store = backend, store
 
     def backend(self) -> Backend:
         """The backend the model is registered with (ART's ``model.backend()``)."""
@@ -223,15 +228,17 @@ class Model:
         history_row = await self._local_log.log(groups, split, at, dict(metrics or {}), builder_numbers)
         if history_row:
             await asyncio.to_thread(self._log_metrics, history_row, split, at)
-        if self._backend is not None:
+        if self._store is not None:
             await asyncio.to_thread(self._record, at, row)
         return row
 
     def _record(self, step: int, metrics: dict[str, float], curve_title: str | None = None) -> None:
         """Into the run's metrics Parquet (dgrpo's names and totals); redraw the reward curve if titled."""
-        record_metrics(
-            self._require_backend().object_store(), self.run_id, self.name, step, metrics, curve_title
-        )
+        if self._store is None:
+            raise NotRegisteredError(
+                f"model {self.name!r} is not registered: call `await model.register(backend)` first"
+            )
+        record_metrics(self._store, self.run_id, self.name, step, metrics, curve_title)
 
     def _log_metrics(self, metrics: dict[str, float], split: str, step: int) -> None:
         """ART's one row of a log call: appended to ``history.jsonl`` under ART's keys (dgrpo/local_log.py), and

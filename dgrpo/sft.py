@@ -19,6 +19,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from activities.object_store import ObjectStore
 from dgrpo.attach import workflow_status
 from dgrpo.errors import UnsupportedArtOption
+from dgrpo.metrics_taxonomy import average_metric_samples
 from dgrpo.types import TrainResult, TrainSFTConfig
 from dgrpo.utils.sft import example_line, resolve_sft_batch_size
 from schemas import layout
@@ -75,23 +76,35 @@ def sft_config(
     return SftConfig.model_validate(fields)
 
 
-def result_metrics(result: TrainSFTResult) -> dict[str, float]:
-    """ART's ``train_sft`` numbers: the batches' mean loss, learning rate and gradient norm, and the counts."""
+def batch_metrics(result: TrainSFTResult) -> list[dict[str, float]]:
+    """ART's ``_train_sft`` numbers, one dict per batch: its loss, learning rate and gradient norm, and the
+    step's counts; the step's times (the workflow's, measured once) come with the last batch, so a mean over
+    the dicts that hold a key (``average_metric_samples``) gives each number as measured."""
     trained = result.trained
     if trained is None:
-        return {}
+        return []
     n = len(trained.losses)
-    return {
-        "loss/train": sum(trained.losses) / n,
-        "loss/learning_rate": sum(trained.learning_rates) / n,
-        "loss/grad_norm": sum(trained.grad_norms) / n,
+    step = {
         "data/step_num_trajectories": float(trained.n_examples),
         "data/step_trainer_tokens": float(trained.n_trainable_tokens),
         "data/step_num_dropped_trajectories": float(trained.n_dropped_overlength),
         "data/step_num_gradient_steps": float(n),
-        "time/step_trainer_s": trained.seconds,
-        **{f"time/step_{phase}_s": s for phase, s in result.seconds.items() if phase != "train"},
     }
+    rows = [
+        {"loss/train": loss, "loss/learning_rate": rate, "loss/grad_norm": norm, **step}
+        for loss, rate, norm in zip(trained.losses, trained.learning_rates, trained.grad_norms, strict=True)
+    ]
+    if rows:
+        rows[-1]["time/step_trainer_s"] = trained.seconds
+        rows[-1].update(
+            {f"time/step_{phase}_s": s for phase, s in result.seconds.items() if phase != "train"}
+        )
+    return rows
+
+
+def result_metrics(result: TrainSFTResult) -> dict[str, float]:
+    """ART's ``train_sft`` numbers: the batches' mean loss, learning rate and gradient norm, and the counts."""
+    return average_metric_samples(batch_metrics(result))
 
 
 async def run_train_sft(

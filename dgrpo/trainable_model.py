@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from dgrpo.metrics import (
     trainable,
     zero_variance_groups,
 )
+from dgrpo.metrics_taxonomy import average_metric_samples
 from dgrpo.model import Model, check_config
 from dgrpo.sft import run_train_sft, sft_config, train_result
 from dgrpo.types import TrainResult, TrainSFTConfig
@@ -47,7 +49,13 @@ from schemas import layout
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
 from schemas.errors import DgrpoError
 from schemas.refs import TrajectoriesRef
-from schemas.run_state import ServeModelInput, ServeModelResult, TrainStepInput, TrainStepResult
+from schemas.run_state import (
+    ServeModelInput,
+    ServeModelResult,
+    TrainSFTResult,
+    TrainStepInput,
+    TrainStepResult,
+)
 from schemas.trajectory import Trajectory, TrajectoryGroup
 from serving.client import ServingClient, openai_base_url
 from workers.temporal import result_across_restarts
@@ -127,7 +135,7 @@ class TrainableModel(Model):
         store = backend.object_store()
         await asyncio.to_thread(store.ensure_bucket)
         await asyncio.to_thread(self._check_record, store)
-        self._backend = backend
+        self._backend, self._store = backend, store
         self.inference_base_url = backend.inference_url()
         self.inference_api_key = own_server_api_key()  # the server's key (DGRPO_SERVE_API_KEY), if it has one
         self._client = None
@@ -217,8 +225,14 @@ class TrainableModel(Model):
         return layout.adapter_name(self.run_id, step)
 
     async def get_step(self) -> int:
-        """The newest trained (and served) step; 0 before the first ``train``."""
-        self._require_backend()
+        """The model's step, as its backend says (ART's ``backend()._get_step(model)``): with dgrpo's backends
+        ``served_step``; 0 before the first ``train``."""
+        return await self.backend()._get_step(self)
+
+    @property
+    def served_step(self) -> int:
+        """The newest step this model's workflows trained and served: set by ``register`` (the newest
+        checkpoint) and by each ``TrainStep``/``TrainSFT`` result; what dgrpo's backends' ``_get_step`` say."""
         return self._step
 
     # ---- training ---------------------------------------------------------------------------------
@@ -283,13 +297,26 @@ class TrainableModel(Model):
         config: TrainSFTConfig | None = None,
         _config: Mapping[str, Any] | None = None,
         verbose: bool = False,
-    ) -> TrainResult:
-        """ART's supervised fine-tuning: train on the trajectories' assistant turns (a durable ``TrainSFT``),
-        publish and serve the result as the next step, and log its numbers there (ART returns None)."""
-        result = await self.fine_tune(trajectories, config, _config)
-        if result.metrics:  # as ART's: one train row of the averaged numbers at the new step
-            await self.log(metrics=result.metrics, split="train", step=result.step)
-        return result
+    ) -> TrainResult | None:
+        """ART's supervised fine-tuning, through the backend's ``_train_sft`` (dgrpo's: a durable ``TrainSFT``
+        that trains on the trajectories' assistant turns, then publishes and serves the next step). As in
+        ART, the batches' numbers are averaged into one ``train`` row at the step the backend then reports;
+        returns that step and row (ART returns None), or None when the backend trained no batch."""
+        started = time.monotonic()
+        samples = [
+            metrics
+            async for metrics in self.backend()._train_sft(
+                self, trajectories, config or TrainSFTConfig(), dict(_config or {}), verbose
+            )
+        ]
+        if not samples:
+            return None
+        metrics = average_metric_samples(samples)
+        # dgrpo's backends give the trainer's own time (the workflow's); for others, ART's: this call's.
+        metrics.setdefault("time/step_trainer_s", time.monotonic() - started)
+        step = await self.get_step()
+        await self.log(metrics=metrics, split="train", step=step)
+        return TrainResult(step=step, metrics=metrics)
 
     async def fine_tune(
         self,
@@ -298,6 +325,15 @@ class TrainableModel(Model):
         _config: Mapping[str, Any] | None = None,
     ) -> TrainResult:
         """``train_sft`` without logging (``backend.train_sft``): the new step and its metrics."""
+        return train_result(await self.run_sft(trajectories, config, _config))
+
+    async def run_sft(
+        self,
+        trajectories: Iterable[Trajectory],
+        config: TrainSFTConfig | None = None,
+        _config: Mapping[str, Any] | None = None,
+    ) -> TrainSFTResult:
+        """Run (or join) the next step's durable ``TrainSFT`` and route to the adapter it served."""
         examples = list(trajectories)
         sft = sft_config(config, len(examples), self.max_seq_len, _config or {})
         backend = self._require_backend()
@@ -307,7 +343,7 @@ class TrainableModel(Model):
             client, store, queues, self.spec, self.run_id, self._step + 1, examples, sft
         )
         self._step, self._served = result.step, result.adapter
-        return train_result(result)
+        return result
 
     def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
         """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's

@@ -48,7 +48,7 @@ class SFTModel(Protocol):
         config: TrainSFTConfig | None = None,
         _config: dict[str, Any] | None = None,
         verbose: bool = False,
-    ) -> TrainResult: ...
+    ) -> TrainResult | None: ...
 
 
 def resolve_sft_batch_size(*, batch_size: int | Literal["auto"], default_batch_size: int) -> int:

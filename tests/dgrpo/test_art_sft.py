@@ -71,8 +71,11 @@ async def test_train_sft_teaches_the_served_model_then_backend_train_and_log(tmp
                 model, str(sft_file), batch_size=2, peak_lr=2e-3, schedule_type="constant", warmup_ratio=0
             )
             assert first is not None
+            # ART's seam: model.train_sft went through backend._train_sft; its step is the backend's _get_step.
+            first_steps = (await backend._get_step(model), await model.get_step())
             second = await backend.train_sft(model, examples, art.TrainSFTConfig(learning_rate=[2e-3, 1e-3]))
             await model.log(metrics=second.metrics, step=second.step, split="train")
+            second_steps = (await backend._get_step(model), await model.get_step())
             reply_after, top_after = await greedy_reply(model)
             served = model.get_inference_name()
             records = metrics_by_step(backend.object_store(), model.run_id)
@@ -97,6 +100,7 @@ async def test_train_sft_teaches_the_served_model_then_backend_train_and_log(tmp
 
     # Each call is one step, published and served; the loss on the examples fell between the calls.
     assert (first.step, second.step, served) == (1, 2, "art--sft-sft@2")
+    assert (first_steps, second_steps) == ((1, 1), (2, 2))
     assert (
         first.metrics["data/step_num_trajectories"] == 4
         and first.metrics["data/step_num_gradient_steps"] == 2
@@ -105,6 +109,9 @@ async def test_train_sft_teaches_the_served_model_then_backend_train_and_log(tmp
     assert second.metrics["loss/learning_rate"] == pytest.approx(1.5e-3)
     assert second.metrics["loss/train"] < first.metrics["loss/train"] / 2, (first.metrics, second.metrics)
     assert records[1]["loss/train"] == pytest.approx(first.metrics["loss/train"])  # train_sft logs itself
+    # The workflow's own times, its phases' too, came through backend._train_sft's batches into the row.
+    for time_key in ("time/step_publish_s", "time/step_trainer_s"):
+        assert first.metrics[time_key] > 0 and records[1][time_key] == pytest.approx(first.metrics[time_key])
     assert records[2]["loss/train"] == pytest.approx(second.metrics["loss/train"])  # model.log of the result
 
     # The served adapter is the fine-tuned one: it now gives the taught reply, its first token far likelier.
