@@ -10,6 +10,7 @@ caller logs with ``model.log``). ``model.train`` / ``model.train_sft`` stay avai
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, Protocol
 
@@ -17,9 +18,11 @@ from dgrpo.art_config import train_config_fields
 from dgrpo.backends import Backend, ClusterBackend
 from dgrpo.errors import NotRegisteredError
 from dgrpo.metrics import group_metrics, train_result_metrics
+from dgrpo.metrics_taxonomy import average_metric_samples
 from dgrpo.sft import batch_metrics
 from dgrpo.trainable_model import TrainableModel
 from dgrpo.types import LocalTrainResult, TrainResult, TrainSFTConfig
+from schemas.config import TrainConfig
 from schemas.trajectory import Trajectory, TrajectoryGroup
 
 
@@ -52,6 +55,8 @@ class ArtTraining:
         epsilon: float | None = None,
         epsilon_high: float | None = None,
         scale_rewards: bool = True,
+        save_checkpoint: bool = True,
+        verbose: bool = False,
         **art_options: Any,
     ) -> LocalTrainResult:
         """Train one GRPO step (a durable ``TrainStep``) and return the new step and its metrics.
@@ -59,8 +64,11 @@ class ArtTraining:
         ``loss_fn`` (ART 0.5: ``"cispo"`` or ``"ppo"``) picks ``TrainConfig.importance_sampling`` (None: its
         default); ``normalize_advantages=False`` is ``scale_rewards=False``, as in ART. ``art_options`` are ART's
         other keywords, accepted at ART's defaults and refused (with the reason) where dgrpo has no equivalent.
+        As ART's, the step goes through the backend's ``_train_model`` seam, whose numbers are averaged into the
+        result, at the step ``_get_step`` then reports. ``save_checkpoint=False`` leaves ``checkpoint_path``
+        None, as ART 0.5's ``LocalBackend`` does; the step's checkpoint is published either way, since the next
+        step and a resumed run start from it.
         """
-        self.check_registered(model)
         options = {
             "learning_rate": learning_rate,
             "loss_fn": loss_fn,
@@ -73,10 +81,17 @@ class ArtTraining:
         }
         config = model.step_config(None, train_config_fields("backend.train", options))
         groups = list(trajectory_groups)
-        result = await model.train_step(groups, config, history=False)  # the program's model.log writes those
-        data = {k: v for k, v in group_metrics(groups, "train").items() if k.startswith("data/")}
-        metrics = {**data, **train_result_metrics(result)}
-        return LocalTrainResult(step=result.step, metrics=metrics, checkpoint_path=result.checkpoint.uri)
+        started = time.monotonic()
+        rows = [m async for m in self._train_model(model, groups, config, {}, verbose)]
+        metrics = average_metric_samples(rows)
+        metrics.setdefault("time/step_trainer_s", time.monotonic() - started)
+        for name, value in group_metrics(groups, "train").items():
+            if name.startswith("data/"):
+                metrics.setdefault(name, value)
+        step = await self._get_step(model)
+        trained = model.trained_checkpoint
+        path = trained.uri if save_checkpoint and trained is not None and trained.step == step else None
+        return LocalTrainResult(step=step, metrics=metrics, checkpoint_path=path)
 
     async def train_sft(
         self,
@@ -95,6 +110,25 @@ class ArtTraining:
         """The newest step the model's workflows trained and served (``model.served_step``)."""
         self.check_registered(model)
         return model.served_step
+
+    async def _train_model(
+        self,
+        model: TrainableModel,
+        trajectory_groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        dev_config: Mapping[str, Any],
+        verbose: bool = False,
+    ) -> AsyncIterator[dict[str, float]]:
+        """One durable ``TrainStep`` as the model's next step, then its numbers (``backend.train``'s result
+        metrics); ``config`` is the step's, with ART's options already mapped (``dev_config`` holds none)."""
+        self.check_registered(model)
+        if dev_config:
+            raise ValueError(
+                f"dgrpo's _train_model takes its options in config, not in dev_config {dict(dev_config)}"
+            )
+        # The program's model.log writes the history rows, as in ART 0.5.
+        result = await model.train_step(trajectory_groups, config, history=False)
+        yield train_result_metrics(result)
 
     async def _train_sft(
         self,

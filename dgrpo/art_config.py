@@ -83,6 +83,17 @@ WHY_NOT = {
 }
 
 
+GPU_IDS = ("trainer_gpu_ids", "inference_gpu_ids")
+
+
+def refuse_gpu_ids(internal: Mapping[str, Any]) -> None:
+    """``register``'s check of ART's dedicated-mode GPU ids (ART checks them when the model gets its service):
+    a model cannot place dgrpo's workers."""
+    for key in GPU_IDS:
+        if key in internal:
+            raise _refuse("_internal_config", key, internal[key])
+
+
 def _refuse(where: str, key: str, value: Any) -> UnsupportedArtOption:
     why = WHY_NOT.get(key, "dgrpo has no equivalent setting")
     return UnsupportedArtOption(
@@ -109,6 +120,8 @@ def lora_from_internal_config(internal: Mapping[str, Any]) -> tuple[LoraConfig |
             continue  # ART's default, and what dgrpo does
         elif section == "chat_template_kwargs":
             continue  # sent with each chat completion of the model's client (TrainableModel)
+        elif section in GPU_IDS:
+            continue  # kept on the model: refused by register (refuse_gpu_ids), as ART checks them there
         else:
             raise _refuse("_internal_config", section, values)
     return (LoraConfig(**lora) if lora else None), max_seq_len

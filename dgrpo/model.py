@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 import re
+import time
 from collections.abc import Iterable
 from contextvars import Token
 from pathlib import Path
@@ -98,6 +99,8 @@ class Model:
         self._wandb_config: dict[str, Any] = {}
         self._metrics = MetricsBuilder("train")
         self._local_log = LocalModelLog(base_path, project, name)
+        self._last_train_log_at = time.monotonic()
+        self._last_train_log_step: int | None = None
 
     @property
     def run_id(self) -> str:
@@ -214,6 +217,9 @@ class Model:
         metrics Parquet (and W&B when asked).
         """
         groups = None if trajectories is None else _as_groups(trajectories)
+        at = await self.get_step() if step is None else step
+        if groups is not None or metrics is not None:  # ART's rule: a call with neither adds nothing
+            metrics = {**self._automatic_train_metrics(split, at, set(metrics or {})), **(metrics or {})}
         row: dict[str, float] = {}
         if groups is not None:
             row.update(group_metrics(groups, split))
@@ -224,13 +230,36 @@ class Model:
         row.update(await builder.flush())
         if not row:
             raise ValueError("model.log got neither trajectories nor metrics; nothing to record")
-        at = await self.get_step() if step is None else step
         history_row = await self._local_log.log(groups, split, at, dict(metrics or {}), builder_numbers)
         if history_row:
-            await asyncio.to_thread(self._log_metrics, history_row, split, at)
+            self._log_metrics(history_row, split, at)  # a line of a local file, and W&B's own queue (ART's)
         if self._store is not None:
             await asyncio.to_thread(self._record, at, row)
         return row
+
+    def _automatic_train_metrics(self, split: str, step: int, given: set[str]) -> dict[str, float]:
+        """ART's numbers of a ``train`` row at a new step, for a backend that keeps them
+        (``supports_automatic_train_step_metrics``, as dgrpo's ``LocalBackend``): ``time/step_wall_s``, the
+        seconds since the previous step's row (or since the model was made), and ``costs/gpu`` at the
+        backend's ``automatic_gpu_cost_per_hour_usd`` for those seconds (none when it has no price). A number
+        the caller gives wins."""
+        supported = getattr(self._backend, "supports_automatic_train_step_metrics", None)
+        if (
+            split != "train"
+            or step == self._last_train_log_step
+            or not callable(supported)
+            or not supported()
+        ):
+            return {}
+        now = time.monotonic()
+        wall_s = max(0.0, now - self._last_train_log_at)
+        self._last_train_log_at, self._last_train_log_step = now, step
+        numbers = {} if "time/step_wall_s" in given else {"time/step_wall_s": wall_s}
+        price = getattr(self._backend, "automatic_gpu_cost_per_hour_usd", None)
+        per_hour = price(self) if callable(price) and "costs/gpu" not in given else None
+        if isinstance(per_hour, int | float):
+            numbers["costs/gpu"] = wall_s * float(per_hour) / 3600.0
+        return numbers
 
     def _record(self, step: int, metrics: dict[str, float], curve_title: str | None = None) -> None:
         """Into the run's metrics Parquet (dgrpo's names and totals); redraw the reward curve if titled."""

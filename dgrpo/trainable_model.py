@@ -24,7 +24,12 @@ from activities.object_store import ObjectStore
 from activities.retention import delete_checkpoints, select_checkpoints_to_delete
 from activities.rollout_model import discover_base_model, own_server_api_key
 from activities.trajectory_store import upload_groups
-from dgrpo.art_config import lora_from_internal_config, lora_from_lora_config, train_config_fields
+from dgrpo.art_config import (
+    lora_from_internal_config,
+    lora_from_lora_config,
+    refuse_gpu_ids,
+    train_config_fields,
+)
 from dgrpo.attach import check_train_step, workflow_status
 from dgrpo.backends import Backend
 from dgrpo.errors import (
@@ -48,7 +53,7 @@ from dgrpo.types import TrainResult, TrainSFTConfig
 from schemas import layout
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
 from schemas.errors import DgrpoError
-from schemas.refs import TrajectoriesRef
+from schemas.refs import CheckpointRef, TrajectoriesRef
 from schemas.run_state import (
     ServeModelInput,
     ServeModelResult,
@@ -109,6 +114,8 @@ class TrainableModel(Model):
                 "the prefix its checkpoints and metrics live under; leave run_id out"
             )
         internal_lora, self.max_seq_len = lora_from_internal_config(_internal_config or {})
+        self._internal_config = None if _internal_config is None else dict(_internal_config)
+        """ART's ``_internal_config`` as given (its keys that map are mapped above)."""
         given = [c for c in (lora, internal_lora) if c is not None]
         if lora_config is not None:
             given.append(lora_from_lora_config(lora_config))
@@ -121,6 +128,7 @@ class TrainableModel(Model):
             name=name, project=project, base_model=base_model, lora=given[0] if given else LoraConfig()
         )
         self._served: str | None = None
+        self.trained_checkpoint: CheckpointRef | None = None  # the newest TrainStep's (backend.train's path)
         self._base_served: str | None = None
         template_kwargs = (_internal_config or {}).get("chat_template_kwargs")
         self.chat_template_kwargs = None if template_kwargs is None else dict(template_kwargs)
@@ -131,6 +139,7 @@ class TrainableModel(Model):
     async def register(self, backend: Backend) -> None:
         """Bind the model to ``backend``: record it (or check the record), and serve its newest step."""
         check_config(self.config)
+        refuse_gpu_ids(self._internal_config or {})
         await backend.start()
         store = backend.object_store()
         await asyncio.to_thread(store.ensure_bucket)
@@ -289,6 +298,7 @@ class TrainableModel(Model):
             result = await self._run_train_step(client, ref, config, step)
             await asyncio.to_thread(record, step, train_result_metrics(result))
         self._step, self._served = result.step, result.adapter
+        self.trained_checkpoint = result.checkpoint
         return result
 
     async def train_sft(

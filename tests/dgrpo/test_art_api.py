@@ -52,16 +52,12 @@ def test_internal_config_peft_and_init_args_map_to_lora_and_max_seq_len() -> Non
     assert type(config) is not art.TrainConfig  # the workflow input gets the plain schema class
 
 
-def test_art_05_dedicated_mode_keys_refuse_gpu_ids_and_accept_lora_weights() -> None:
+def test_art_05_dedicated_mode_keys_accept_lora_weights_and_refuse_merged() -> None:
     lora = art.dev.InternalModelConfig(rollout_weights_mode="lora", peft_args=art.dev.PeftArgs(r=4))
     assert art.TrainableModel(name="m", _internal_config=lora).spec.lora.rank == 4
+    # GPU ids are refused by register, as ART checks them there (tests/dgrpo/test_local_gpu_cost.py)
     dedicated = art.dev.InternalModelConfig(trainer_gpu_ids=[0], inference_gpu_ids=[1])
-    with pytest.raises(
-        UnsupportedArtOption, match=r"trainer_gpu_ids=\[0\].*CUDA_VISIBLE_DEVICES=0 dgrpo worker"
-    ):
-        art.TrainableModel(name="m", _internal_config=dedicated)
-    with pytest.raises(UnsupportedArtOption, match=r"inference_gpu_ids.*workers' operator"):
-        art.TrainableModel(name="m", _internal_config={"inference_gpu_ids": [1]})
+    assert art.TrainableModel(name="m", _internal_config=dedicated)._internal_config == dedicated
     with pytest.raises(UnsupportedArtOption, match=r"rollout_weights_mode='merged'.*LoRA adapter"):
         art.TrainableModel(
             name="m", _internal_config=art.dev.InternalModelConfig(rollout_weights_mode="merged")
@@ -85,7 +81,7 @@ async def test_train_refuses_an_art_option_before_touching_a_backend(tmp_path: P
         await LocalBackend(path=tmp_path).train(model, [], learning_rate=1e-5, verbose=True)
 
 
-async def test_backend_train_refuses_save_checkpoint_false(tmp_path: Path) -> None:
+async def test_model_trains_config_refuses_save_checkpoint_false(tmp_path: Path) -> None:
     from dgrpo.art_config import train_config_fields
 
     assert train_config_fields("backend.train", {"learning_rate": 1e-5, "beta": 0.0, "verbose": True}) == {

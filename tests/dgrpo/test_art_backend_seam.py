@@ -1,6 +1,7 @@
 """ART's seam between a model and its backend: ``model.get_step`` (and so ``model.log``'s default step) asks
-``backend._get_step(model)``, and ``model.train_sft`` iterates ``backend._train_sft(...)``, averaging its
-batches into one ``train`` row at the step the backend reports afterwards.
+``backend._get_step(model)``, ``model.train_sft`` iterates ``backend._train_sft(...)``, averaging its
+batches into one ``train`` row at the step the backend reports afterwards, and ``backend.train`` likewise
+averages ``backend._train_model(...)``'s rows into its result.
 
 ``StepsBackend`` is a backend of the test's own at that seam (as ART's own backends are); dgrpo's
 ``LocalBackend`` fills it in tests/dgrpo/test_art_sft.py, on the real stack. What dgrpo's backends yield
@@ -17,8 +18,11 @@ from typing import Any
 import pytest
 
 import dgrpo as art
+from dgrpo.errors import UnsupportedArtOption
+from dgrpo.local import LocalBackend
 from dgrpo.sft import batch_metrics, result_metrics
 from schemas.activities import SftResult
+from schemas.config import TrainConfig
 from schemas.refs import CheckpointRef
 from schemas.run_state import TrainSFTResult
 
@@ -154,3 +158,74 @@ def test_dgrpos_batches_are_the_trainers_and_average_to_the_steps_numbers() -> N
     assert (averaged["time/step_trainer_s"], averaged["time/step_publish_s"]) == (0.1, 0.7)
     assert averaged["data/step_trainer_tokens"] == 40 and averaged["data/step_num_dropped_trajectories"] == 1
     assert batch_metrics(result.model_copy(update={"trained": None})) == []
+
+
+class TrainSeamBackend(LocalBackend):
+    """dgrpo's ``LocalBackend`` (never started) with ART's ``_train_model`` and ``_get_step`` of the test's
+    own; tests/dgrpo/test_art_sft.py trains through dgrpo's ``_train_model`` on the real stack."""
+
+    def __init__(self, path: Path, rows: list[dict[str, float]], step: int) -> None:
+        super().__init__(path)
+        self.rows, self.step = rows, step
+        self.calls: list[tuple[list[art.TrajectoryGroup], TrainConfig, Mapping[str, Any], bool]] = []
+
+    async def _train_model(
+        self,
+        model: art.TrainableModel,
+        trajectory_groups: list[art.TrajectoryGroup],
+        config: TrainConfig,
+        dev_config: Mapping[str, Any],
+        verbose: bool = False,
+    ) -> AsyncIterator[dict[str, float]]:
+        self.calls.append((trajectory_groups, config, dev_config, verbose))
+        for row in self.rows:
+            yield row
+
+    async def _get_step(self, model: art.TrainableModel) -> int:
+        return self.step
+
+
+def rewarded_group(*rewards: float) -> art.TrajectoryGroup:
+    return art.TrajectoryGroup(
+        [
+            art.Trajectory(
+                reward=r,
+                messages_and_choices=[
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "a"},
+                ],
+            )
+            for r in rewards
+        ]
+    )
+
+
+async def test_backend_train_averages_its_train_models_rows_at_the_step_it_then_reports(
+    tmp_path: Path,
+) -> None:
+    rows = [
+        {"loss/train": 1.0, "data/step_num_gradient_steps": 2.0},
+        {"loss/train": 0.5, "data/step_num_gradient_steps": 2.0, "time/step_trainer_s": 4.0},
+    ]
+    backend = TrainSeamBackend(tmp_path / "stack", rows, step=6)
+    model = art.TrainableModel(name="seam", project="own", base_model="m", base_path=str(tmp_path))
+    groups = [rewarded_group(1.0, 0.0), rewarded_group(0.5, 0.5)]
+    result = await backend.train(model, groups, learning_rate=2e-5, loss_fn="ppo", save_checkpoint=False)
+
+    [(trained, config, dev_config, verbose)] = backend.calls
+    assert trained == groups and dev_config == {} and not verbose
+    assert (config.learning_rate, config.importance_sampling) == (2e-5, "ppo_clip")  # ART's options, mapped
+    assert result.step == 6 and result.checkpoint_path is None
+    assert result.metrics["loss/train"] == 0.75 and result.metrics["data/step_num_gradient_steps"] == 2.0
+    assert result.metrics["time/step_trainer_s"] == 4.0  # the backend's own time is kept
+    assert result.metrics["data/step_num_trajectories"] == 4.0  # counted from the groups, as ART's
+    with pytest.raises(UnsupportedArtOption, match="kl_penalty_coef"):  # refused before training
+        await backend.train(model, groups, kl_penalty_coef=0.1)
+    assert len(backend.calls) == 1
+
+
+async def test_backend_train_refuses_rows_that_disagree_on_the_gradient_steps(tmp_path: Path) -> None:
+    rows = [{"data/step_num_gradient_steps": 2.0}, {"data/step_num_gradient_steps": 3.0}]
+    backend = TrainSeamBackend(tmp_path / "stack", rows, step=1)
+    with pytest.raises(ValueError, match="step_num_gradient_steps"):
+        await backend.train(art.TrainableModel(name="seam", base_path=str(tmp_path)), [rewarded_group(1, 0)])
