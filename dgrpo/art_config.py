@@ -78,6 +78,10 @@ WHY_NOT = {
     "allow_training_without_logprobs": "the trainer needs the sampled token ids and logprobs of every choice",
     "trainer_gpu_ids": GPU_IDS_WHY,
     "inference_gpu_ids": GPU_IDS_WHY,
+    "trainer_args": "dgrpo's trainer takes a TrainConfig per step (learning_rate, max_grad_norm, ...: "
+    "backend.train's keywords), not Hugging Face trainer arguments",
+    "tinker_args": "Tinker is a hosted training service; dgrpo trains on your own workers",
+    "tinker_native_args": "Tinker is a hosted training service; dgrpo trains on your own workers",
     "rollout_weights_mode": "dgrpo serves each step as a LoRA adapter (ART's 'lora', which may be given); it "
     "does not push merged weights to the server",
 }

@@ -97,3 +97,46 @@ def test_lora_config_maps_to_the_lora_shape_or_is_refused() -> None:
 def test_the_model_module_does_not_invent_names() -> None:
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         importlib.import_module("dgrpo.model").Nope  # noqa: B018
+
+
+ART_0_5_DEV_ALL = [
+    "EngineArgs", "BackendModelConfig", "InternalModelConfig", "InitArgs", "LoRAConfig", "PeftArgs", "TinkerArgs",
+    "TinkerNativeArgs", "TinkerTrainingClientArgs", "TrainerArgs", "get_openai_server_config", "is_dedicated_mode",
+    "OpenAIServerConfig", "ServerArgs", "TrainSFTConfig", "TrainConfig", "validate_dedicated_config",
+]  # fmt: skip
+"""``art.dev.__all__`` of ART 0.5.18."""
+
+
+@pytest.mark.parametrize("name", ART_0_5_DEV_ALL)
+def test_every_name_of_art_dev_exists(name: str) -> None:
+    assert name in art.dev.__all__ and getattr(art.dev, name) is not None
+
+
+def test_art_dev_submodules_resolve_and_its_local_backend_helpers_are_refused_saying_why() -> None:
+    from dgrpo.dev.engine import EngineArgs
+    from dgrpo.dev.get_model_config import get_model_config
+    from dgrpo.dev.model import InternalModelConfig
+    from dgrpo.dev.openai_server import get_openai_server_config
+    from dgrpo.dev.train import TrainSFTConfig
+    from dgrpo.dev.validate import is_dedicated_mode, validate_dedicated_config
+
+    assert (EngineArgs, InternalModelConfig, TrainSFTConfig) == (
+        art.dev.EngineArgs,
+        art.dev.InternalModelConfig,
+        art.dev.TrainSFTConfig,
+    )
+    with pytest.raises(UnsupportedArtFeature, match=r"get_model_config: .*no dgrpo component reads"):
+        get_model_config("Qwen/Qwen3-4B", "/tmp", None)
+    with pytest.raises(UnsupportedArtFeature, match=r"get_openai_server_config: .*one server for all runs"):
+        get_openai_server_config(model_name="m", base_model="b", log_file="/tmp/log")
+    dedicated = InternalModelConfig(trainer_gpu_ids=[0], inference_gpu_ids=[1])
+    assert is_dedicated_mode(dedicated) and not is_dedicated_mode(InternalModelConfig(trainer_gpu_ids=[0]))
+    validate_dedicated_config(
+        InternalModelConfig(rollout_weights_mode="lora", init_args={"max_seq_length": 512})
+    )
+    with pytest.raises(art.UnsupportedArtOption, match=r"trainer_gpu_ids=\[0\].*workers' operator"):
+        validate_dedicated_config(dedicated)
+    with pytest.raises(art.UnsupportedArtOption, match=r"rollout_weights_mode='merged'"):
+        validate_dedicated_config(InternalModelConfig(rollout_weights_mode="merged"))
+    with pytest.raises(art.UnsupportedArtOption, match=r"tinker_args=.*hosted training service"):
+        art.TrainableModel(name="m", _internal_config={"tinker_args": {"renderer_name": "qwen3"}})

@@ -1,0 +1,83 @@
+"""ART's ``art.dev.model``: the model configuration dicts, so ``art.dev.InternalModelConfig(...)`` reads the
+same here. They are plain typed dicts; ``dgrpo.art_config`` maps each key dgrpo has an equivalent for and
+refuses the others with the reason (docs/art-compat.md lists them).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict
+
+from dgrpo.dev.engine import EngineArgs
+
+
+class InitArgs(TypedDict, total=False):
+    """Model loading options; dgrpo maps ``max_seq_length`` (the default ``TrainConfig.max_seq_len``)."""
+
+    max_seq_length: int
+
+
+class PeftArgs(TypedDict, total=False):
+    """The LoRA adapter's shape: ``r``, ``lora_alpha``, ``lora_dropout``, ``target_modules``."""
+
+    r: int
+    lora_alpha: float
+    lora_dropout: float
+    target_modules: list[str]
+
+
+class LoRAConfig(TypedDict, total=False):
+    """ART 0.5's ``TrainableModel(lora_config=...)``: ``rank``, ``alpha``, ``dropout``, ``target_modules``."""
+
+    rank: int
+    alpha: float
+    dropout: float
+    target_modules: list[str]
+
+
+class InternalModelConfig(TypedDict, total=False):
+    """ART's ``TrainableModel(_internal_config=...)``. Of ART 0.5's dedicated-mode keys,
+    ``rollout_weights_mode="lora"`` is what dgrpo does; GPU ids are refused (the workers' operator places them)."""
+
+    init_args: InitArgs
+    peft_args: PeftArgs
+    engine_args: EngineArgs
+    trainer_args: TrainerArgs
+    trainer_gpu_ids: list[int]
+    inference_gpu_ids: list[int]
+    rollout_weights_mode: Literal["lora", "merged"]
+    chat_template_kwargs: dict[str, object]
+    tinker_args: TinkerArgs | None
+    tinker_native_args: TinkerNativeArgs | None
+
+
+class BackendModelConfig(InternalModelConfig, total=False):
+    """ART 0.5's model configuration as a backend sees it: ``InternalModelConfig`` and ``lora_config``."""
+
+    lora_config: LoRAConfig
+
+
+class TinkerTrainingClientArgs(TypedDict, total=False):
+    """Tinker's training client options: refused with ``tinker_args`` (a hosted training service)."""
+
+    rank: int
+    seed: int | None
+
+
+class TinkerArgs(TypedDict, total=False):
+    """ART's Tinker backend options: refused on a model (Tinker is a hosted training service)."""
+
+    renderer_name: str
+    training_client_args: TinkerTrainingClientArgs
+
+
+class TinkerNativeArgs(TinkerArgs, total=False):
+    """ART's native Tinker options: refused on a model, as ``tinker_args``."""
+
+
+class TrainerArgs(TypedDict, total=False):
+    """ART's Hugging Face trainer arguments (``_internal_config["trainer_args"]``): refused on a model, since
+    dgrpo's trainer takes a ``TrainConfig`` (``learning_rate``, ``max_grad_norm``, ...) per step."""
+
+    learning_rate: float
+    max_grad_norm: float
+    weight_decay: float

@@ -1,0 +1,20 @@
+"""ART's ``art.dev.train``: the training calls' ``_config`` dicts."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class TrainConfig(TypedDict, total=False):
+    """ART's ``model.train(_config=...)``: the same keywords as ``backend.train``."""
+
+    epsilon: float
+    epsilon_high: float
+    scale_rewards: bool
+    importance_sampling_level: str
+    ppo: bool
+
+
+class TrainSFTConfig(TypedDict, total=False):
+    """ART's ``train_sft(_config=...)``, experimental options of ART's own trainer: none has a dgrpo
+    equivalent, so a key given is refused (``dgrpo.types.TrainSFTConfig`` holds the options that map)."""
