@@ -46,13 +46,17 @@ def _resolve(target: TargetModel) -> str:
 
 
 def route_request_body(
-    body: dict[str, Any], path: str, name: str, target_model: TargetModel
+    body: dict[str, Any], path: str, name: str, target_model: TargetModel, chat_template: str | None = None
 ) -> dict[str, Any]:
-    """The request body as the server must see it: model routed, logprobs and token ids asked for."""
+    """The request body as the server must see it: model routed (a chat with the run's own ``chat_template``,
+    unless the request brings one), logprobs and token ids asked for."""
     out = dict(body)
-    if out.get("model") == name:
+    routed = out.get("model") == name
+    if routed:
         out["model"] = _resolve(target_model)
     if path.endswith("/chat/completions"):
+        if routed and chat_template is not None:
+            out.setdefault("chat_template", chat_template)
         out.setdefault("logprobs", True)
     else:  # legacy completions: logprobs is the number of top alternatives; 0 still returns the sampled ones
         out.setdefault("logprobs", 0)
@@ -76,11 +80,16 @@ class RoutingTransport(httpx.AsyncBaseTransport):
     """An httpx transport that routes ``model=name`` to a served model and keeps what training needs."""
 
     def __init__(
-        self, name: str, target_model: TargetModel, inner: httpx.AsyncBaseTransport | None = None
+        self,
+        name: str,
+        target_model: TargetModel,
+        inner: httpx.AsyncBaseTransport | None = None,
+        chat_template: str | None = None,
     ) -> None:
         self.name = name
         self.target_model = target_model
         self.inner = inner or httpx.AsyncHTTPTransport()
+        self.chat_template = chat_template
 
     def _routed(self, request: httpx.Request) -> bool:
         return request.method == "POST" and request.url.path.endswith(ROUTED_PATHS)
@@ -90,7 +99,7 @@ class RoutingTransport(httpx.AsyncBaseTransport):
             return await self.inner.handle_async_request(request)
         body = json.loads(await request.aread() or b"{}")
         streaming = bool(body.get("stream"))
-        routed = route_request_body(body, request.url.path, self.name, self.target_model)
+        routed = route_request_body(body, request.url.path, self.name, self.target_model, self.chat_template)
         content = json.dumps(routed).encode()
         headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() != "content-length"]
         new_request = httpx.Request(
@@ -137,18 +146,27 @@ def routed_openai_client(
     timeout: float = 600.0,
     max_connections: int = 256,
     max_retries: int = 2,
+    chat_template: str | None = None,
 ) -> AsyncOpenAI:
-    """An ``AsyncOpenAI`` on ``base_url`` (``http://host:port/v1``) whose ``model=name`` means ``target_model``."""
-    http_client = routed_http_client(name, target_model, timeout=timeout, max_connections=max_connections)
+    """An ``AsyncOpenAI`` on ``base_url`` (``http://host:port/v1``) whose ``model=name`` means ``target_model``
+    (rendered with ``chat_template`` when given)."""
+    http_client = routed_http_client(
+        name, target_model, timeout=timeout, max_connections=max_connections, chat_template=chat_template
+    )
     return AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http_client, max_retries=max_retries)
 
 
 def routed_http_client(
-    name: str, target_model: TargetModel, *, timeout: float = 600.0, max_connections: int = 256
+    name: str,
+    target_model: TargetModel,
+    *,
+    timeout: float = 600.0,
+    max_connections: int = 256,
+    chat_template: str | None = None,
 ) -> httpx.AsyncClient:
     """The HTTP client of ``routed_openai_client``: requests naming ``model=name`` go to ``target_model``."""
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=min(64, max_connections))
-    transport = RoutingTransport(name, target_model, httpx.AsyncHTTPTransport(limits=limits))
+    transport = RoutingTransport(name, target_model, httpx.AsyncHTTPTransport(limits=limits), chat_template)
     return httpx.AsyncClient(transport=transport, timeout=timeout)
 
 
@@ -168,13 +186,19 @@ class RolloutModel:
     """The base model, as the run spec names it."""
     project: str = "default"
     api_key: str = DEFAULT_API_KEY
+    chat_template: str | None = None
+    """The run's own chat template (``ModelSpec.chat_template``): sent with each chat of ``model=name``."""
     _client: AsyncOpenAI | None = field(default=None, repr=False)
 
     def openai_client(self) -> AsyncOpenAI:
         """An ``AsyncOpenAI`` (shared by every call) whose ``model=self.name`` is routed to ``served_model``."""
         if self._client is None:
             self._client = routed_openai_client(
-                self.inference_base_url, self.name, self.served_model, api_key=self.api_key
+                self.inference_base_url,
+                self.name,
+                self.served_model,
+                api_key=self.api_key,
+                chat_template=self.chat_template,
             )
         return self._client
 

@@ -410,6 +410,7 @@ class RolloutActivities:
                     step=input.policy_step,
                     base_model=base_name,
                     api_key=self.api_key,
+                    chat_template=input.chat_template,
                 )
                 for url in self.inference_urls
             ]

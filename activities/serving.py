@@ -163,6 +163,12 @@ class ServingActivities:
                 f"{input.serving.keep_adapters + 1} (one more for the adapter being loaded), but this worker "
                 f"has {engine.max_loras}: lower keep_adapters or raise --max-loras"
             )
+        if input.chat_template and not engine.trust_request_chat_template:
+            problems.append(
+                "the run renders its chats with a template of its own (model.chat_template), which this worker's "
+                "engine takes from requests only when started with --trust-request-chat-template (the operator "
+                "then trusts run specs' Jinja): restart it so, or leave model.chat_template out"
+            )
         if input.shared and not engine.can_sleep:
             problems.append(
                 "mode 'shared' puts the engine to sleep while the trainer runs, but this vLLM worker was "

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from activities.tokenize import TrainSequence, build_sequences
+from activities.tokenize import ChatTokenizer, TrainSequence, build_sequences
 from activities.trainer import Trainer, check_finite_update
 from base_models.resolve import pad_token_id
 from schemas.activities import SftConfig
@@ -137,10 +137,12 @@ def train_examples(
     micro_batch_size: int,
     progress: Progress | None = None,
     should_stop: Callable[[], bool] | None = None,
+    tokenizer: ChatTokenizer | None = None,
 ) -> SftStats:
-    """Fine-tune ``trainer``'s adapter on ``examples``, one optimizer step per batch."""
+    """Fine-tune ``trainer``'s adapter on ``examples``, one optimizer step per batch; the chats are rendered
+    by ``tokenizer`` (the run's: its own chat template, if any), else by the trainer's."""
     stats = SftStats()
-    batches = sft_batches(examples, trainer.tokenizer, config, stats)
+    batches = sft_batches(examples, tokenizer or trainer.tokenizer, config, stats)
     if not batches:
         raise RunSpecError(
             f"step {step}: no assistant tokens to train on in {len(examples)} example(s) "

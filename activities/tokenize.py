@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 class ChatTokenizer(Protocol):
     """What the chat-template fallback needs (any HF tokenizer)."""
 
-    eos_token: Any
+    @property
+    def eos_token(self) -> Any: ...
 
     def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
 
@@ -67,6 +68,29 @@ class TokenizedStep:
     """Choices without token ids, tokenized with the chat template (ratio 1)."""
     n_split_choices: int = 0
     """Choices whose prompt did not extend the sequence so far and started a new sequence."""
+
+
+@dataclass(frozen=True)
+class TemplatedTokenizer:
+    """A tokenizer that renders chats with a run's own template (``ModelSpec.chat_template``)."""
+
+    tokenizer: Any
+    chat_template: str
+
+    @property
+    def eos_token(self) -> Any:
+        return self.tokenizer.eos_token
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+        return self.tokenizer.apply_chat_template(conversation, chat_template=self.chat_template, **kwargs)
+
+    def __call__(self, text: str, **kwargs: Any) -> Any:
+        return self.tokenizer(text, **kwargs)
+
+
+def run_tokenizer(tokenizer: Any, chat_template: str | None) -> ChatTokenizer:
+    """The base model's tokenizer, rendering with the run's own chat template when it has one."""
+    return tokenizer if chat_template is None else TemplatedTokenizer(tokenizer, chat_template)
 
 
 def _render(tokenizer: ChatTokenizer, messages: list[dict[str, Any]], tools: Any, gen_prompt: bool) -> str:

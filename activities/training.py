@@ -57,7 +57,7 @@ from activities.checkpoints import (
 )
 from activities.errors import application_error
 from activities.object_store import ObjectStore
-from activities.tokenize import TrainSequence, build_sequences
+from activities.tokenize import TrainSequence, build_sequences, run_tokenizer
 from activities.trainer import StepStats, Trainer, check_finite_adapter
 from host.files import write_json_atomic
 from schemas import layout
@@ -363,8 +363,9 @@ class TrainerActivities:
         ]
         with self._lock:
             trainer = self.trainer_for(inp.model, inp.train.precision)
+            tokenizer = run_tokenizer(trainer.tokenizer, inp.model.chat_template)
             tokenized = build_sequences(
-                [t for t, _ in pairs], [a for _, a in pairs], inp.train.max_seq_len, trainer.tokenizer
+                [t for t, _ in pairs], [a for _, a in pairs], inp.train.max_seq_len, tokenizer
             )
             if not tokenized.sequences:
                 raise config_error(
@@ -417,7 +418,14 @@ class TrainerActivities:
                 trainer,
                 micro_batch,
                 lambda: sft.train_examples(
-                    trainer, examples, inp.sft, inp.step, micro_batch, progress, should_stop
+                    trainer,
+                    examples,
+                    inp.sft,
+                    inp.step,
+                    micro_batch,
+                    progress,
+                    should_stop,
+                    run_tokenizer(trainer.tokenizer, inp.model.chat_template),
                 ),
             )
             metrics = {"loss": stats.losses[-1], "grad_norm": stats.grad_norms[-1]}

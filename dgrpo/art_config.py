@@ -8,6 +8,7 @@ from what the program says.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from dgrpo.errors import UnsupportedArtOption
@@ -78,6 +79,10 @@ WHY_NOT = {
     "allow_training_without_logprobs": "the trainer needs the sampled token ids and logprobs of every choice",
     "trainer_gpu_ids": GPU_IDS_WHY,
     "inference_gpu_ids": GPU_IDS_WHY,
+    "chat_template_content_format": "dgrpo's servers render message content as the template receives it "
+    "(text, with content parts joined); vLLM's content format is its operator's",
+    "chat_template_tool_schema_format": "tools go to the chat template as the request gives them (vLLM's "
+    "OpenAI schema)",
     "trainer_args": "dgrpo's trainer takes a TrainConfig per step (learning_rate, max_grad_norm, ...: "
     "backend.train's keywords), not Hugging Face trainer arguments",
     "tinker_args": "Tinker is a hosted training service; dgrpo trains on your own workers",
@@ -88,6 +93,21 @@ WHY_NOT = {
 
 
 GPU_IDS = ("trainer_gpu_ids", "inference_gpu_ids")
+CHAT_TEMPLATE_KEYS = ("chat_template", "chat_template_path")
+
+
+def chat_template_of(internal: Mapping[str, Any]) -> str | None:
+    """The model's own chat template, as ART reads it: ``chat_template`` (the text) or ``chat_template_path``
+    (a file, read here, on the client: the workers get the text in the model's spec); None: the base model's."""
+    text, path = internal.get("chat_template"), internal.get("chat_template_path")
+    if text is not None and path is not None:
+        raise ValueError("Set only one of chat_template or chat_template_path.")
+    if path is None:
+        return None if text is None else str(text)
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise ValueError(f"_internal_config['chat_template_path']: cannot read {path}: {err}") from err
 
 
 def refuse_gpu_ids(internal: Mapping[str, Any]) -> None:
@@ -124,6 +144,8 @@ def lora_from_internal_config(internal: Mapping[str, Any]) -> tuple[LoraConfig |
             continue  # ART's default, and what dgrpo does
         elif section == "chat_template_kwargs":
             continue  # sent with each chat completion of the model's client (TrainableModel)
+        elif section in CHAT_TEMPLATE_KEYS:
+            continue  # the model's own template: chat_template_of
         elif section in GPU_IDS:
             continue  # kept on the model: refused by register (refuse_gpu_ids), as ART checks them there
         else:

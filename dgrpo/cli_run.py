@@ -91,6 +91,7 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
             gpu_memory_utilization=args.gpu_memory_utilization,
             prefix_cache_mb=args.prefix_cache_mb,
             tool_call_parser=args.tool_call_parser or None,
+            trust_request_chat_template=args.trust_request_chat_template,
             probe_timeout_s=args.probe_timeout_s,
             unanswered_probes=args.unanswered_probes,
             vllm_python=args.vllm_python,
@@ -231,6 +232,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--tool-call-parser",
         default=engine.tool_call_parser,
         help="vLLM: how the model writes tool calls (hermes, llama3_json, ...); '' for none",
+    )
+    worker.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="render a run's own chat template (model.chat_template), sent with its requests; without it "
+        "such runs are refused",
     )
     worker.add_argument(
         "--probe-timeout-s",

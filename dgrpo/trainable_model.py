@@ -25,6 +25,7 @@ from activities.retention import delete_checkpoints, select_checkpoints_to_delet
 from activities.rollout_model import discover_base_model, own_server_api_key
 from activities.trajectory_store import upload_groups
 from dgrpo.art_config import (
+    chat_template_of,
     lora_from_internal_config,
     lora_from_lora_config,
     refuse_gpu_ids,
@@ -125,7 +126,11 @@ class TrainableModel(Model):
             )
         self.base_model = base_model
         self.spec = ModelSpec(
-            name=name, project=project, base_model=base_model, lora=given[0] if given else LoraConfig()
+            name=name,
+            project=project,
+            base_model=base_model,
+            lora=given[0] if given else LoraConfig(),
+            chat_template=chat_template_of(_internal_config or {}),
         )
         self._served: str | None = None
         self.trained_checkpoint: CheckpointRef | None = None  # the newest TrainStep's (backend.train's path)
@@ -416,9 +421,14 @@ class TrainableModel(Model):
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _default_chat_completion_extra_body(self) -> dict[str, Any] | None:
-        if self.chat_template_kwargs is None:
-            return None
-        return {"chat_template_kwargs": dict(self.chat_template_kwargs)}
+        """ART's ``chat_template_kwargs``, and the model's own chat template (vLLM's request field, which ART
+        sets as its server's ``--chat-template`` instead: dgrpo's server is shared by every run on it)."""
+        body: dict[str, Any] = {}
+        if self.chat_template_kwargs is not None:
+            body["chat_template_kwargs"] = dict(self.chat_template_kwargs)
+        if self.spec.chat_template is not None:
+            body["chat_template"] = self.spec.chat_template
+        return body or None
 
     def _record_train(self, step: int, metrics: dict[str, float], curve_title: str | None = None) -> None:
         """A ``train`` row of ``model.train``: the run's metrics Parquet, ``history.jsonl`` and W&B."""

@@ -68,6 +68,8 @@ class RolloutsInput(_Strict):
     shards: int = Field(1, ge=1)
     """Parts the step's rollouts are split into; 1 writes the step's ``trajectories.parquet`` itself, unless
     ``merged``."""
+    chat_template: str | None = None
+    """The run's own chat template (``ModelSpec.chat_template``), sent with each of its chat requests."""
     merged: bool = False
     """The workflow merges this activity's table into the step's (as it always does with ``shards`` > 1), so it
     goes to its attempt's own ``layout.rollout_shard_key``: a late attempt never overwrites the recorded one."""
@@ -90,6 +92,8 @@ class ReloadInput(_Strict):
     """The run's LoRA rank; refused above the engine's ``--max-lora-rank``."""
     shared: bool = False
     """The run puts the engine to sleep while it trains (mode ``shared``): refused by an engine that cannot."""
+    chat_template: bool = False
+    """The run has a chat template of its own: refused by an engine that does not take one from requests."""
     bucket: str | None = None
     """The bucket the run's spec names (deprecated); refused when it is not the worker's."""
 

@@ -91,6 +91,10 @@ class TrainConfig(_Strict):
     """Seed for anything random in the step."""
 
 
+MAX_CHAT_TEMPLATE_CHARS = 65536
+"""A run's own chat template is at most this long (the largest templates of current models are ~20 kB)."""
+
+
 class ModelSpec(_Strict):
     """The model being trained, named as in ART."""
 
@@ -103,6 +107,11 @@ class ModelSpec(_Strict):
     adapter dir to warm-start from, or ``smollm2-135m-instruct``."""
     lora: LoraConfig = Field(default_factory=LoraConfig)
     """The adapter's shape."""
+    chat_template: str | None = Field(None, min_length=1, max_length=MAX_CHAT_TEMPLATE_CHARS)
+    """A Jinja chat template of the run's own (ART's ``_internal_config["chat_template"]``), in place of the
+    base model's: the inference server renders the run's requests with it, which an inference worker takes only
+    when its operator trusts run specs' templates (``--trust-request-chat-template``), and the trainer renders
+    SFT examples and choices without token ids with it. None: the base model's."""
 
 
 class TaskSpec(_Strict):

@@ -136,6 +136,10 @@ class EngineSettings(BaseModel):
     (``hermes``: ``<tool_call>`` JSON, as SmolLM2, Qwen2.5 and Hermes models do; ``llama3_json`` for Llama 3).
     Without it vLLM refuses every request with ``tool_choice: "auto"``, which the openai SDK sends with tools.
     None: no tool calls on vLLM. Our CPU server parses ``<tool_call>`` itself."""
+    trust_request_chat_template: bool = False
+    """Render a request with the chat template it brings (vLLM's ``--trust-request-chat-template``), which a run
+    with a template of its own (``model.chat_template``) needs: the operator trusts run specs with Jinja that
+    the engine renders (in transformers' sandbox). Without it such a run is refused."""
     prefix_cache_mb: int = Field(1024, ge=0)
     """CPU server: keys and values of finished sequences kept for prompts that extend them (multi-turn
     agents, a group's shared prompt); 0 turns prefix caching off (on vLLM too)."""

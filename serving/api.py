@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from schemas.config import MAX_CHAT_TEMPLATE_CHARS
 from schemas.refs import SHA256_PATTERN
 from schemas.trajectory import MESSAGE_ROLES
 
@@ -66,6 +67,9 @@ class ChatCompletionRequest(BaseModel):
     """vLLM extra: logprob tokens as ``token_id:<n>`` instead of text."""
     chat_template_kwargs: dict[str, Any] | None = None
     """vLLM extra: keyword arguments the chat template is rendered with (``enable_thinking``, ...)."""
+    chat_template: str | None = Field(None, min_length=1, max_length=MAX_CHAT_TEMPLATE_CHARS)
+    """vLLM extra: a Jinja chat template to render this request with instead of the model's, taken only by a
+    server started with ``--trust-request-chat-template`` (as vLLM's)."""
     stream: bool = False
 
     @model_validator(mode="after")

@@ -19,22 +19,45 @@ ToolCallParser = Callable[[str], tuple[str | None, list[dict[str, Any]]]]
 class ChatRenderer:
     """Applies the model's chat template and shapes responses; holds the tokenizer."""
 
-    def __init__(self, tokenizer: Any, max_model_len: int, default_max_tokens: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        max_model_len: int,
+        default_max_tokens: int,
+        trust_request_chat_template: bool = False,
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.default_max_tokens = default_max_tokens
+        self.trust_request_chat_template = trust_request_chat_template
         template = tokenizer.chat_template
         self.template = template if isinstance(template, str) else str(template or "")
 
+    def request_template(self, req: ChatCompletionRequest) -> str:
+        """The template ``req`` renders with: its own when it brings one and the server trusts that, else the
+        model's."""
+        if req.chat_template is None:
+            return self.template
+        if not self.trust_request_chat_template:
+            raise ServingHTTPError(
+                400,
+                "the request brings its own chat_template, which this server renders only when started with "
+                "--trust-request-chat-template (its operator trusts callers' Jinja)",
+                "chat_template",
+            )
+        return req.chat_template
+
     def prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        template = self.request_template(req)
         try:
-            prepared, native_tools = prepare_messages(messages, req.tools, self.template)
+            prepared, native_tools = prepare_messages(messages, req.tools, template)
             text = self.tokenizer.apply_chat_template(
                 prepared,
                 tools=req.tools if native_tools else None,
                 add_generation_prompt=True,
                 tokenize=False,
+                chat_template=template,
                 **(req.chat_template_kwargs or {}),
             )
         except Exception as err:  # a template that cannot render these messages: the caller's input

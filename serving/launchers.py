@@ -241,6 +241,8 @@ class CpuServerProcess(ServerProcess):
             argv += ["--start-adapter-name", self.start_adapter_name]
         if self.threads:
             argv += ["--threads", str(self.threads)]
+        if self.settings.trust_request_chat_template:
+            argv.append("--trust-request-chat-template")
         return [*argv, "--prefix-cache-mb", str(self.settings.prefix_cache_mb)]
 
     def environment(self) -> dict[str, str]:
@@ -318,6 +320,8 @@ class VllmServerProcess(ServerProcess):
             argv.append("--no-enable-prefix-caching")
         if s.tool_call_parser:
             argv += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
+        if s.trust_request_chat_template:
+            argv.append("--trust-request-chat-template")
         return argv + self.extra_args
 
     def environment(self) -> dict[str, str]:

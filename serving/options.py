@@ -63,6 +63,8 @@ class ServerOptions(BaseModel):
     required when ``host`` is not a loopback address."""
     max_lora_rank: int | None = Field(None, ge=1)
     """Runtime adapters of a higher rank are refused (400), as vLLM's ``--max-lora-rank``; None: any rank."""
+    trust_request_chat_template: bool = False
+    """Render a request with the ``chat_template`` it brings (vLLM's flag of the same name); else refused (400)."""
     adapter_root: str = Field(default_factory=default_adapter_root)
     """``/v1/load_lora_adapter`` loads only directories under this one (start-up adapters are exempt)."""
 
@@ -110,6 +112,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "required beyond loopback)",
     )
     parser.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="render a request with the chat_template it brings (else such a request is refused)",
+    )
+    parser.add_argument(
         "--adapter-root",
         default=None,
         help=f"load runtime adapters only from under this dir (default ${ENV_ADAPTER_ROOT}, "
@@ -143,6 +150,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
             api_key=None if api_key is None else SecretStr(api_key),
             adapter_root=args.adapter_root or default_adapter_root(),
             prefix_cache_mb=args.prefix_cache_mb,
+            trust_request_chat_template=args.trust_request_chat_template,
         )
     except ValidationError as err:
         problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in err.errors())

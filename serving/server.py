@@ -165,7 +165,12 @@ def build_app(
 ) -> FastAPI:
     """The FastAPI app around a ``GenerationEngine``."""
     adapters = table or AdapterTable()
-    renderer = ChatRenderer(engine.tokenizer, engine.max_model_len, options.default_max_tokens)
+    renderer = ChatRenderer(
+        engine.tokenizer,
+        engine.max_model_len,
+        options.default_max_tokens,
+        options.trust_request_chat_template,
+    )
     app = FastAPI(title="durable-grpo CPU serving engine")
     app.state.adapters = adapters
 

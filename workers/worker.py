@@ -345,6 +345,7 @@ async def run_all_workers(client: Client, task_queues: TaskQueues, serve_port: i
         task_queues=task_queues,
         serve_port=serve_port,
         lifecycle=WorkerLifecycle(grace_s=0),  # the client is closing: nothing waits for a retry elsewhere
+        engine=EngineSettings(trust_request_chat_template=True),  # as LocalBackend's subprocess workers
     )
     await run_workers(opts, client)
 

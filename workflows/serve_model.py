@@ -45,6 +45,7 @@ async def serve_newest(inp: ServeModelInput, on_phase: Callable[[str], None]) ->
             serving=inp.serving,
             lora_rank=inp.model.lora.rank,
             shared=inp.shared,
+            chat_template=inp.model.chat_template is not None,
             bucket=inp.bucket,
         ),
         task_queue=queues.inference,

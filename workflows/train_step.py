@@ -92,6 +92,7 @@ async def serve_checkpoint(
             serving=inp.serving,
             lora_rank=inp.model.lora.rank,
             shared=inp.shared_device,
+            chat_template=inp.model.chat_template is not None,
         ),
         task_queue=inp.task_queues.inference,
         step=checkpoint.step,

@@ -357,6 +357,7 @@ class TrainingRun:
                 run_id=spec.run_id,
                 step=target,
                 model_name=spec.model.name,
+                chat_template=spec.model.chat_template,
                 adapter=adapter_name(spec.run_id, policy_step) if state.adapter else None,
                 policy_step=policy_step,
                 task=self._rollout_task(),

@@ -151,7 +151,16 @@ class LocalBackend:
             env_names.ENV_SERVE_PORT: str(port),
         }
         # Its own session: a client killed with SIGKILL leaves the workers finishing the step it started.
-        workers = WorkerProcess("all", self.log_path, task_queues=self.task_queues, env=env, new_session=True)
+        # Their server listens on loopback for this machine's programs, whose operator is the program's user:
+        # a model's own chat template (TrainableModel(_internal_config={"chat_template": ...})) is taken.
+        workers = WorkerProcess(
+            "all",
+            self.log_path,
+            task_queues=self.task_queues,
+            env=env,
+            new_session=True,
+            extra_args=["--trust-request-chat-template"],
+        )
         workers.spawn()
         self._workers = workers
         return _Owner(owner=_me(), workers=workers.info, inference_url=url, started_stack=started_stack)

@@ -80,3 +80,11 @@ async def wrong_type(model: Any, scenario: dict[str, Any]) -> dict[str, Any]:
 
 def not_async(model: Any, scenario: dict[str, Any]) -> Trajectory:
     return Trajectory()
+
+
+async def asks(model: Any, scenario: dict[str, Any]) -> Trajectory:
+    """One chat of ``model=model.name`` through the model's own client; reward 0."""
+    await model.openai_client().chat.completions.create(
+        model=model.name, messages=[{"role": "user", "content": f"x={scenario['x']}"}]
+    )
+    return Trajectory(messages_and_choices=[{"role": "user", "content": "asked"}], reward=0.0)

@@ -212,6 +212,28 @@ async def test_routed_client_rewrites_model_and_asks_for_tokens_and_logprobs() -
     assert Choice.model_validate(completion.choices[0]).prompt_token_ids == [1, 2, 3]
 
 
+async def test_a_runs_own_chat_template_goes_with_each_of_its_chats(object_store: ObjectStore) -> None:
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with openai_stub() as stub:
+        acts = RolloutActivities(stub.base_url, object_store, base_served_name="base", task_modules=(STUBS,))
+        input = make_input(f"{STUBS}:asks", groups_per_step=1).model_copy(update={"chat_template": template})
+        await ActivityEnvironment().run(acts.rollouts, input)
+        client = routed_openai_client(stub.base_url, "agent-001", "agent-001@1", chat_template=template)
+        await client.chat.completions.create(model="judge", messages=[{"role": "user", "content": "hi"}])
+        await client.chat.completions.create(
+            model="agent-001",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"chat_template": "{{ 1 }}"},
+        )
+        await client.close()
+    *rollouts, other, own = stub.requests
+    assert len(rollouts) == 2 and all(
+        (r["model"], r["chat_template"]) == ("agent-001@1", template) for r in rollouts
+    )
+    assert "chat_template" not in other  # another model's chat keeps that model's template
+    assert own["chat_template"] == "{{ 1 }}"  # a chat that brings its own keeps it
+
+
 def real_input(rollout: str, scenarios: str, group_size: int) -> RolloutsInput:
     return RolloutsInput(
         run_id="real",

@@ -306,6 +306,7 @@ async def test_reload_on_a_real_temporal_worker(
         (EngineSettings(max_loras=2), {"serving": ServingSpec(keep_adapters=3)}, "--max-loras"),
         (EngineSettings(engine="vllm"), {"shared": True}, "--sleep-mode"),
         (EngineSettings(), {"bucket": "another-bucket"}, "storage.bucket"),
+        (EngineSettings(), {"chat_template": True}, "--trust-request-chat-template"),
     ],
 )
 async def test_reload_refuses_a_run_its_engine_cannot_serve(

@@ -7,7 +7,7 @@ import math
 import pytest
 from transformers import AutoTokenizer
 
-from activities.tokenize import build_sequences
+from activities.tokenize import build_sequences, run_tokenizer
 from base_models.resolve import resolve_base_model
 from schemas.trajectory import Choice, ChoiceLogprobs, TokenLogprob, Trajectory
 
@@ -112,6 +112,23 @@ def test_chat_template_fallback_marks_only_the_assistant_turn(tok):
     assert seq.tokens[len(prompt) :] == [*ids(tok, "Hi there!"), tok.eos_token_id]
     assert all(seq.trainable[len(prompt) :])
     assert all(math.isnan(x) for x in seq.sampling_logprobs)  # unknown: the trainer uses ratio 1
+
+
+def test_a_runs_own_chat_template_renders_the_fallback(tok):
+    template = (
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}<|im_end|>{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}"
+    )
+    messages = [{"role": "user", "content": "Say hi."}]
+    traj = Trajectory(
+        messages_and_choices=[*messages, Choice(message={"role": "assistant", "content": "Hi there!"})],
+        reward=1,
+    )
+    assert run_tokenizer(tok, None) is tok
+    [seq] = build_sequences([traj], [1.0], max_seq_len=2048, tokenizer=run_tokenizer(tok, template)).sequences
+    prompt = ids(tok, "[user] Say hi.<|im_end|>[assistant] ")  # the template's, not SmolLM2's ChatML
+    assert seq.tokens == [*prompt, *ids(tok, "Hi there!"), tok.eos_token_id]
+    assert seq.trainable == [False] * len(prompt) + [True] * (len(seq.tokens) - len(prompt))
 
 
 def test_overlength_sequences_are_dropped_and_counted(tok):

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from transformers import AutoTokenizer
 
 import dgrpo as art
 from activities.retention import metrics_by_step
+from base_models.resolve import ensure_smollm2
 from dgrpo.local import LocalBackend
 from dgrpo.utils.sft import train_sft_from_file
 from examples.arithmetic import rollout, scenarios
@@ -25,6 +27,11 @@ pytestmark = pytest.mark.slow
 
 SYSTEM = {"role": "system", "content": "You answer with one word."}
 TARGET = "Pineapple"
+OWN = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}: {{ m['content'] }} END<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant: {% endif %}"
+)
+"""A chat template of the model's own: each turn ends with " END", which SmolLM2's does not."""
 
 
 def chat(i: int) -> list[dict[str, str]]:
@@ -80,6 +87,19 @@ async def test_train_sft_teaches_the_served_model_then_backend_train_and_log(tmp
             served = model.get_inference_name()
             records = metrics_by_step(backend.object_store(), model.run_id)
 
+            # A model with a chat template of its own: LocalBackend's server renders its chats with it, and
+            # its trainer renders its SFT examples with it.
+            own = art.TrainableModel(name="own", project="art-sft", _internal_config={"chat_template": OWN})
+            await own.register(backend)
+            asked = await own.openai_client().chat.completions.create(
+                model=own.name,
+                messages=chat(0),
+                max_tokens=2,
+                extra_body={"return_token_ids": True},  # type: ignore[arg-type]
+            )
+            own_prompt = art.Choice.model_validate(asked.choices[0]).prompt_token_ids
+            own_sft = await backend.train_sft(own, examples[:2], art.TrainSFTConfig(batch_size=2))
+
             # backend.train on a TemporalBackend pointed at the same cluster, as ART 0.5's main loop.
             remote = art.TemporalBackend(
                 address=backend.stack.temporal_address,
@@ -120,7 +140,16 @@ async def test_train_sft_teaches_the_served_model_then_backend_train_and_log(tmp
     assert TARGET.startswith(first_token.strip())
     assert logprob_of(first_token, top_after) > logprob_of(first_token, top_before) + math.log(2)
 
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_smollm2()))
+    rendered = tokenizer.apply_chat_template(
+        chat(0), chat_template=OWN, add_generation_prompt=True, tokenize=False
+    )
+    assert own_prompt == tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    turn = tokenizer(f"{TARGET} END<|im_end|>", add_special_tokens=False)["input_ids"]  # SmolLM2's: no " END"
+    assert own_sft.step == 1 and own_sft.metrics["data/step_trainer_tokens"] == 2 * len(turn)
+
     assert step_before_rl == 2 and isinstance(result, art.TrainResult) and result.step == 3
+    assert str(result.checkpoint_path).startswith("s3://") and "art--sft-sft" in str(result.checkpoint_path)
     assert result.metrics["data/step_num_trajectories"] == 6
     assert rl_records[3]["train/reward"] == pytest.approx(sum(t.reward for g in groups for t in g) / 6)
     assert rl_records[3]["data/step_num_trajectories"] == 6

@@ -17,7 +17,7 @@ from base_models.resolve import ensure_smollm2
 from dgrpo.costs import MODEL_PRICING, build_cost_calculator, track_api_cost
 from dgrpo.errors import UnsupportedArtOption
 from dgrpo.metrics_builder import MetricsBuilder
-from serving.api import ChatCompletionRequest
+from serving.api import ChatCompletionRequest, ServingHTTPError
 from serving.chat import ChatRenderer
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "activities"))
@@ -99,7 +99,46 @@ def test_the_server_renders_the_chat_template_with_the_requests_kwargs() -> None
         rendered(chat_template_kwargs={"chat_template": "{{ 'mine' }}"})  # as vLLM, untrusted by default
 
 
-def test_a_chat_template_of_the_models_own_is_refused_not_ignored() -> None:
-    for key in ("chat_template", "chat_template_path"):
-        with pytest.raises(UnsupportedArtOption, match=f"_internal_config: {key}="):
-            art.TrainableModel(name="m", project="p", _internal_config={key: "{{ messages }}"})
+OWN = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}|{% endfor %}"
+
+
+async def test_a_models_own_chat_template_goes_with_each_of_its_chats(
+    stub: StubServer, tmp_path: Path
+) -> None:
+    path = tmp_path / "chat_template.jinja"
+    path.write_text(OWN, encoding="utf-8")
+    by_path = art.TrainableModel(
+        name="agent", project="p", _internal_config={"chat_template_path": str(path)}
+    )
+    model = art.TrainableModel(
+        name="agent", project="p", _internal_config={"chat_template": OWN, "chat_template_kwargs": {"x": 1}}
+    )
+    assert by_path.spec.chat_template == model.spec.chat_template == OWN  # in the spec the workers read
+    assert art.TrainableModel(name="agent", project="p").spec.chat_template is None
+    model.inference_base_url = stub.base_url
+    await model.openai_client().chat.completions.create(model="agent", messages=HELLO)
+    [request] = stub.requests
+    assert (request["chat_template"], request["chat_template_kwargs"]) == (OWN, {"x": 1})
+    assert model.litellm_completion_params()["extra_body"] == {
+        "chat_template": OWN,
+        "chat_template_kwargs": {"x": 1},
+    }
+
+    with pytest.raises(ValueError, match="Set only one of chat_template or chat_template_path"):
+        art.TrainableModel(name="m", _internal_config={"chat_template": OWN, "chat_template_path": str(path)})
+    with pytest.raises(ValueError, match=r"chat_template_path.*cannot read"):
+        art.TrainableModel(name="m", _internal_config={"chat_template_path": str(tmp_path / "none.jinja")})
+    with pytest.raises(UnsupportedArtOption, match="chat_template_content_format='openai' is not supported"):
+        art.TrainableModel(name="m", _internal_config={"chat_template_content_format": "openai"})
+
+
+def test_the_server_renders_a_requests_own_template_only_when_trusted() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_smollm2()))
+    request = ChatCompletionRequest(model="m", messages=HELLO, chat_template=OWN)  # type: ignore[arg-type]
+    trusting = ChatRenderer(
+        tokenizer, max_model_len=256, default_max_tokens=8, trust_request_chat_template=True
+    )
+    assert tokenizer.decode(trusting.prompt_ids(request)) == "user: hello|"
+    with pytest.raises(ServingHTTPError, match="--trust-request-chat-template") as refused:
+        ChatRenderer(tokenizer, max_model_len=256, default_max_tokens=8).prompt_ids(request)
+    assert refused.value.status == 400

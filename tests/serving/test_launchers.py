@@ -94,6 +94,12 @@ def test_vllms_cpu_build_serves_fp32_on_loopback_and_refuses_sleep_mode() -> Non
         SMOLLM2_NAME, EngineSettings(engine="vllm", tool_call_parser=None), runtime=CPU_BUILD
     )
     assert "--enable-auto-tool-choice" not in plain.command()
+    assert "--trust-request-chat-template" not in plain.command()
+    trusting = EngineSettings(engine="vllm", trust_request_chat_template=True)
+    assert (
+        "--trust-request-chat-template"
+        in VllmServerProcess(SMOLLM2_NAME, trusting, runtime=CPU_BUILD).command()
+    )
     dev = VllmServerProcess(
         SMOLLM2_NAME, EngineSettings(engine="vllm"), runtime=CPU_BUILD, dev_endpoints=True
     )

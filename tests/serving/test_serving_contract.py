@@ -50,8 +50,11 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def engine(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    """One server per engine, fp32 (``auto`` on a CPU), at most rank-8 adapters, three at once."""
-    settings = EngineSettings(engine=request.param, max_lora_rank=MAX_LORA_RANK, max_loras=3)
+    """One server per engine, fp32 (``auto`` on a CPU), at most rank-8 adapters, three at once, taking a
+    request's own chat template (as a worker started with ``--trust-request-chat-template``)."""
+    settings = EngineSettings(
+        engine=request.param, max_lora_rank=MAX_LORA_RANK, max_loras=3, trust_request_chat_template=True
+    )
     log_path = tmp_path_factory.mktemp(f"serve-{request.param}") / "serve.log"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(ENV_ADAPTER_ROOT, str(tmp_path_factory.getbasetemp()))
@@ -112,6 +115,31 @@ async def test_chat_returns_logprobs_and_token_ids(sdk: openai.AsyncOpenAI, toke
     for entry in response.choices[0].logprobs.content:  # type: ignore[union-attr]
         assert len(entry.top_logprobs) == 3
         assert entry.top_logprobs[0].logprob >= entry.logprob - 1e-5
+
+
+OWN_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] | upper }}: {{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>ASSISTANT:{% endif %}"
+)
+"""A run's own chat template (``model.chat_template``): roles upper-cased, none of SmolLM2's own markup."""
+
+
+async def test_a_request_renders_with_the_chat_template_it_brings(
+    sdk: openai.AsyncOpenAI, tokenizer: Any
+) -> None:
+    messages = [{"role": "user", "content": "Name a colour."}]
+    response = await sdk.chat.completions.create(
+        model=BASE, messages=messages, max_tokens=4, seed=0,  # type: ignore[arg-type]
+        extra_body={**RETURN_IDS, "chat_template": OWN_TEMPLATE},
+    )  # fmt: skip
+    expected = tokenizer.apply_chat_template(
+        messages, chat_template=OWN_TEMPLATE, add_generation_prompt=True, tokenize=False
+    )
+    assert expected.endswith("<|im_start|>USER: Name a colour.<|im_end|>\n<|im_start|>ASSISTANT:")
+    assert (
+        recorded_choice(response).prompt_token_ids
+        == tokenizer(expected, add_special_tokens=False)["input_ids"]
+    )
 
 
 async def test_sampled_logprobs_equal_the_trainers_forward(
