@@ -25,7 +25,7 @@ GPU_HOURLY_PRICES_USD = {"H200": 3.0}
 
 
 def __getattr__(name: str) -> ModuleType:
-    # ``torch`` on first use, so that importing this module (every ``dgrpo.LocalBackend``) stays light.
+    # ``torch`` imported on first use (as ART's module has it), so importing this one stays light.
     if name == "torch":
         return importlib.import_module("torch")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -73,7 +73,7 @@ class LocalBackend(ArtTraining, stack.LocalBackend):
 
 def cuda_available() -> bool:
     try:
-        return bool(__getattr__("torch").cuda.is_available())
+        return bool(importlib.import_module("torch").cuda.is_available())
     except ImportError:  # a client without the cpu extra: its workers run elsewhere
         return False
 
@@ -83,7 +83,7 @@ def detected_gpu_price() -> float | None:
     one is not in the table, or when they differ (no guess, as ART)."""
     if not cuda_available():
         return None
-    cuda = __getattr__("torch").cuda
+    cuda = importlib.import_module("torch").cuda
     prices = set()
     for index in range(cuda.device_count()):
         device = cuda.get_device_name(index).upper()
