@@ -9,6 +9,10 @@ JSON line at a time on stdin; each answer is one JSON line on stdout ({"error": 
     {"op": "late_write", "run_id": R, "activity_id": A, "attempt": N}       once that attempt's shard is stored
     {"op": "phase", "phase": P, "step": N, "timeout_s": T}                  once the run is at P of step N
     {"op": "final", "timeout_s": T}                                        the run's final status
+    {"op": "uploading", "step": N}                                         once checkpoint N's first object is
+        stored: {"key"}
+    {"op": "manifested"}                                                   the run's checkpoints that have a
+        manifest, every file it lists sha256-verified (a missing or other file is an error)
     {"op": "verify", "faults": [...], "rows": R}                            what the run left, and each fault's
         seconds to the retry that succeeded
 
@@ -21,6 +25,7 @@ import asyncio
 import hashlib
 import json
 import sys
+import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -42,10 +47,24 @@ from temporalio.client import Client, WorkflowHandle  # noqa: E402
 from activities.object_store import ObjectStore  # noqa: E402
 from dgrpo import run_control  # noqa: E402
 from schemas.config import RunSpec  # noqa: E402
-from schemas.layout import rollout_shard_key  # noqa: E402
+from schemas.layout import checkpoint_prefix, rollout_shard_key  # noqa: E402
 from schemas.run_state import RunStatus  # noqa: E402
 from schemas.settings import S3Settings  # noqa: E402
 from workers.temporal import connect_client, result_across_restarts  # noqa: E402
+
+
+def manifested_steps(store: ObjectStore, run_id: str) -> list[int]:
+    """The run's checkpoints that have a manifest, each downloaded with every file it lists sha256-verified
+    (``ObjectStore.get_dir`` raises on a missing or other file): a manifest is written last, so one whose files
+    are not all stored is a reader's trap."""
+    steps: list[int] = []
+    with tempfile.TemporaryDirectory(prefix="dgrpo-manifested-") as scratch:
+        for step in store.checkpoint_steps(run_id):
+            prefix = checkpoint_prefix(run_id, step)
+            if store.is_complete(prefix):
+                store.get_dir(prefix, Path(scratch) / str(step))
+                steps.append(step)
+    return steps
 
 
 def host_of(identity: str) -> str:
@@ -146,6 +165,21 @@ class Observer:
                         for h in final.history],
         }  # fmt: skip
 
+    async def uploading(self, step: int) -> dict[str, Any]:
+        """Once the first object of checkpoint ``step`` is stored: its publish is under way, part uploaded."""
+        assert self.handle is not None and self.result is not None
+        prefix = checkpoint_prefix(self.handle.id, step)
+        while not self.result.done():
+            if keys := await asyncio.to_thread(self.store.list, prefix):
+                return {"key": keys[0]}
+            await asyncio.sleep(0.1)
+        raise MomentPassed(f"the run ended before checkpoint {step} was uploaded: {self.result.result()}")
+
+    async def manifested(self) -> dict[str, Any]:
+        """Asked while a publish is cut off mid-upload: every checkpoint with a manifest is whole already."""
+        assert self.handle is not None
+        return {"steps": await asyncio.to_thread(manifested_steps, self.store, self.handle.id)}
+
     async def verify(self, faults: list[dict[str, Any]], rows: int) -> dict[str, Any]:
         """Each fault's seconds to the attempt that succeeded; every step's checkpoint downloaded with each file
         sha256-verified against its manifest; every step's rows, distinct (group, rollout) pairs among them;
@@ -203,6 +237,7 @@ async def main() -> None:
         request = json.loads(line)
         ops = {"start": observer.start, "running": observer.running, "phase": observer.phase,
                "retried": observer.retried,
+               "uploading": observer.uploading, "manifested": observer.manifested,
                "late_write": observer.late_write, "final": observer.final, "verify": observer.verify}  # fmt: skip
         try:
             answer = await ops[request.pop("op")](**request)

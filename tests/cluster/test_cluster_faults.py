@@ -10,7 +10,8 @@ share a step:
    when its heartbeats failed, still uploads its shard once healed, as a zombie;
 3. step 3: S3 (served at an address of its own) unreachable from the host running a shard while it still
    reaches Temporal, until that attempt gives up (a worker rides out an S3 outage inside an attempt first);
-4. step 3: the trainer host partitioned mid-publish (its traffic slowed so a publish lasts), for 30 s.
+4. step 3: the trainer host partitioned mid-publish (its traffic slowed so a publish lasts), for 30 s; while it
+   is cut off, every checkpoint that has a manifest already holds every file it lists.
 
 Then: the run completed; one checkpoint per step, every file sha256-verified against its manifest; every step's
 trajectories with its 8 rows, none doubled; every object a completed activity recorded in the history still
@@ -173,8 +174,12 @@ def test_a_run_survives_hosts_killed_partitioned_cut_from_s3_and_a_partitioned_p
         # A publish lasts about a second here: the trainer's uploads are slowed until the partition strikes.
         slow = ["tbf", "rate", "40mbit", "burst", "64kb", "latency", "400ms"]
         tc("-n", c["trainer"].netns, "qdisc", "add", "dev", "eth0", "root", *slow)
+        # Struck once the checkpoint's first object is stored: the cut leaves a part-uploaded checkpoint.
+        observer.ask("uploading", step=STEPS)
         strike(f"trainer partitioned {PUBLISH_PARTITION_S:.0f} s mid-publish", "publish", ["trainer"],
-               partition(PUBLISH_PARTITION_S), after_s=0.2)  # fmt: skip
+               partition(PUBLISH_PARTITION_S), after_s=0.0)  # fmt: skip
+        # Cut off mid-upload, the publish has left no manifest naming a file that is not stored yet.
+        observer.ask("manifested")
         final = observer.ask("final", timeout_s=1800.0)
         run_s = time.monotonic() - started
         assert final["phase"] == "done" and final["step"] == STEPS, (final, logs(c))
