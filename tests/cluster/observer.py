@@ -6,7 +6,8 @@ JSON line at a time on stdin; each answer is one JSON line on stdout ({"error": 
     {"op": "running", "activity": A, "after_s": S, "hosts": [H, ...]}       once A has run S s on one of the
         hosts: {"host", "run_id", "activity_id", "attempt"}
     {"op": "retried", "activity_id": A, "attempt": N}                      once attempt N of A failed or A completed
-    {"op": "late_write", "run_id": R, "activity_id": A, "attempt": N}       once that attempt's shard is stored
+    {"op": "late_write", "run_id": R, "activity_id": A, "attempt": N,       once that attempt's shard is stored:
+        "within_s": W}                                                      {"key"}; {"key": null} if not in W s
     {"op": "phase", "phase": P, "step": N, "timeout_s": T}                  once the run is at P of step N
     {"op": "final", "timeout_s": T}                                        the run's final status
     {"op": "uploading", "step": N}                                         once checkpoint N's first object is
@@ -124,10 +125,14 @@ class Observer:
             f"the run ended before {activity_id} attempt {attempt} ended: {self.result.result()}"
         )
 
-    async def late_write(self, run_id: str, activity_id: str, attempt: int) -> dict[str, Any]:
+    async def late_write(
+        self, run_id: str, activity_id: str, attempt: int, within_s: float
+    ) -> dict[str, Any]:
         """Once the rollouts shard of attempt ``attempt`` of ``activity_id`` is in the store: a partitioned
         attempt, cancelled on its host when its heartbeats failed, still finishes the upload it was in once
-        healed. Its key is that attempt's own (schemas/layout.py), so only then is all it wrote there."""
+        healed. Its key is that attempt's own (schemas/layout.py), so only then is all it wrote there. An attempt
+        cancelled while its rollouts still ran (a slow machine) has nothing to upload: ``{"key": None}`` once
+        ``within_s`` passed without the key (asked long after the heal, when such an upload is done)."""
         assert self.handle is not None
         history = self.client.get_workflow_handle(self.handle.id, run_id=run_id)
         async for event in history.fetch_history_events():
@@ -141,10 +146,12 @@ class Observer:
         else:
             raise LookupError(f"no activity {activity_id} in run {run_id}")
         key = rollout_shard_key(self.handle.id, shard["step"], shard["shard"], attempt)
-        while True:
+        deadline = asyncio.get_running_loop().time() + within_s
+        while asyncio.get_running_loop().time() < deadline:
             if await asyncio.to_thread(self.store.exists, key):
                 return {"key": key}
             await asyncio.sleep(0.5)
+        return {"key": None}
 
     async def phase(self, phase: str, step: int, timeout_s: float = 1800.0) -> dict[str, Any]:
         assert self.handle is not None
