@@ -16,7 +16,11 @@ with ``import dgrpo as art`` (docs/art-compat.md lists every ART name and how it
 from __future__ import annotations
 
 import importlib
+import sys
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+from dgrpo.art_refusals import CAPTURE, HOSTED, MEGATRON, TOKENIZING
 
 if TYPE_CHECKING:
     from activities.judge import ruler_score_group
@@ -99,33 +103,22 @@ _EXPORTS = {
     "TrajectoryGroup": "schemas.trajectory",
 }
 
-_CAPTURE = (
-    "this capture helper is not in ART 0.5.18, so its behaviour is not known and it is not supported: "
-    "capture a rollout's calls with `await art.capture_auto_trajectory(rollout(...))` and read the "
-    "trajectory inside it with `art.auto_trajectory()`"
-)
-_HOSTED = (
-    "hosted training services are not supported: use dgrpo.LocalBackend, or TemporalBackend on your cluster"
-)
-_TOKENIZING = (
-    "ART's client-side tokenizing is not supported: dgrpo's trainer tokenizes the stored trajectories itself"
-)
 UNSUPPORTED = {
-    "current_trajectory": _CAPTURE,
-    "no_capture": _CAPTURE,
-    "trajectory": _CAPTURE,
-    "trajectory_group": _CAPTURE,
+    "current_trajectory": CAPTURE,
+    "no_capture": CAPTURE,
+    "trajectory": CAPTURE,
+    "trajectory_group": CAPTURE,
     "train_sft": "a top-level train_sft is not supported: call model.train_sft(trajectories, "
     "art.TrainSFTConfig(...)) or backend.train_sft(model, trajectories, config)",
-    "MegatronTopologyConfig": "Megatron training is not supported: dgrpo trains LoRA adapters with torch + peft",
-    "ServerlessBackend": _HOSTED,
-    "ServerlessTrainResult": _HOSTED,
-    "TinkerBackend": _HOSTED,
-    "SkyPilotBackend": _HOSTED,
+    "MegatronTopologyConfig": MEGATRON,
+    "ServerlessBackend": HOSTED,
+    "ServerlessTrainResult": HOSTED,
+    "TinkerBackend": HOSTED,
+    "SkyPilotBackend": HOSTED,
     "MetricDefinition": "ART's metric definitions are not supported: log numbers with model.log(metrics=...)",
-    "get_tokenizer": _TOKENIZING,
-    "tokenize": _TOKENIZING,
-    "tensorize": _TOKENIZING,
+    "get_tokenizer": TOKENIZING,
+    "tokenize": TOKENIZING,
+    "tensorize": TOKENIZING,
 }
 """Public names of ART 0.5 (its ``__all__`` and main-branch additions) dgrpo refuses, with the reason."""
 
@@ -212,3 +205,17 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS, *_SUBMODULES])
+
+
+class _Package(ModuleType):
+    """``dgrpo`` itself. ART's module paths ``art.auto_trajectory`` and ``art.yield_trajectory`` are modules named
+    as the functions they hold; importing one must leave ``dgrpo.<name>`` the function (ART's package imports
+    the functions eagerly; this one loads names on first use), not rebind it to the module."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("auto_trajectory", "yield_trajectory") and isinstance(value, ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -35,3 +35,8 @@ class UnsupportedArtOption(RunSpecError):
 
 class UnsupportedArtFeature(NotImplementedError):
     """A public ART name whose feature dgrpo does not have (yet); the message names the feature and why."""
+
+
+class UnsupportedArtModule(UnsupportedArtFeature, ImportError):
+    """An ART module path dgrpo refuses (dgrpo/art_refusals.py). Also an ``ImportError``, so a program's
+    ``except ImportError`` around an optional backend (as ART's own tests skip Tinker and Unsloth) still works."""

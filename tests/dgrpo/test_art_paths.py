@@ -3,8 +3,15 @@ every public name of ART 0.5.18 works on ``dgrpo`` or is refused saying why (nev
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
+import httpx
 import pytest
 
 import dgrpo as art
@@ -140,3 +147,227 @@ def test_art_dev_submodules_resolve_and_its_local_backend_helpers_are_refused_sa
         validate_dedicated_config(InternalModelConfig(rollout_weights_mode="merged"))
     with pytest.raises(art.UnsupportedArtOption, match=r"tinker_args=.*hosted training service"):
         art.TrainableModel(name="m", _internal_config={"tinker_args": {"renderer_name": "qwen3"}})
+
+
+REFUSED_PATHS = [
+    ("serverless", "serverless.backend", "TemporalBackend on your cluster"),
+    ("tinker", "tinker.renderers", "hosted training services"),
+    ("tinker_native", "tinker_native.backend", "hosted training services"),
+    ("utils.deployment", "utils.deployment.wandb", "serves every step as `<name>@<step>`"),
+    ("utils.deploy_model", "utils.deploy_model", "runs/<run id>/checkpoints/<step>/"),
+    ("utils.s3", "utils.s3", "S3 backup of local checkpoints"),
+    ("utils.s3_checkpoint_utils", "utils.s3_checkpoint_utils", "in the object store"),
+    ("local.checkpoints", "local.checkpoints", "model.delete_checkpoints"),
+    ("local.service", "local.service", "dgrpo worker trainer"),
+    ("local.adapter_leases", "local.adapter_leases", "model.get_inference_name(step)"),
+    ("adapter_leases", "adapter_leases", "model.get_inference_name(step)"),
+    ("megatron", "megatron.lora", "torch + peft"),
+    ("unsloth", "unsloth.service", "torch + peft"),
+    ("vllm_runtime", "vllm_runtime", "one server for all runs"),
+    ("weight_transfer", "weight_transfer.nccl", "reloads the LoRA adapter"),
+    ("preprocessing", "preprocessing.tokenize", "trainer tokenizes the stored trajectories"),
+    ("loss", "loss", "TrainConfig.importance_sampling"),
+    ("tau_bench", "tau_bench.client", "no benchmark environments"),
+    ("langgraph", "langgraph", "capture_auto_trajectory"),
+    ("mcp", "mcp.types", "OpenRouter"),
+    ("guided_completion", "guided_completion", "does not enforce them"),
+    ("openai", "openai", "without stream=True"),
+    ("pipeline_trainer.state", "pipeline_trainer.state", "TrainingRun workflow"),
+    ("pipeline_trainer.status", "pipeline_trainer.status", "through model.log"),
+]
+"""(refused ART path, a module path a program imports at or under it, a phrase of the reason)."""
+
+
+@pytest.mark.parametrize(("refused", "imported", "why"), REFUSED_PATHS)
+def test_refused_art_module_paths_raise_saying_why(refused: str, imported: str, why: str) -> None:
+    with pytest.raises(UnsupportedArtFeature) as raised:
+        importlib.import_module(f"dgrpo.{imported}")
+    assert str(raised.value).startswith(f"art.{refused}: ") and "not supported" in str(raised.value)
+    assert why in str(raised.value)
+    assert isinstance(raised.value, NotImplementedError) and not isinstance(raised.value, AttributeError)
+    assert isinstance(raised.value, ImportError)  # a program's `except ImportError` fallback still works
+
+
+def test_art_alias_refuses_the_same_paths_and_resolves_the_working_ones() -> None:
+    program = """
+import art
+for path in ("art.serverless.backend", "art.megatron", "art.utils.deployment.wandb"):
+    try:
+        __import__(path)
+    except NotImplementedError as err:
+        print(str(err).split(":")[0])
+from art.utils.output_dirs import get_model_dir
+from art.auto_trajectory import capture_auto_trajectory
+from art.backend import Backend
+import art.yield_trajectory
+print(art.yield_trajectory is art.capture.yield_trajectory, art.Backend is Backend)
+"""
+    root = Path(__file__).parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'tests' / 'art_alias'}"}
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n") == [
+        "art.serverless",
+        "art.megatron",
+        "art.utils.deployment",
+        "True True",
+        "",
+    ]
+
+
+def test_module_paths_named_as_their_function_leave_the_function_on_the_package() -> None:
+    for path in ("dgrpo.auto_trajectory", "dgrpo.yield_trajectory", "dgrpo.utils.retry"):
+        importlib.import_module(path)  # must not rebind the package's function of that name to the module
+    from dgrpo.api_costs import track_api_cost
+    from dgrpo.auto_trajectory import auto_trajectory, capture_auto_trajectory
+    from dgrpo.backend import Backend
+    from dgrpo.pipeline_trainer.types import EvalFn, RolloutFn
+    from dgrpo.utils.retry import retry
+    from dgrpo.yield_trajectory import capture_yielded_trajectory, yield_trajectory
+
+    assert (art.auto_trajectory, art.capture_auto_trajectory) == (auto_trajectory, capture_auto_trajectory)
+    assert (art.yield_trajectory, art.capture_yielded_trajectory) == (
+        yield_trajectory,
+        capture_yielded_trajectory,
+    )
+    assert art.utils.retry is retry is art.retry and art.Backend is Backend
+    assert track_api_cost is art.metrics.track_api_cost
+    assert (EvalFn, RolloutFn) == (
+        art.pipeline_trainer.in_process.EvalFn,
+        art.pipeline_trainer.in_process.GroupRollout,
+    )
+
+
+async def test_yield_trajectory_by_its_module_path_hands_the_trajectory_over() -> None:
+    from dgrpo.yield_trajectory import capture_yielded_trajectory, yield_trajectory
+
+    async def rollout() -> None:
+        yield_trajectory(art.Trajectory(reward=0.5, messages_and_choices=[{"role": "user", "content": "hi"}]))
+
+    assert (await capture_yielded_trajectory(rollout())).reward == 0.5
+
+
+ART_0_5_UTILS_ALL = [
+    "format_message", "record_provenance", "retry", "iterate_dataset", "limit_concurrency", "log_http_errors",
+    "get_model_step",
+]  # fmt: skip
+"""``art.utils.__all__`` of ART 0.5.18."""
+
+
+def test_every_name_of_art_utils_exists() -> None:
+    assert set(ART_0_5_UTILS_ALL) <= set(art.utils.__all__)
+    assert all(callable(getattr(art.utils, name)) for name in ART_0_5_UTILS_ALL)
+
+
+async def test_limit_concurrency_runs_at_most_n_calls_per_key() -> None:
+    from dgrpo.utils.limit_concurrency import limit_concurrency
+
+    running: dict[str, int] = {}
+    most: dict[str, int] = {}
+
+    @limit_concurrency(2, derive_key=lambda key, _: key)
+    async def call(key: str, i: int) -> int:
+        running[key] = running.get(key, 0) + 1
+        most[key] = max(most.get(key, 0), running[key])
+        await asyncio.sleep(0.01)
+        running[key] -= 1
+        return i
+
+    results = await asyncio.gather(*(call(key, i) for i in range(5) for key in ("a", "b")))
+    assert results == [i for i in range(5) for _ in "ab"] and most == {"a": 2, "b": 2}
+
+    @limit_concurrency(1)
+    async def single(i: int) -> int:
+        running["one"] = running.get("one", 0) + 1
+        most["one"] = max(most.get("one", 0), running["one"])
+        await asyncio.sleep(0.01)
+        running["one"] -= 1
+        return i
+
+    assert await asyncio.gather(*(single(i) for i in range(3))) == [0, 1, 2] and most["one"] == 1
+    assert single.__name__ == "single"
+
+
+def files_under(root: Path) -> set[str]:
+    return {str(path) for path in root.rglob("*") if path.is_file()}
+
+
+async def test_output_dirs_name_where_model_log_writes_and_refuse_checkpoint_dirs(tmp_path: Path) -> None:
+    from dgrpo.utils import output_dirs
+
+    model = art.Model(name="m", project="p", base_path=str(tmp_path), report_metrics=[])
+    group = art.TrajectoryGroup(
+        [art.Trajectory(reward=r, messages_and_choices=[{"role": "user", "content": "q"}]) for r in (0, 1)]
+    )
+    await model.log([group], split="val", step=3)
+    model_dir = output_dirs.get_model_dir(model, art_path=str(tmp_path))
+    assert (
+        model_dir
+        == f"{tmp_path}/p/models/m"
+        == output_dirs.get_output_dir_from_model_properties("p", "m", str(tmp_path))
+    )
+    assert {
+        f"{model_dir}/history.jsonl",
+        f"{output_dirs.get_trajectories_split_dir(model_dir, 'val')}/0003.parquet",
+    } <= (files_under(tmp_path))
+    assert output_dirs.get_models_dir("p", str(tmp_path)) == str(Path(model_dir).parent)
+    assert output_dirs.get_default_art_path() == art.Model(name="x").base_path == ".art"
+    assert output_dirs.get_model_dir(model) == ".art/p/models/m"
+    with pytest.raises(UnsupportedArtFeature, match=r"get_step_checkpoint_dir: .*runs/<run id>/checkpoints"):
+        output_dirs.get_step_checkpoint_dir(model_dir, 3)
+    with pytest.raises(UnsupportedArtFeature, match=r"get_model_step: .*await model.get_step\(\)"):
+        art.utils.get_model_step(model, str(tmp_path))
+    with pytest.raises(UnsupportedArtFeature, match=r"record_provenance: dgrpo uploads no LoRA artifacts"):
+        art.utils.record_provenance(None, "rl")
+
+
+def test_repo_root_is_the_checkout_holding_dgrpo() -> None:
+    from dgrpo.utils.get_repo_root_path import get_repo_root_path
+
+    assert get_repo_root_path() == str(Path(art.__file__).resolve().parents[1])
+
+
+def test_status_lines_are_arts(capsys: pytest.CaptureFixture[str]) -> None:
+    from dgrpo.utils.logging import _C, dim, err, info, ok, step, warn
+
+    for say, word in ((info, "a"), (step, "b"), (ok, "c"), (warn, "d"), (err, "e"), (dim, "f")):
+        say(word)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line[11:] for line in lines[:5]] == [
+        f"{_C.BLUE}INFO{_C.RESET}  a",
+        f"{_C.CYAN}STEP{_C.RESET}  b",
+        f"{_C.GREEN}OK{_C.RESET}    c",
+        f"{_C.YELLOW}WARN{_C.RESET}  d",
+        f"{_C.RED}ERR{_C.RESET}   e",
+    ]
+    assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] ", lines[0][:11]) and lines[5] == f"{_C.DIM}f{_C.RESET}"
+
+
+def test_format_message_as_arts() -> None:
+    call = {"id": "1", "type": "function", "function": {"name": "move", "arguments": '{"x": 1}'}}
+    assert art.utils.format_message({"role": "user", "content": "hi"}) == "User:\nhi\n"
+    assert art.utils.format_message({"role": "assistant", "content": "ok", "tool_calls": [call, call]}) == (
+        'Assistant:\nok\nmove({"x": 1})\nmove({"x": 1})'
+    )
+    assert art.utils.format_message({"role": "assistant", "content": None, "tool_calls": [call]}) == (
+        'Assistant:\nmove({"x": 1})'
+    )
+    assert art.utils.format_message({"role": "assistant", "refusal": "no"}) == "Assistant:\nno\n"
+
+
+async def test_log_http_errors_says_status_url_and_detail() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/json":
+            return httpx.Response(404, json={"detail": "no such model"})
+        return httpx.Response(500, text="<html>oops</html>")
+
+    @art.utils.log_http_errors
+    async def get(path: str) -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            return (await client.get(f"http://server{path}")).raise_for_status()
+
+    with pytest.raises(Exception, match=r"^\[HTTP 404\] http://server/json no such model$") as raised:
+        await get("/json")
+    assert isinstance(raised.value.__cause__, httpx.HTTPStatusError)
+    with pytest.raises(httpx.HTTPStatusError):  # a body that is not JSON: the error as it was
+        await get("/html")

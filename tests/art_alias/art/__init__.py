@@ -15,9 +15,14 @@ import pkgutil
 import sys
 
 import dgrpo
+from dgrpo.errors import UnsupportedArtFeature
 
 # Every dgrpo module is registered under its art name before any is imported as art.<name>: importing one
 # fresh would rebind its parent's attribute (art.utils.iterate_dataset, a function, to its module).
 for _info in pkgutil.walk_packages(dgrpo.__path__, "dgrpo."):
-    sys.modules["art" + _info.name.removeprefix("dgrpo")] = importlib.import_module(_info.name)
+    try:
+        _module = importlib.import_module(_info.name)
+    except UnsupportedArtFeature:
+        continue  # a refused ART path (dgrpo/art_refusals.py): `import art.<path>` raises the same error
+    sys.modules["art" + _info.name.removeprefix("dgrpo")] = _module
 sys.modules[__name__] = dgrpo

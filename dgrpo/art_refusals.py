@@ -1,0 +1,101 @@
+"""The ART features dgrpo refuses, each with the reason and what to use instead: one place for the reasons
+of refused top-level names (``dgrpo.UNSUPPORTED``) and of refused module paths.
+
+A refused module path is a module of that name whose import raises, e.g. dgrpo/serverless.py:
+
+    from dgrpo.art_refusals import refuse_module
+
+    refuse_module(__name__)
+
+so ``import art.serverless`` and ``from art.serverless.backend import ServerlessBackend`` (a module under
+it) both raise ``UnsupportedArtModule`` (an ``UnsupportedArtFeature``, so a ``NotImplementedError``, and an
+``ImportError``) saying ``art.serverless: <why>``.
+Kept light: ``import dgrpo`` reads the reasons from here.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+CAPTURE = (
+    "this capture helper is not in ART 0.5.18, so its behaviour is not known and it is not supported: "
+    "capture a rollout's calls with `await art.capture_auto_trajectory(rollout(...))` and read the "
+    "trajectory inside it with `art.auto_trajectory()`"
+)
+HOSTED = (
+    "hosted training services are not supported: use dgrpo.LocalBackend, or TemporalBackend on your cluster"
+)
+TOKENIZING = (
+    "ART's client-side tokenizing is not supported: dgrpo's trainer tokenizes the stored trajectories itself"
+)
+MEGATRON = "Megatron training is not supported: dgrpo trains LoRA adapters with torch + peft"
+CHECKPOINTS_IN_STORE = (
+    "dgrpo keeps no checkpoints on the client's disk: each step's LoRA adapter is in the object store, under "
+    "runs/<run id>/checkpoints/<step>/ (a train result's checkpoint_path is its URI); "
+    "`await model.get_step()` is the newest step and model.delete_checkpoints(...) prunes them"
+)
+DEPLOY = (
+    "deploying a trained adapter to a hosted service (W&B, Together) is not supported: dgrpo's server serves "
+    "every step as `<name>@<step>` (model.get_inference_name(step)), and " + CHECKPOINTS_IN_STORE
+)
+INFERENCE_INTERNALS = (
+    "ART's vLLM process and its weight transfer are not supported: dgrpo's inference worker runs one server for "
+    "all runs (its engine and flags are the operator's, `dgrpo worker inference --help`) and reloads the LoRA "
+    "adapter the trainer publishes to the object store after each step"
+)
+ADAPTER_LEASES = (
+    "pinning the step a model's requests go to (ART's backends' internal lease) is not supported, nothing in "
+    "dgrpo reads it: ask for a step by name, model.get_inference_name(step) (`<name>@<step>`)"
+)
+
+MODULES = {
+    "serverless": HOSTED,
+    "tinker": HOSTED,
+    "tinker_native": HOSTED,
+    "utils.deployment": DEPLOY,
+    "utils.deploy_model": DEPLOY,
+    "utils.s3": "ART's S3 backup of local checkpoints is not supported: " + CHECKPOINTS_IN_STORE,
+    "utils.s3_checkpoint_utils": "ART's S3 backup of local checkpoints is not supported: "
+    + CHECKPOINTS_IN_STORE,
+    "local.checkpoints": "ART's local checkpoint directories are not supported: " + CHECKPOINTS_IN_STORE,
+    "megatron": MEGATRON,
+    "unsloth": "ART's Unsloth training service is not supported: dgrpo's trainer worker trains the LoRA adapter "
+    "with torch + peft (`dgrpo worker trainer`)",
+    "local.service": "ART's in-process model service (its trainer and vLLM in the client) is not supported: "
+    "dgrpo trains and serves in workers (`dgrpo worker trainer`, `dgrpo worker inference`), which "
+    "dgrpo.LocalBackend starts",
+    "vllm_runtime": INFERENCE_INTERNALS,
+    "weight_transfer": INFERENCE_INTERNALS,
+    "adapter_leases": ADAPTER_LEASES,
+    "local.adapter_leases": ADAPTER_LEASES,
+    "preprocessing": TOKENIZING,
+    "loss": "ART's loss on torch tensors is not supported on the client: dgrpo's loss runs in its trainer worker, "
+    "chosen by TrainConfig.importance_sampling (backend.train(model, groups, loss_fn='cispo' or 'ppo'))",
+    "tau_bench": "ART's tau-bench environment client and rollout are not supported: dgrpo ships no benchmark "
+    "environments; write the rollout against the environment with model.openai_client()",
+    "langgraph": "ART's LangGraph wrappers (wrap_rollout, init_chat_model: a LangChain ChatOpenAI logging its "
+    "calls to a file) are not supported: run the rollout under `await art.capture_auto_trajectory(rollout(...))`, "
+    "which records every chat completion an httpx-based OpenAI client sends",
+    "mcp": "ART's MCP helpers (generate_scenarios asks a hosted model, OpenRouter by default, for scenarios) are "
+    "not supported: generate scenarios with your own client and pass them to your rollouts",
+    "guided_completion": "guided-decoding parameters (vLLM's guided_choice, a forced tool_choice) are not "
+    "supported: dgrpo's server does not enforce them, so a student would sample freely",
+    "openai": "ART's helpers that assemble a streamed chat completion from its chunks are not supported yet: "
+    "a rollout under `await art.capture_auto_trajectory(...)` records a streamed choice itself, or call the "
+    "client without stream=True",
+    "pipeline_trainer.state": "ART's PipelineTrainer's shared in-memory state is not supported: dgrpo's "
+    "PipelineTrainer keeps its state in its durable TrainingRun workflow; read a run's progress with "
+    "`await model.get_step()` and its metrics with model.log's files",
+    "pipeline_trainer.status": "ART's PipelineTrainer's terminal status line is not supported: dgrpo's "
+    "PipelineTrainer logs its steps (Python logging) and each step's numbers through model.log",
+}
+"""ART module paths (after ``art.``) dgrpo refuses, with the reason; a module under one is refused with it."""
+
+
+def refuse_module(module_name: str) -> NoReturn:
+    """Raise ``UnsupportedArtModule`` (an ``UnsupportedArtFeature``) for the refused module ``module_name``
+    (``dgrpo.X`` or, under tests/art_alias, ``art.X``)."""
+    from dgrpo.errors import UnsupportedArtModule  # here: the reasons above stay importable without pydantic
+
+    path = module_name.split(".", 1)[1]
+    raise UnsupportedArtModule(f"art.{path}: {MODULES[path]}")
