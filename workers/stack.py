@@ -73,6 +73,15 @@ class StackError(RuntimeError):
     """The embedded stack could not start, or no stack runs where one was expected."""
 
 
+class PortTaken(StackError):
+    """A server of the stack found one of its ports taken as it started (Temporal picks some of its ports
+    itself, so it can race weed, or another program, for one)."""
+
+
+PORT_RACE_TRIES = 3
+"""Starts of a new stack on fresh ports when a server found a port taken."""
+
+
 class StackState(BaseModel):
     """What ``stack.json`` records about a running stack."""
 
@@ -283,6 +292,19 @@ class EmbeddedStack:
         if kept is None:
             self.stop()
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        for attempt in range(1, PORT_RACE_TRIES + 1):
+            try:
+                return self._start_servers(kept, last)
+            except PortTaken as err:
+                fixed = kept is not None or any(p is not None for p in self.requested.values())
+                if fixed or attempt == PORT_RACE_TRIES:
+                    raise
+                log.warning("%s\nstarting the stack again on other ports", err)
+                last = None  # fresh ports for both servers
+        raise AssertionError("unreachable")
+
+    def _start_servers(self, kept: str | None, last: StackState | None) -> StackState:
+        """Spawn the servers ``start`` needs (both, or the dead half of a crashed stack) and wait for them."""
         if (
             kept is not None and last is not None
         ):  # the live half keeps its ports, the dead one gets its own back
@@ -405,7 +427,8 @@ class EmbeddedStack:
             for name, info in (("temporal", state.temporal), ("seaweed", state.seaweed)):
                 if not alive(info):
                     tail = Path(info.log).read_text(errors="replace")[-2000:]
-                    raise StackError(f"{name} exited during start-up; log {info.log}:\n{tail}")
+                    error = PortTaken if "address already in use" in tail else StackError
+                    raise error(f"{name} exited during start-up; log {info.log}:\n{tail}")
             if not temporal_ok and port_answers(state.temporal_port):
                 temporal_ok = temporal_healthy(state.temporal_address)
             if not s3_ok and port_answers(state.s3_port):

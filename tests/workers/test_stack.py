@@ -161,3 +161,30 @@ async def test_a_crashed_stack_restarts_on_the_ports_it_had(tmp_path: Path) -> N
         assert ObjectStore(restarted.s3_settings).get_bytes("kept/y") == b"before the crash"
     finally:
         embedded.stop()
+
+
+def test_a_port_taken_as_the_stack_starts_gets_a_fresh_start_on_other_ports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Temporal picks some ports itself, so it can lose one to weed or another program between the check and
+    the bind: the stack starts again on fresh ports. Here the first pick for Temporal is a port this test
+    holds, so Temporal exits with "address already in use"."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    held = holder.getsockname()[1]
+    embedded = EmbeddedStack(tmp_path / "race-home", free_ports=True, ui=False, tied_to_parent=True)
+    real_pick, picks = embedded._pick, []
+
+    def pick(name: str, *args: object) -> int:
+        picks.append(name)
+        return held if picks.count("temporal") == 1 and name == "temporal" else real_pick(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(embedded, "_pick", pick)
+    try:
+        state = embedded.start()
+        assert state.temporal_port != held and picks.count("temporal") == 2
+        ObjectStore(embedded.s3_settings).put_bytes("race/x", b"up")
+    finally:
+        embedded.stop()
+        holder.close()
