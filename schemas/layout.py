@@ -122,11 +122,21 @@ ART_STATE_FILE = "state.json"
 """ART's local model state (its metrics builder's running totals, under ``_metrics_builder_state``)."""
 
 
+def art_models_dir(base_path: str | Path, project: str) -> Path:
+    """``<base_path>/<project>/models``: where ART keeps a project's models."""
+    return Path(base_path) / project / "models"
+
+
 def art_model_dir(base_path: str | Path, project: str, name: str) -> Path:
     """``<base_path>/<project>/models/<name>``: where ART keeps a model's local files (``model.log``'s)."""
-    return Path(base_path) / project / "models" / name
+    return art_models_dir(base_path, project) / name
+
+
+def art_trajectories_dir(model_dir: str | Path) -> Path:
+    """``<model dir>/trajectories``: ``model.log``'s groups, a directory per split."""
+    return Path(model_dir) / "trajectories"
 
 
 def art_trajectories_path(model_dir: str | Path, split: str, step: int) -> Path:
     """``<model dir>/trajectories/<split>/<step:04d>.parquet``: one ``model.log`` call's groups, as ART names it."""
-    return Path(model_dir) / "trajectories" / split / f"{step:04d}.parquet"
+    return art_trajectories_dir(model_dir) / split / f"{step:04d}.parquet"

@@ -25,7 +25,7 @@ def get_default_art_path() -> str:
 
 def get_models_dir(project_name: str, art_path: str | None = None) -> str:
     """``<art path>/<project>/models``."""
-    return f"{art_path or get_default_art_path()}/{project_name}/models"
+    return str(layout.art_models_dir(art_path or get_default_art_path(), project_name))
 
 
 def get_output_dir_from_model_properties(project: str, name: str, art_path: str | None = None) -> str:
@@ -40,11 +40,11 @@ def get_model_dir(model: Model, art_path: str | None = None) -> str:
 
 def get_trajectories_dir(model_output_dir: str) -> str:
     """Where ``model.log`` writes each call's trajectories, ``<split>/<step:04d>.parquet``."""
-    return f"{model_output_dir}/trajectories"
+    return str(layout.art_trajectories_dir(model_output_dir))
 
 
 def get_trajectories_split_dir(model_output_dir: str, split: str) -> str:
-    return f"{get_trajectories_dir(model_output_dir)}/{split}"
+    return str(layout.art_trajectories_dir(model_output_dir) / split)
 
 
 def get_step_checkpoint_dir(model_output_dir: str, step: int) -> str:
