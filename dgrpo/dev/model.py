@@ -46,6 +46,8 @@ class InternalModelConfig(TypedDict, total=False):
     inference_gpu_ids: list[int]
     rollout_weights_mode: Literal["lora", "merged"]
     chat_template_kwargs: dict[str, object]
+    chat_template: str
+    chat_template_path: str
     tinker_args: TinkerArgs | None
     tinker_native_args: TinkerNativeArgs | None
 
