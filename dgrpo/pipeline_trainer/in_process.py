@@ -24,9 +24,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from dgrpo.art_backend import ArtBackend
+from dgrpo.client.trainable_model import TrainableModel
+from dgrpo.client.training import ArtBackend
 from dgrpo.metrics_taxonomy import trainable
-from dgrpo.trainable_model import TrainableModel
 from schemas.trajectory import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dgrpo.art_refusals import CHECKPOINTS_IN_STORE
+from dgrpo.art_compat.refusals import CHECKPOINTS_IN_STORE
 from dgrpo.errors import UnsupportedArtFeature
 
 if TYPE_CHECKING:
-    from dgrpo.model import Model
+    from dgrpo.client.model import Model
 
 
 def get_step_from_dir(output_dir: str) -> int:

@@ -1,9 +1,10 @@
 """``TrainableModel``: ART's trainable model, with every ``model.train`` a durable ``TrainStep`` workflow.
 
-The model's run id is ``<project>-<name>`` (a ``-`` in the project doubled, see ``Model.run_id``); its trajectories and checkpoints live under ``runs/<run_id>/``
-like a ``TrainingRun``'s. ``train`` derives the workflow id from the model and the step, so a client that
-crashed and calls ``train`` again for the same step attaches to the running workflow (or collects the
-finished one's result) instead of training twice.
+The model's run id is ``<project>-<name>`` (a ``-`` in the project doubled, see ``Model.run_id``); its
+trajectories and checkpoints live under ``runs/<run_id>/`` like a ``TrainingRun``'s. As in ART, the model
+asks its backend to train it (``backend.train_step``, ``backend._train_sft``, ``backend._get_step``;
+dgrpo/client/training.py), which runs the durable step (dgrpo/client/train_step.py) and routes the model to
+the step it served (``use_served``); this module imports no backend of its own.
 """
 
 from __future__ import annotations
@@ -16,61 +17,43 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import FailureError
 
 from activities.object_store import ObjectStore
 from activities.retention import delete_checkpoints, select_checkpoints_to_delete
 from activities.rollout_model import discover_base_model, own_server_api_key
-from activities.trajectory_store import upload_groups
-from dgrpo.art_config import (
+from dgrpo.art_compat.options import (
     chat_template_of,
     lora_from_internal_config,
     lora_from_lora_config,
     refuse_gpu_ids,
     train_config_fields,
 )
-from dgrpo.attach import check_train_step, workflow_status
-from dgrpo.backends import Backend
-from dgrpo.errors import (
-    BackendError,
-    EmptyGroupsError,
-    ModelConflictError,
-    NoTrainableChoiceError,
-    NotRegisteredError,
-    UnsupportedArtOption,
+from dgrpo.client.attach import workflow_status
+from dgrpo.client.backends import Backend
+from dgrpo.client.model import Model, check_config
+from dgrpo.client.train_step import (
+    TrainStepFailed,
+    check_trainable,
+    innermost_failure,
+    train_step_result,
+    train_workflow_id,
 )
-from dgrpo.metrics import (
-    group_metrics,
-    train_result_metrics,
-    trainable,
-    zero_variance_groups,
-)
+from dgrpo.errors import BackendError, ModelConflictError, NotRegisteredError, UnsupportedArtOption
 from dgrpo.metrics_taxonomy import average_metric_samples
-from dgrpo.model import Model, check_config
-from dgrpo.sft import run_train_sft, sft_config, train_result
 from dgrpo.types import TrainResult, TrainSFTConfig
 from schemas import layout
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
-from schemas.errors import DgrpoError
-from schemas.refs import CheckpointRef, TrajectoriesRef
-from schemas.run_state import (
-    ServeModelInput,
-    ServeModelResult,
-    TrainSFTResult,
-    TrainStepInput,
-    TrainStepResult,
-)
+from schemas.refs import CheckpointRef
+from schemas.run_state import ServeModelInput, ServeModelResult, TrainStepResult
 from schemas.trajectory import Trajectory, TrajectoryGroup
 from serving.client import ServingClient, openai_base_url
 from workers.temporal import result_across_restarts
 
 log = logging.getLogger(__name__)
 
-
-class TrainStepFailed(DgrpoError, RuntimeError):
-    """The ``TrainStep`` workflow of a ``model.train`` call failed; the message is the stage's own."""
+__all__ = ["TrainStepFailed", "TrainableModel"]
 
 
 class TrainableModel(Model):
@@ -160,7 +143,7 @@ class TrainableModel(Model):
             handle = client.get_workflow_handle(self.train_workflow_id(step), result_type=TrainStepResult)
             if await workflow_status(handle) == WorkflowExecutionStatus.RUNNING:
                 log.info("waiting for the running %s of an earlier client", handle.id)
-                await self._result(handle)
+                await train_step_result(handle)
         await self._serve_newest(client, store)
 
     def _check_record(self, store: ObjectStore) -> None:
@@ -211,12 +194,14 @@ class TrainableModel(Model):
         try:
             served = await result_across_restarts(handle)
         except WorkflowFailureError as err:
-            raise BackendError(f"{handle.id} could not serve {self.run_id}: {_innermost(err)}") from err
+            raise BackendError(
+                f"{handle.id} could not serve {self.run_id}: {innermost_failure(err)}"
+            ) from err
         self._step, self._served = served.step, served.adapter
 
     def use_served(self, step: int, adapter: str) -> None:
-        """Route the model to ``adapter``, the newest step a ``TrainingRun`` of this model served (what
-        ``PipelineTrainer`` evaluates)."""
+        """Route the model to ``adapter``, the newest step its backend's ``TrainStep`` or ``TrainSFT``, or a
+        ``TrainingRun`` of this model, served (what ``PipelineTrainer`` evaluates)."""
         self._require_backend()
         self._step, self._served = step, adapter
 
@@ -252,7 +237,7 @@ class TrainableModel(Model):
     # ---- training ---------------------------------------------------------------------------------
     def train_workflow_id(self, step: int) -> str:
         """The ``TrainStep`` workflow id of ``step``: one workflow per (model, step), ever."""
-        return f"train-{self.run_id}-{layout.step_name(step)}"
+        return train_workflow_id(self.run_id, step)
 
     async def train(
         self,
@@ -271,40 +256,9 @@ class TrainableModel(Model):
         log each stage).
         """
         config = self.step_config(config, train_config_fields("model.train(_config=...)", _config or {}))
-        return await self.train_step(trajectory_groups, config, history=True)
-
-    async def train_step(
-        self, trajectory_groups: Iterable[TrajectoryGroup], config: TrainConfig, *, history: bool
-    ) -> TrainStepResult:
-        """``train`` with its ``TrainConfig`` made. The step's numbers always go to the run's metrics Parquet;
-        ``history`` also writes them as rows of ``history.jsonl`` and W&B, as ART 0.3's ``model.train`` logged
-        them. ``backend.train`` leaves those rows to the program's ``model.log``, as ART 0.5's does."""
-        record = self._record_train if history else self._record
-        groups = check_trainable(list(trajectory_groups))
-        backend = self._require_backend()
-        store = backend.object_store()
-        step = self._step + 1
-        if not any(trainable(g) for g in groups):
-            log_skipped(step, groups)
-        client = await backend.temporal_client()
-        handle = client.get_workflow_handle(self.train_workflow_id(step), result_type=TrainStepResult)
-        if await workflow_status(handle) in (
-            WorkflowExecutionStatus.RUNNING,
-            WorkflowExecutionStatus.COMPLETED,
-        ):
-            # Its input is already uploaded: attach (when it is this model's), never overwrite what it reads.
-            await check_train_step(handle, self.run_id, self.spec, config)
-            log.info("step %d: attaching to %s", step, handle.id)
-            result = await self._result(handle)
-        else:
-            ref = await asyncio.to_thread(upload_groups, store, groups, self.run_id, step)
-            # Recorded before training, so a client that dies in train() still leaves the step's numbers.
-            await asyncio.to_thread(record, step, group_metrics(groups, "train"), self._title())
-            result = await self._run_train_step(client, ref, config, step)
-            await asyncio.to_thread(record, step, train_result_metrics(result))
-        self._step, self._served = result.step, result.adapter
-        self.trained_checkpoint = result.checkpoint
-        return result
+        groups = check_trainable(list(trajectory_groups))  # refused as given, registered or not
+        # The step's numbers also as history.jsonl rows and W&B, as ART 0.3's model.train logged them.
+        return await self.backend().train_step(self, groups, config, history=True)
 
     async def train_sft(
         self,
@@ -333,33 +287,6 @@ class TrainableModel(Model):
         await self.log(metrics=metrics, split="train", step=step)
         return TrainResult(step=step, metrics=metrics)
 
-    async def fine_tune(
-        self,
-        trajectories: Iterable[Trajectory],
-        config: TrainSFTConfig | None = None,
-        _config: Mapping[str, Any] | None = None,
-    ) -> TrainResult:
-        """``train_sft`` without logging (``backend.train_sft``): the new step and its metrics."""
-        return train_result(await self.run_sft(trajectories, config, _config))
-
-    async def run_sft(
-        self,
-        trajectories: Iterable[Trajectory],
-        config: TrainSFTConfig | None = None,
-        _config: Mapping[str, Any] | None = None,
-    ) -> TrainSFTResult:
-        """Run (or join) the next step's durable ``TrainSFT`` and route to the adapter it served."""
-        examples = list(trajectories)
-        sft = sft_config(config, len(examples), self.max_seq_len, _config or {})
-        backend = self._require_backend()
-        client = await backend.temporal_client()
-        store, queues = backend.object_store(), backend.task_queues
-        result = await run_train_sft(
-            client, store, queues, self.spec, self.run_id, self._step + 1, examples, sft
-        )
-        self._step, self._served = result.step, result.adapter
-        return result
-
     def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
         """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's
         ``max_seq_length`` (from ``_internal_config``) where the config leaves it unset."""
@@ -369,43 +296,6 @@ class TrainableModel(Model):
             fields.setdefault("max_seq_len", self.max_seq_len)
         # A plain TrainConfig (not a subclass such as dgrpo.types.TrainConfig) goes into the workflow input.
         return TrainConfig.model_validate(fields)
-
-    async def _run_train_step(
-        self,
-        client: Client,
-        trajectories: TrajectoriesRef,
-        config: TrainConfig,
-        step: int,
-    ) -> TrainStepResult:
-        backend = self._require_backend()
-        inp = TrainStepInput(
-            run_id=self.run_id,
-            model=self.spec,
-            trajectories=trajectories,
-            train=config,
-            step=step,
-            task_queues=backend.task_queues,
-            advance_without_signal=True,
-        )
-        handle = await client.start_workflow(
-            "TrainStep",
-            inp,
-            id=self.train_workflow_id(step),
-            task_queue=backend.task_queues.control,
-            result_type=TrainStepResult,
-            # A failed step may be tried again; a finished one never runs twice; a running one is joined.
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
-        return await self._result(handle)
-
-    async def _result(self, handle: WorkflowHandle[Any, TrainStepResult]) -> TrainStepResult:
-        try:
-            result = await result_across_restarts(handle)
-        except WorkflowFailureError as err:
-            raise TrainStepFailed(f"{handle.id} failed: {_innermost(err)}") from err
-        assert isinstance(result, TrainStepResult)
-        return result
 
     # ---- checkpoints ------------------------------------------------------------------------------
     async def delete_checkpoints(
@@ -430,13 +320,16 @@ class TrainableModel(Model):
             body["chat_template"] = self.spec.chat_template
         return body or None
 
-    def _record_train(self, step: int, metrics: dict[str, float], curve_title: str | None = None) -> None:
-        """A ``train`` row of ``model.train``: the run's metrics Parquet, ``history.jsonl`` and W&B."""
-        self._record(step, metrics, curve_title)
-        self._log_metrics(metrics, "train", step)
-
-    def _title(self) -> str:
-        return f"{self.project}/{self.name}"
+    def record_step(
+        self, step: int, metrics: dict[str, float], *, history: bool, redraw_curve: bool = False
+    ) -> None:
+        """A training step's numbers into the run's metrics Parquet (its reward curve redrawn when asked);
+        with ``history`` (``model.train``'s) also a ``train`` row of ``history.jsonl`` and W&B, as ART 0.3's
+        ``model.train`` logged them. ``backend.train`` leaves those rows to the program's ``model.log``, as
+        ART 0.5's does."""
+        self._record(step, metrics, f"{self.project}/{self.name}" if redraw_curve else None)
+        if history:
+            self._log_metrics(metrics, "train", step)
 
     def _require_url(self) -> str:
         if self.inference_base_url is None:
@@ -444,57 +337,8 @@ class TrainableModel(Model):
         return openai_base_url(self.inference_base_url)
 
 
-def check_trainable(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
-    """Refuse input that cannot train, saying what to fix (where ART would silently train on nothing).
-
-    No groups, or groups whose rollouts all failed, pass: ``train`` skips them, as ART does.
-    """
-    for i, group in enumerate(groups):
-        if not isinstance(group, TrajectoryGroup):
-            raise EmptyGroupsError(f"group {i} is a {type(group).__name__}, not a TrajectoryGroup")
-        if group.pending:
-            raise EmptyGroupsError(
-                f"group {i} still has {group.pending} rollout(s) to run: await it, or use "
-                "`await dgrpo.gather_trajectory_groups(...)`, before model.train"
-            )
-    if any(h.choices() for g in groups for t in g.trajectories for h in t.additional_histories):
-        raise NoTrainableChoiceError(
-            "a trajectory's additional_histories hold sampled choices, which dgrpo does not train yet "
-            "(only messages_and_choices is); give each history its own trajectory in the group instead"
-        )
-    choices = [c for g in groups for t in g.trajectories for c in t.choices()]
-    if any(g.trajectories for g in groups) and not any(c.token_ids for c in choices):
-        what = "no Choice objects" if not choices else "choices without token ids"
-        raise NoTrainableChoiceError(
-            f"the trajectories hold {what}, so there is nothing to train on. Call the model through "
-            "`model.openai_client()` (it asks the server for token ids and logprobs) and append "
-            "`completion.choices[0]` itself, not a plain {'role': 'assistant', ...} message, to "
-            "trajectory.messages_and_choices"
-        )
-    return groups
-
-
-def log_skipped(step: int, groups: list[TrajectoryGroup]) -> None:
-    """Say why ``step`` trains nothing (it still advances, as in ART >= 0.4.4)."""
-    zero_variance = zero_variance_groups(groups)
-    log.warning(
-        "step %d: skipping training: no group of the %d has rewards that differ (%d with equal rewards, "
-        "%d without two finished rollouts); the step advances with the adapter unchanged",
-        step,
-        len(groups),
-        zero_variance,
-        len(groups) - zero_variance,
-    )
-
-
 async def _served_models(url: str) -> set[str]:
     return {str(m.get("id")) for m in await ServingClient(url, timeout_s=10.0).models()}
-
-
-def _innermost(err: BaseException) -> str:
-    while isinstance(err.__cause__, FailureError):
-        err = err.__cause__
-    return str(err)
 
 
 def _show(value: Any) -> str:
