@@ -6,9 +6,9 @@ await model.log(groups, metrics=result.metrics, step=result.step, split="train")
 
 Each returns once the new step is served; as in ART 0.5 neither logs beyond the step's own record (the
 caller logs with ``model.log``). ``model.train`` / ``model.train_sft`` stay available: as in ART, the model
-asks its backend (``train_step``, ``_train_sft``, ``_get_step`` here), which runs the durable step
-(dgrpo/client/train_step.py, dgrpo/client/sft.py) and routes the model to what it served. The calls go one
-way: backend to model, never back.
+asks its backend (``train_step``, ``_train_sft``, ``_get_step`` here), and the work goes one way from here:
+the backend runs the durable step (dgrpo/client/train_step.py, dgrpo/client/sft.py), records its numbers
+(``model.record_step``) and routes the model to the step served (``model.use_served``).
 """
 
 from __future__ import annotations
