@@ -33,10 +33,8 @@ if TYPE_CHECKING:
         yield_trajectory,
     )
     from dgrpo.client.backends import Backend
-    from dgrpo.client.model import Model
     from dgrpo.client.temporal_backend import TemporalBackend
     from dgrpo.client.train_step import TrainStepFailed
-    from dgrpo.client.trainable_model import TrainableModel
     from dgrpo.dev import LoRAConfig
     from dgrpo.errors import (
         BackendError,
@@ -49,6 +47,7 @@ if TYPE_CHECKING:
     )
     from dgrpo.gather import gather_trajectories, gather_trajectory_groups
     from dgrpo.local import LocalBackend
+    from dgrpo.model import Model, TrainableModel
     from dgrpo.pipeline_trainer import PipelineTrainer, make_group_rollout_fn
     from dgrpo.types import (
         LocalTrainResult,
@@ -67,8 +66,8 @@ _EXPORTS = {
     "Backend": "dgrpo.client.backends",
     "LocalBackend": "dgrpo.local",
     "TemporalBackend": "dgrpo.client.temporal_backend",
-    "Model": "dgrpo.client.model",
-    "TrainableModel": "dgrpo.client.trainable_model",
+    "Model": "dgrpo.model",
+    "TrainableModel": "dgrpo.model",
     "TrainStepFailed": "dgrpo.client.train_step",
     "PipelineTrainer": "dgrpo.pipeline_trainer",
     "make_group_rollout_fn": "dgrpo.pipeline_trainer",

@@ -1,15 +1,323 @@
-"""ART's ``art.model``: ``Model`` (dgrpo/client/model.py) and ``TrainableModel``
-(dgrpo/client/trainable_model.py), so ``from art.model import Model, TrainableModel`` works."""
+"""ART's ``art.model``: ``Model``, a model the client runs but does not train (a baseline, a judge), and
+``TrainableModel``, the policy being trained, each ``model.train`` a durable ``TrainStep`` workflow.
+
+A model's records live under ``runs/<project>-<name>/`` in the object store (``Model.run_id``), like a
+``TrainingRun``'s, once it is registered; ART's local files of its ``log`` calls under ``base_path``
+(dgrpo/model_log/) in any case. As in ART, a model asks its backend to train it (``backend.train_step``,
+``backend._train_sft``, ``backend._get_step``; dgrpo/client/training.py), which runs the durable step
+(dgrpo/client/train_step.py), records its numbers (``record_step``) and routes the model to the step served
+(``use_served``); this module imports only the ``Backend`` protocol. ``register``'s work on the cluster is
+dgrpo/client/registration.py's.
+"""
 
 from __future__ import annotations
 
-import time  # noqa: F401  ART's tests patch art.model.time.monotonic, the clock of model.log's time/step_wall_s
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, cast
 
-from dgrpo.client.model import Model
-from dgrpo.client.openai_client import CostRecordingCompletions
-from dgrpo.client.trainable_model import TrainableModel
+from openai import AsyncOpenAI
+
+from activities.retention import delete_checkpoints, select_checkpoints_to_delete
+from activities.rollout_model import (
+    discover_base_model,
+    own_server_api_key,
+    routed_http_client,
+)
+from dgrpo.art_compat.options import (
+    chat_template_of,
+    lora_from_internal_config,
+    lora_from_lora_config,
+    refuse_gpu_ids,
+    train_config_fields,
+)
+from dgrpo.client.backends import Backend
+from dgrpo.client.model_base import ModelBase, check_config, run_id_of
+from dgrpo.client.openai_client import CostRecordingClient, CostRecordingCompletions
+from dgrpo.client.registration import await_earlier_train, check_record, newest_step, serve_newest
+from dgrpo.client.train_step import (
+    check_trainable,
+    train_workflow_id,
+)
+from dgrpo.errors import NotRegisteredError, UnsupportedArtOption
+from dgrpo.metrics_taxonomy import average_metric_samples
+from dgrpo.types import TrainResult, TrainSFTConfig
+from schemas import layout
+from schemas.config import LoraConfig, ModelSpec, TrainConfig
+from schemas.refs import CheckpointRef
+from schemas.run_state import TrainStepResult
+from schemas.trajectory import Trajectory, TrajectoryGroup
+from serving.client import openai_base_url
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Model", "TrainableModel", "run_id_of"]
 
 _OpenAIChatCompletionsProxy = CostRecordingCompletions
 """ART's name for ``client.chat.completions`` of ``openai_client()``."""
 
-__all__ = ["Model", "TrainableModel"]
+
+class Model(ModelBase):
+    """A model the client only runs (no training): ART's ``art.Model``, e.g. a baseline or a judge
+    behind any OpenAI-compatible endpoint (``inference_base_url``, ``inference_api_key``,
+    ``inference_model_name``). ``register`` adds its run's metrics Parquet to what ``log`` writes.
+    """
+
+    def openai_client(self) -> AsyncOpenAI:
+        """An ``AsyncOpenAI`` (one per model) whose ``model=self.name`` goes to ``get_inference_name()``, wrapped
+        as ART wraps it (dgrpo/client/openai_client.py): its chat completions send the model's default ``extra_body``
+        and record their cost under the active metrics context (``set_cost_calculator``)."""
+        if self._client is None:
+            if self.inference_base_url is None:
+                raise NotRegisteredError(
+                    f"model {self.name!r} has no inference server yet: call `await model.register(backend)` "
+                    "first (or give inference_base_url=...)"
+                )
+            client = AsyncOpenAI(
+                base_url=openai_base_url(self.inference_base_url),
+                api_key=self.inference_api_key,
+                http_client=routed_http_client(self.name, self.get_inference_name),
+                max_retries=2,
+            )
+            wrapped = CostRecordingClient(
+                client, self._record_openai_completion_costs, self._default_chat_completion_extra_body()
+            )
+            self._client = cast(AsyncOpenAI, wrapped)  # an AsyncOpenAI to every caller, as ART's
+        return self._client
+
+
+class TrainableModel(Model):
+    """The policy being trained: ``name`` within ``project``, a LoRA on ``base_model``.
+
+    ``base_model`` is an HF model (directory or hub id), ``smollm2-135m-instruct``, or a LoRA adapter
+    directory to warm-start from (the workers must be able to read it). ART's ``_internal_config`` is
+    mapped where dgrpo has the setting (``peft_args`` -> ``lora``, ``init_args.max_seq_length``) and
+    refused otherwise; ``config`` is the program's own settings object, kept as ``model.config``.
+    """
+
+    trainable = True
+
+    def __init__(
+        self,
+        name: str,
+        project: str = "default",
+        base_model: str = "smollm2-135m-instruct",
+        *,
+        lora: LoraConfig | None = None,
+        lora_config: Mapping[str, Any] | None = None,
+        entity: str | None = None,
+        id: str | None = None,
+        run_id: str | None = None,
+        config: Any = None,
+        base_path: str = layout.ART_BASE_PATH,
+        report_metrics: list[str] | None = None,
+        _internal_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            project,
+            entity=entity,
+            id=id,
+            config=config,
+            base_path=base_path,
+            report_metrics=report_metrics,
+        )
+        if run_id is not None and run_id != self.run_id:
+            raise UnsupportedArtOption(
+                f"run_id={run_id!r}: a dgrpo model's run id is always <project>-<name> ({self.run_id!r}), "
+                "the prefix its checkpoints and metrics live under; leave run_id out"
+            )
+        internal_lora, self.max_seq_len = lora_from_internal_config(_internal_config or {})
+        self._internal_config = None if _internal_config is None else dict(_internal_config)
+        """ART's ``_internal_config`` as given (its keys that map are mapped above)."""
+        given = [c for c in (lora, internal_lora) if c is not None]
+        if lora_config is not None:
+            given.append(lora_from_lora_config(lora_config))
+        if any(c != given[0] for c in given):
+            raise UnsupportedArtOption(
+                "give the LoRA shape once: lora=, lora_config= or _internal_config['peft_args']"
+            )
+        self.base_model = base_model
+        self.spec = ModelSpec(
+            name=name,
+            project=project,
+            base_model=base_model,
+            lora=given[0] if given else LoraConfig(),
+            chat_template=chat_template_of(_internal_config or {}),
+        )
+        self._served: str | None = None
+        self.trained_checkpoint: CheckpointRef | None = None  # the newest TrainStep's (backend.train's path)
+        self._base_served: str | None = None
+        template_kwargs = (_internal_config or {}).get("chat_template_kwargs")
+        self.chat_template_kwargs = None if template_kwargs is None else dict(template_kwargs)
+        """ART's ``_internal_config["chat_template_kwargs"]`` (``enable_thinking``, ...): the server renders
+        each chat completion of ``openai_client()`` with them."""
+
+    # ---- registration and serving ----------------------------------------------------------------
+    async def register(self, backend: Backend) -> None:
+        """Bind the model to ``backend``: record it (or check the record), and serve its newest step
+        (dgrpo/client/registration.py)."""
+        check_config(self.config)
+        refuse_gpu_ids(self._internal_config or {})
+        await backend.start()
+        store = backend.object_store()
+        await asyncio.to_thread(store.ensure_bucket)
+        await asyncio.to_thread(check_record, store, self.run_id, self.spec)
+        self._backend, self._store = backend, store
+        self.inference_base_url = backend.inference_url()
+        self.inference_api_key = own_server_api_key()  # the server's key (DGRPO_SERVE_API_KEY), if it has one
+        self._client = None
+        client = await backend.temporal_client()
+        await await_earlier_train(client, self.run_id, await newest_step(store, self.run_id))
+        url = self._require_url()
+        self._base_served = await discover_base_model(url)
+        self._step, self._served = await serve_newest(
+            client,
+            store,
+            backend.task_queues,
+            self.run_id,
+            self.spec,
+            url,
+            self._base_served,
+            self.warm_start,
+        )
+
+    def use_served(self, step: int, adapter: str) -> None:
+        """Route the model to ``adapter``, the newest step its backend's ``TrainStep`` or ``TrainSFT``, or a
+        ``TrainingRun`` of this model, served (what ``PipelineTrainer`` evaluates)."""
+        self._require_backend()
+        self._step, self._served = step, adapter
+
+    @property
+    def warm_start(self) -> bool:
+        """``base_model`` is a LoRA adapter directory (seen from this machine): step 0 is that adapter."""
+        return (Path(self.base_model) / "adapter_config.json").is_file()
+
+    def get_inference_name(self, step: int | None = None) -> str:
+        """The served name of the newest step (``<name>@<step>``, or the base model at step 0), or of
+        checkpoint ``step``: ``<name>@<step>`` (served while the newest step or a lease holds it), and
+        for step 0 of a fresh LoRA the base model itself (a baseline to compare with). Before
+        ``register`` it is ART's unregistered name: ``name``, or ``name@<step>``."""
+        if self._served is None or self._base_served is None:
+            return super().get_inference_name(step)
+        if step is None or step == self._step:
+            return self._served
+        if step == 0 and not self.warm_start:
+            return self._base_served
+        return layout.adapter_name(self.run_id, step)
+
+    async def get_step(self) -> int:
+        """The model's step, as its backend says (ART's ``backend()._get_step(model)``): with dgrpo's backends
+        ``served_step``; 0 before the first ``train``."""
+        return await self.backend()._get_step(self)
+
+    @property
+    def served_step(self) -> int:
+        """The newest step this model's workflows trained and served: set by ``register`` (the newest
+        checkpoint) and by each ``TrainStep``/``TrainSFT`` result; what dgrpo's backends' ``_get_step`` say."""
+        return self._step
+
+    # ---- training ---------------------------------------------------------------------------------
+    def train_workflow_id(self, step: int) -> str:
+        """The ``TrainStep`` workflow id of ``step``: one workflow per (model, step), ever."""
+        return train_workflow_id(self.run_id, step)
+
+    async def train(
+        self,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
+    ) -> TrainStepResult:
+        """Train one GRPO step on the groups; returns once the new adapter is served.
+
+        As in ART >= 0.4.4, a batch with nothing to learn from (no groups, every rollout failed, or every
+        group's rewards equal) trains nothing but still advances the step: the current checkpoint is
+        published again as the next one and served (``result.trained`` is False, the step's metrics say
+        ``data/step_skipped``). ``_config`` takes ART's ``dev.TrainConfig`` keys that dgrpo has (``epsilon``,
+        ``epsilon_high``, ``scale_rewards``) and refuses the others; ``verbose`` is accepted (the workers
+        log each stage).
+        """
+        config = self.step_config(config, train_config_fields("model.train(_config=...)", _config or {}))
+        groups = check_trainable(list(trajectory_groups))  # refused as given, registered or not
+        # The step's numbers also as history.jsonl rows and W&B, as ART 0.3's model.train logged them.
+        return await self.backend().train_step(self, groups, config, history=True)
+
+    async def train_sft(
+        self,
+        trajectories: Iterable[Trajectory],
+        config: TrainSFTConfig | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
+    ) -> TrainResult | None:
+        """ART's supervised fine-tuning, through the backend's ``_train_sft`` (dgrpo's: a durable ``TrainSFT``
+        that trains on the trajectories' assistant turns, then publishes and serves the next step). As in
+        ART, the batches' numbers are averaged into one ``train`` row at the step the backend then reports;
+        returns that step and row (ART returns None), or None when the backend trained no batch."""
+        started = time.monotonic()
+        samples = [
+            metrics
+            async for metrics in self.backend()._train_sft(
+                self, trajectories, config or TrainSFTConfig(), dict(_config or {}), verbose
+            )
+        ]
+        if not samples:
+            return None
+        metrics = average_metric_samples(samples)
+        # dgrpo's backends give the trainer's own time (the workflow's); for others, ART's: this call's.
+        metrics.setdefault("time/step_trainer_s", time.monotonic() - started)
+        step = await self.get_step()
+        await self.log(metrics=metrics, split="train", step=step)
+        return TrainResult(step=step, metrics=metrics)
+
+    def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
+        """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's
+        ``max_seq_length`` (from ``_internal_config``) where the config leaves it unset."""
+        fields = dict(config.model_dump(exclude_unset=True)) if config is not None else {}
+        fields.update(overrides)
+        if self.max_seq_len is not None:
+            fields.setdefault("max_seq_len", self.max_seq_len)
+        # A plain TrainConfig (not a subclass such as dgrpo.types.TrainConfig) goes into the workflow input.
+        return TrainConfig.model_validate(fields)
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+    async def delete_checkpoints(
+        self, best_checkpoint_metric: str = "val/reward", keep_last: int = 1
+    ) -> list[int]:
+        """Delete checkpoints except the newest ``keep_last`` and the best by ``best_checkpoint_metric``."""
+        store = self._require_backend().object_store()
+        doomed = await asyncio.to_thread(
+            select_checkpoints_to_delete, store, self.run_id, best_checkpoint_metric, keep_last
+        )
+        await asyncio.to_thread(delete_checkpoints, store, self.run_id, doomed)
+        return doomed
+
+    # ---- helpers ----------------------------------------------------------------------------------
+    def _default_chat_completion_extra_body(self) -> dict[str, Any] | None:
+        """ART's ``chat_template_kwargs``, and the model's own chat template (vLLM's request field, which ART
+        sets as its server's ``--chat-template`` instead: dgrpo's server is shared by every run on it)."""
+        body: dict[str, Any] = {}
+        if self.chat_template_kwargs is not None:
+            body["chat_template_kwargs"] = dict(self.chat_template_kwargs)
+        if self.spec.chat_template is not None:
+            body["chat_template"] = self.spec.chat_template
+        return body or None
+
+    def record_step(
+        self, step: int, metrics: dict[str, float], *, history: bool, redraw_curve: bool = False
+    ) -> None:
+        """A training step's numbers into the run's metrics Parquet (its reward curve redrawn when asked);
+        with ``history`` (``model.train``'s) also a ``train`` row of ``history.jsonl`` and W&B, as ART 0.3's
+        ``model.train`` logged them. ``backend.train`` leaves those rows to the program's ``model.log``, as
+        ART 0.5's does."""
+        self._record(step, metrics, f"{self.project}/{self.name}" if redraw_curve else None)
+        if history:
+            self._log_metrics(metrics, "train", step)
+
+    def _require_url(self) -> str:
+        if self.inference_base_url is None:
+            raise NotRegisteredError(f"model {self.name!r} is not registered")
+        return openai_base_url(self.inference_base_url)

@@ -1,7 +1,7 @@
-"""dgrpo's own client logic behind ART's façade: the models (``model``: ``Model``; ``trainable_model``:
-``TrainableModel``; ``openai_client``: the model's wrapped OpenAI client), the backends (``backends``: the
-``Backend`` protocol and the cluster connection; ``training``: ART's ``backend.train`` and the seam a model
-asks; ``temporal_backend``: ``TemporalBackend``), the durable calls they make (``train_step``: a
-``TrainStep``; ``sft``: a ``TrainSFT``; ``attach``: joining a workflow another client started) and
-``run_control`` (start, steer and watch ``TrainingRun`` workflows). ART's paths (``dgrpo.model``,
-``dgrpo.backend``, ``dgrpo.local``) re-export from here."""
+"""dgrpo's own client logic behind ART's façade (``dgrpo.model``'s ``Model`` and ``TrainableModel``, the backends):
+``model_base`` (what every model has: naming, ``log``, metrics builders), ``openai_client`` (the model's wrapped
+OpenAI client), ``registration`` (what ``register`` does on the cluster); the backends: ``backends`` (the
+``Backend`` protocol and the cluster connection), ``training`` (ART's ``backend.train`` and the seam a model
+asks), ``temporal_backend`` (``TemporalBackend``); the durable calls a backend makes: ``train_step`` (a
+``TrainStep``), ``sft`` (a ``TrainSFT``), ``attach`` (joining a workflow another client started); and
+``run_control`` (start, steer and watch ``TrainingRun`` workflows)."""

@@ -56,7 +56,7 @@ class Backend(Protocol):
 
     # ART's seam between a model and its backend (``art.Backend``'s names), which ``TrainableModel.get_step``
     # and ``train_sft`` go through, so a backend of ART's own works with a dgrpo model too. ``model`` is a
-    # ``TrainableModel``, typed Any here as dgrpo/client/trainable_model.py is built on this module.
+    # ``TrainableModel``, typed Any here as dgrpo/model.py is built on this module.
     async def _get_step(self, model: Any) -> int:
         """The model's current step."""
         ...

@@ -25,9 +25,9 @@ from dgrpo.art_compat.options import train_config_fields
 from dgrpo.client.backends import Backend
 from dgrpo.client.sft import batch_metrics, run_train_sft, sft_config, train_result
 from dgrpo.client.train_step import check_trainable, log_skipped, run_train_step
-from dgrpo.client.trainable_model import TrainableModel
 from dgrpo.errors import NotRegisteredError
 from dgrpo.metrics_taxonomy import average_metric_samples, trainable
+from dgrpo.model import TrainableModel
 from dgrpo.model_log.run_metrics import group_metrics, train_result_metrics
 from dgrpo.types import LocalTrainResult, TrainResult, TrainSFTConfig
 from schemas.config import TaskQueues, TrainConfig

@@ -24,9 +24,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from dgrpo.client.trainable_model import TrainableModel
 from dgrpo.client.training import ArtBackend
 from dgrpo.metrics_taxonomy import trainable
+from dgrpo.model import TrainableModel
 from dgrpo.pipeline_trainer.groups import (
     as_groups,
     label_group,

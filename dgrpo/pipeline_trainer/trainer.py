@@ -35,9 +35,9 @@ from temporalio.client import WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from dgrpo.art_compat.options import train_config_fields
-from dgrpo.client.trainable_model import TrainableModel
 from dgrpo.client.training import ArtBackend
 from dgrpo.errors import UnsupportedArtOption
+from dgrpo.model import TrainableModel
 from dgrpo.pipeline_trainer.checkpoint_retention import CheckpointRetentionStrategy, KeepRecentAndTop
 from dgrpo.pipeline_trainer.in_process import EvalFn, GroupRollout, InProcessPipeline, PipelineSettings
 from schemas.config import CheckpointsSpec, RunSpec, TaskSpec, TrainConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from dgrpo.client.trainable_model import TrainableModel
+from dgrpo.model import TrainableModel
 from dgrpo.pipeline_trainer.in_process import EvalFn, GroupRollout
 from schemas.trajectory import Trajectory
 

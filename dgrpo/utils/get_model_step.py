@@ -10,7 +10,7 @@ from dgrpo.art_compat.refusals import CHECKPOINTS_IN_STORE
 from dgrpo.errors import UnsupportedArtFeature
 
 if TYPE_CHECKING:
-    from dgrpo.client.model import Model
+    from dgrpo.model import Model
 
 
 def get_step_from_dir(output_dir: str) -> int:

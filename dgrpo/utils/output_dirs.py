@@ -14,7 +14,7 @@ from dgrpo.errors import UnsupportedArtFeature
 from schemas import layout
 
 if TYPE_CHECKING:
-    from dgrpo.client.model import Model
+    from dgrpo.model import Model
 
 
 def get_default_art_path() -> str:

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 import dgrpo as art
-from dgrpo.client.trainable_model import check_trainable
+from dgrpo.client.train_step import check_trainable
 from dgrpo.errors import (
     NoTrainableChoiceError,
     NotRegisteredError,

@@ -28,7 +28,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 import dgrpo
 from activities.retention import complete_checkpoint_steps, metrics_by_step
-from dgrpo.client.model import run_id_of
+from dgrpo.model import run_id_of
 from schemas import layout
 from schemas.run_state import TrainStepResult
 from workers.stack import EmbeddedStack

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dgrpo.client.model import run_id_of
+from dgrpo.model import run_id_of
 from examples import game_2048 as g
 from tests.examples.stored_run import stored_run
 

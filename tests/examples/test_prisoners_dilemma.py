@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dgrpo.client.model import run_id_of
+from dgrpo.model import run_id_of
 from examples import prisoners_dilemma as pd
 from tests.examples.stored_run import stored_run
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from openai.types.chat.chat_completion import Choice
 
-from dgrpo.client.model import run_id_of
+from dgrpo.model import run_id_of
 from examples import rock_paper_tool_use as rps
 from tests.examples.stored_run import stored_run
 

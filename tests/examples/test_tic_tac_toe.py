@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import dgrpo as art
-from dgrpo.client.model import run_id_of
+from dgrpo.model import run_id_of
 from examples import tic_tac_toe as ttt
 from examples.shaping import closeness
 from tests.examples.stored_run import stored_run

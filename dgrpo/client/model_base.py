@@ -1,9 +1,8 @@
-"""``Model``: ART's ``art.model.Model`` (``dgrpo.model`` re-exports it), a model the client runs but does not
-train (a baseline, a judge), and the base of ``TrainableModel`` (dgrpo/client/trainable_model.py): naming,
-the OpenAI client, ``log``.
-
-A model's records live under ``runs/<project>-<name>/`` in the object store (``Model.run_id``), like a ``TrainingRun``'s, once
-it is registered; ART's local files of its ``log`` calls under ``base_path`` (dgrpo/model_log/local_files.py) in any case.
+"""``ModelBase``: what every model has, the base of ART's ``Model`` and ``TrainableModel`` (dgrpo/model.py):
+its name and run id, its backend once registered, ``log`` (ART's local files under ``base_path``,
+dgrpo/model_log/; the run's metrics Parquet under ``runs/<project>-<name>/`` in the object store once
+registered; W&B), its metrics builders and cost calculator. ``Model.openai_client`` is in dgrpo/model.py, where
+ART's tests replace ``art.model.AsyncOpenAI``.
 """
 
 from __future__ import annotations
@@ -16,16 +15,17 @@ import time
 from collections.abc import Iterable
 from contextvars import Token
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from openai import AsyncOpenAI
 from pydantic import BaseModel
 
 from activities.metrics import WandbSink
 from activities.object_store import ObjectStore
-from activities.rollout_model import DEFAULT_API_KEY, routed_http_client
+from activities.rollout_model import (
+    DEFAULT_API_KEY,
+)
 from dgrpo.client.backends import Backend
-from dgrpo.client.openai_client import CostRecordingClient
 from dgrpo.costs import CostCalculator, CostRecorder, sampled_tokens
 from dgrpo.errors import NotRegisteredError
 from dgrpo.metrics import MetricsBuilder
@@ -52,11 +52,10 @@ def run_id_of(project: str, name: str) -> str:
     return f"{project.replace('-', '--')}-{name}"
 
 
-class Model:
-    """A model the client only runs (no training): ART's ``art.Model``, e.g. a baseline or a judge
-    behind any OpenAI-compatible endpoint (``inference_base_url``, ``inference_api_key``,
-    ``inference_model_name``). ``register`` adds its run's metrics Parquet to what ``log`` writes.
-    """
+class ModelBase:
+    """What every model has (``dgrpo.model.Model`` adds its OpenAI client): its name and run id, its
+    backend once registered, its ``log`` (ART's local files, the run's metrics Parquet, W&B), its metrics
+    builders and cost calculator."""
 
     trainable = False
     """ART's discriminator: True for a ``TrainableModel``."""
@@ -133,28 +132,6 @@ class Model:
     async def get_step(self) -> int:
         """0: a model that is not trained has no steps (as in ART)."""
         return self._step
-
-    def openai_client(self) -> AsyncOpenAI:
-        """An ``AsyncOpenAI`` (one per model) whose ``model=self.name`` goes to ``get_inference_name()``, wrapped
-        as ART wraps it (dgrpo/client/openai_client.py): its chat completions send the model's default ``extra_body``
-        and record their cost under the active metrics context (``set_cost_calculator``)."""
-        if self._client is None:
-            if self.inference_base_url is None:
-                raise NotRegisteredError(
-                    f"model {self.name!r} has no inference server yet: call `await model.register(backend)` "
-                    "first (or give inference_base_url=...)"
-                )
-            client = AsyncOpenAI(
-                base_url=openai_base_url(self.inference_base_url),
-                api_key=self.inference_api_key,
-                http_client=routed_http_client(self.name, self.get_inference_name),
-                max_retries=2,
-            )
-            wrapped = CostRecordingClient(
-                client, self._record_openai_completion_costs, self._default_chat_completion_extra_body()
-            )
-            self._client = cast(AsyncOpenAI, wrapped)  # an AsyncOpenAI to every caller, as ART's
-        return self._client
 
     @property
     def cost_calculator(self) -> CostCalculator:
