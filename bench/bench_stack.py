@@ -22,8 +22,8 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
-from dgrpo import run_control
-from dgrpo.demo import DEMO_TASKS
+from dgrpo.cli.demo import DEMO_TASKS
+from dgrpo.client import run_control
 from schemas.activities import ActivityName
 from schemas.config import RunSpec, TaskQueues, load_run_spec
 from schemas.run_state import RunStatus

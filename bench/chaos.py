@@ -51,7 +51,7 @@ from chaos_cluster import (
 from test_chaos import chaos_spec
 
 from activities.object_store import ObjectStore
-from dgrpo import run_control
+from dgrpo.client import run_control
 from schemas.config import TaskQueues
 from schemas.run_state import RunStatus
 from workers.temporal import connect_client, result_across_restarts

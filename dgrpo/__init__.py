@@ -20,20 +20,21 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from dgrpo.art_refusals import CAPTURE, HOSTED, MEGATRON, TOKENIZING
+from dgrpo.art_compat.refusals import CAPTURE, HOSTED, MEGATRON, TOKENIZING, install
 
 if TYPE_CHECKING:
     from activities.judge import ruler_score_group
     from dgrpo import costs, dev, local, metrics, model, pipeline_trainer, rewards, trajectories, types, utils
-    from dgrpo.art_backend import TemporalBackend
-    from dgrpo.backends import Backend
     from dgrpo.batches import trajectory_group_batches
-    from dgrpo.capture import (
+    from dgrpo.capture.chat_completions import (
         auto_trajectory,
         capture_auto_trajectory,
         capture_yielded_trajectory,
         yield_trajectory,
     )
+    from dgrpo.client.backends import Backend
+    from dgrpo.client.temporal_backend import TemporalBackend
+    from dgrpo.client.train_step import TrainStepFailed
     from dgrpo.dev import LoRAConfig
     from dgrpo.errors import (
         BackendError,
@@ -46,10 +47,8 @@ if TYPE_CHECKING:
     )
     from dgrpo.gather import gather_trajectories, gather_trajectory_groups
     from dgrpo.local import LocalBackend
-    from dgrpo.model import Model
+    from dgrpo.model import Model, TrainableModel
     from dgrpo.pipeline_trainer import PipelineTrainer, make_group_rollout_fn
-    from dgrpo.retries import retry
-    from dgrpo.trainable_model import TrainableModel, TrainStepFailed
     from dgrpo.types import (
         LocalTrainResult,
         Messages,
@@ -59,22 +58,23 @@ if TYPE_CHECKING:
         TrainResult,
         TrainSFTConfig,
     )
+    from dgrpo.utils.retry import retry
     from schemas.config import LoraConfig, RunSpec
     from schemas.trajectory import Choice, History, Trajectory, TrajectoryGroup
 
 _EXPORTS = {
-    "Backend": "dgrpo.backends",
+    "Backend": "dgrpo.client.backends",
     "LocalBackend": "dgrpo.local",
-    "TemporalBackend": "dgrpo.art_backend",
+    "TemporalBackend": "dgrpo.client.temporal_backend",
     "Model": "dgrpo.model",
-    "TrainableModel": "dgrpo.trainable_model",
-    "TrainStepFailed": "dgrpo.trainable_model",
+    "TrainableModel": "dgrpo.model",
+    "TrainStepFailed": "dgrpo.client.train_step",
     "PipelineTrainer": "dgrpo.pipeline_trainer",
     "make_group_rollout_fn": "dgrpo.pipeline_trainer",
     "gather_trajectory_groups": "dgrpo.gather",
     "gather_trajectories": "dgrpo.gather",
     "trajectory_group_batches": "dgrpo.batches",
-    "retry": "dgrpo.retries",
+    "retry": "dgrpo.utils.retry",
     "ruler_score_group": "activities.judge",
     "BackendError": "dgrpo.errors",
     "EmptyGroupsError": "dgrpo.errors",
@@ -93,10 +93,10 @@ _EXPORTS = {
     "Messages": "dgrpo.types",
     "MessagesAndChoices": "dgrpo.types",
     "Tools": "dgrpo.types",
-    "auto_trajectory": "dgrpo.capture",
-    "capture_auto_trajectory": "dgrpo.capture",
-    "capture_yielded_trajectory": "dgrpo.capture",
-    "yield_trajectory": "dgrpo.capture",
+    "auto_trajectory": "dgrpo.capture.chat_completions",
+    "capture_auto_trajectory": "dgrpo.capture.chat_completions",
+    "capture_yielded_trajectory": "dgrpo.capture.chat_completions",
+    "yield_trajectory": "dgrpo.capture.chat_completions",
     "Choice": "schemas.trajectory",
     "History": "schemas.trajectory",
     "Trajectory": "schemas.trajectory",
@@ -219,3 +219,4 @@ class _Package(ModuleType):
 
 
 sys.modules[__name__].__class__ = _Package
+install(sys.modules[__name__])  # ART's refused module paths (``import dgrpo.megatron``) raise saying why

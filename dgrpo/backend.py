@@ -1,8 +1,8 @@
 """ART's ``art.backend`` module path: ``Backend``, what a model needs from where it trains
-(dgrpo/backends.py; ART's ``_get_step``/``_train_sft`` seam included)."""
+(dgrpo/client/backends.py; ART's ``_get_step``/``_train_sft`` seam included)."""
 
 from __future__ import annotations
 
-from dgrpo.backends import Backend
+from dgrpo.client.backends import Backend
 
 __all__ = ["Backend"]

@@ -38,5 +38,5 @@ class UnsupportedArtFeature(NotImplementedError):
 
 
 class UnsupportedArtModule(UnsupportedArtFeature, ImportError):
-    """An ART module path dgrpo refuses (dgrpo/art_refusals.py). Also an ``ImportError``, so a program's
+    """An ART module path dgrpo refuses (dgrpo/art_compat/refusals.py). Also an ``ImportError``, so a program's
     ``except ImportError`` around an optional backend (as ART's own tests skip Tinker and Unsloth) still works."""

@@ -1,5 +1,5 @@
 """ART's ``art.metrics_taxonomy``: the ``data/step_*`` counts of a batch of groups, and the average of a step's
-metric samples. ``dgrpo.metrics.group_metrics`` logs these counts for ``model.log`` and ``model.train``."""
+metric samples. ``dgrpo.model_log.run_metrics.group_metrics`` logs these counts for ``model.log`` and ``model.train``."""
 
 from __future__ import annotations
 

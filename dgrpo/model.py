@@ -1,144 +1,74 @@
-"""``Model``: ART's ``art.model.Model``, a model the client runs but does not train (a baseline, a judge), and
-the base of ``TrainableModel`` (dgrpo/trainable_model.py): naming, the OpenAI client, ``log``.
+"""ART's ``art.model``: ``Model``, a model the client runs but does not train (a baseline, a judge), and
+``TrainableModel``, the policy being trained, each ``model.train`` a durable ``TrainStep`` workflow.
 
-A model's records live under ``runs/<project>-<name>/`` in the object store (``Model.run_id``), like a ``TrainingRun``'s, once
-it is registered; ART's local files of its ``log`` calls under ``base_path`` (dgrpo/local_log.py) in any case.
+A model's records live under ``runs/<project>-<name>/`` in the object store (``Model.run_id``), like a
+``TrainingRun``'s, once it is registered; ART's local files of its ``log`` calls under ``base_path``
+(dgrpo/model_log/) in any case. As in ART, a model asks its backend to train it (``backend.train_step``,
+``backend._train_sft``, ``backend._get_step``; dgrpo/client/training.py), which runs the durable step
+(dgrpo/client/train_step.py), records its numbers (``record_step``) and routes the model to the step served
+(``use_served``); this module imports only the ``Backend`` protocol. ``register``'s work on the cluster is
+dgrpo/client/registration.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
-import os
-import re
 import time
-from collections.abc import Iterable
-from contextvars import Token
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
 from openai import AsyncOpenAI
-from pydantic import BaseModel
 
-from activities.metrics import WandbSink
-from activities.object_store import ObjectStore
-from activities.rollout_model import DEFAULT_API_KEY, routed_http_client
-from dgrpo.backends import Backend
-from dgrpo.client_costs import CostRecordingClient, CostRecordingCompletions
-from dgrpo.costs import CostCalculator, CostRecorder, sampled_tokens
-from dgrpo.errors import NotRegisteredError
-from dgrpo.local_log import LocalModelLog
-from dgrpo.metrics import MetricsBuilder, group_metrics, qualified, record_metrics
+from activities.retention import delete_checkpoints, select_checkpoints_to_delete
+from activities.rollout_model import (
+    discover_base_model,
+    own_server_api_key,
+    routed_http_client,
+)
+from dgrpo.art_compat.options import (
+    chat_template_of,
+    lora_from_internal_config,
+    lora_from_lora_config,
+    refuse_gpu_ids,
+    train_config_fields,
+)
+from dgrpo.client.backends import Backend
+from dgrpo.client.model_base import ModelBase, check_config, run_id_of
+from dgrpo.client.openai_client import CostRecordingClient, CostRecordingCompletions
+from dgrpo.client.registration import await_earlier_train, check_record, newest_step, serve_newest
+from dgrpo.client.train_step import (
+    check_trainable,
+    train_workflow_id,
+)
+from dgrpo.errors import NotRegisteredError, UnsupportedArtOption
+from dgrpo.metrics_taxonomy import average_metric_samples
+from dgrpo.types import TrainResult, TrainSFTConfig
 from schemas import layout
-from schemas.config import NAME_PATTERN
-from schemas.errors import RunSpecError
+from schemas.config import LoraConfig, ModelSpec, TrainConfig
+from schemas.refs import CheckpointRef
+from schemas.run_state import TrainStepResult
 from schemas.trajectory import Trajectory, TrajectoryGroup
 from serving.client import openai_base_url
 
 log = logging.getLogger(__name__)
 
+__all__ = ["Model", "TrainableModel", "run_id_of"]
+
 _OpenAIChatCompletionsProxy = CostRecordingCompletions
 """ART's name for ``client.chat.completions`` of ``openai_client()``."""
 
 
-def _no_costs(
-    prompt_tokens: int | None, completion_tokens: int | None, cost_context: str
-) -> dict[str, float]:
-    return {}
-
-
-def run_id_of(project: str, name: str) -> str:
-    """The run id of model ``name`` in ``project``: ``<project>-<name>`` with each ``-`` of the project
-    doubled, so no two (project, name) pairs share one."""
-    return f"{project.replace('-', '--')}-{name}"
-
-
-class Model:
+class Model(ModelBase):
     """A model the client only runs (no training): ART's ``art.Model``, e.g. a baseline or a judge
     behind any OpenAI-compatible endpoint (``inference_base_url``, ``inference_api_key``,
     ``inference_model_name``). ``register`` adds its run's metrics Parquet to what ``log`` writes.
     """
 
-    trainable = False
-    """ART's discriminator: True for a ``TrainableModel``."""
-
-    def __init__(
-        self,
-        name: str,
-        project: str = "default",
-        *,
-        entity: str | None = None,
-        id: str | None = None,
-        config: Any = None,
-        inference_base_url: str | None = None,
-        inference_model_name: str | None = None,
-        inference_api_key: str | None = None,
-        base_path: str = layout.ART_BASE_PATH,
-        report_metrics: list[str] | None = None,
-    ) -> None:
-        self.name = name
-        self.project = project
-        self.entity = entity
-        self.id = id
-        self.config = config
-        """The program's own settings object (ART's ``model.config``), kept as given."""
-        self.inference_base_url = inference_base_url
-        self.inference_model_name = inference_model_name or name
-        self.inference_api_key = inference_api_key or DEFAULT_API_KEY
-        self.base_path = base_path
-        self.report_metrics = report_metrics
-        self._client: AsyncOpenAI | None = None
-        self._cost_calculator: CostCalculator | None = None
-        self._backend: Backend | None = None
-        self._store: ObjectStore | None = None
-        """The object store of the dgrpo backend ``register`` bound, where ``log`` also records the run's
-        metrics Parquet; None for a backend set otherwise (ART's tests set ``model._backend``)."""
-        self._step = 0
-        self._wandb: WandbSink | None = None
-        self._wandb_config: dict[str, Any] = {}
-        self._metrics = MetricsBuilder("train")
-        self._local_log = LocalModelLog(base_path, project, name)
-        self._last_train_log_at = time.monotonic()
-        self._last_train_log_step: int | None = None
-
-    @property
-    def run_id(self) -> str:
-        """Where the model's records live in the object store: ``runs/<project>-<name>/``, each ``-`` of the
-        project doubled, so no two (project, name) pairs share one: ``rl``/``math-agent`` is ``rl-math-agent``,
-        ``rl-math``/``agent`` is ``rl--math-agent`` (the first lone ``-`` ends the project; a name starts with
-        a letter or digit)."""
-        run_id = run_id_of(self.project, self.name)
-        if not re.fullmatch(NAME_PATTERN, run_id) or not re.fullmatch(NAME_PATTERN, self.name):
-            raise RunSpecError(
-                f"model name {self.name!r} in project {self.project!r} cannot name a run ({run_id!r} must match "
-                f"{NAME_PATTERN}); give the endpoint's model id as inference_model_name= and a plain name="
-            )
-        return run_id
-
-    async def register(self, backend: Backend) -> None:
-        """Bind the model to ``backend``, so ``log`` records its trajectories next to the trained ones."""
-        check_config(self.config)
-        await backend.start()
-        store = backend.object_store()
-        await asyncio.to_thread(store.ensure_bucket)
-        self._backend, self._store = backend, store
-
-    def backend(self) -> Backend:
-        """The backend the model is registered with (ART's ``model.backend()``)."""
-        return self._require_backend()
-
-    def get_inference_name(self, step: int | None = None) -> str:
-        """The name the endpoint answers this model under (``<name>@<step>`` for a given step)."""
-        return self.inference_model_name if step is None else f"{self.inference_model_name}@{step}"
-
-    async def get_step(self) -> int:
-        """0: a model that is not trained has no steps (as in ART)."""
-        return self._step
-
     def openai_client(self) -> AsyncOpenAI:
         """An ``AsyncOpenAI`` (one per model) whose ``model=self.name`` goes to ``get_inference_name()``, wrapped
-        as ART wraps it (dgrpo/client_costs.py): its chat completions send the model's default ``extra_body``
+        as ART wraps it (dgrpo/client/openai_client.py): its chat completions send the model's default ``extra_body``
         and record their cost under the active metrics context (``set_cost_calculator``)."""
         if self._client is None:
             if self.inference_base_url is None:
@@ -158,230 +88,236 @@ class Model:
             self._client = cast(AsyncOpenAI, wrapped)  # an AsyncOpenAI to every caller, as ART's
         return self._client
 
-    @property
-    def cost_calculator(self) -> CostCalculator:
-        """What a chat completion of ``openai_client()`` costs (ART's): none unless ``set_cost_calculator``."""
-        return self._cost_calculator or _no_costs
 
-    def set_cost_calculator(self, calculator: CostCalculator | None) -> None:
-        """Price this model's own chat completions, e.g. ``build_cost_calculator(MODEL_PRICING[name])``; None
-        stops. dgrpo's backends set none (its inference runs on the operator's hardware)."""
-        self._cost_calculator = calculator
+class TrainableModel(Model):
+    """The policy being trained: ``name`` within ``project``, a LoRA on ``base_model``.
 
-    def _record_openai_completion_costs(self, response: Any) -> None:
-        """ART's: ``response``'s cost into the active metrics builder's ``costs/<context>/...``, if one is."""
-        try:
-            builder = MetricsBuilder.get_active()
-        except LookupError:
-            return
-        prompt_tokens, completion_tokens = sampled_tokens(response)
-        costs = self.cost_calculator(prompt_tokens, completion_tokens, builder.cost_context)
-        for key, usd in costs.items():
-            if key.startswith("costs/"):
-                builder.add_cost(key.removeprefix("costs/"), float(usd))
+    ``base_model`` is an HF model (directory or hub id), ``smollm2-135m-instruct``, or a LoRA adapter
+    directory to warm-start from (the workers must be able to read it). ART's ``_internal_config`` is
+    mapped where dgrpo has the setting (``peft_args`` -> ``lora``, ``init_args.max_seq_length``) and
+    refused otherwise; ``config`` is the program's own settings object, kept as ``model.config``.
+    """
 
-    def _default_chat_completion_extra_body(self) -> dict[str, Any] | None:
-        """The ``extra_body`` every chat completion of ``openai_client()`` sends (ART's); none for a ``Model``."""
-        return None
+    trainable = True
 
-    def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
-        """``litellm.acompletion(**params, messages=...)`` keyword arguments for this model (ART's); before
-        ``register`` (no server yet) ``base_url`` is None, as in ART."""
-        name = self.get_inference_name(step)
-        url = self.inference_base_url
-        params: dict[str, Any] = {
-            # litellm's provider prefix for an OpenAI-compatible vLLM server.
-            "model": f"hosted_vllm/{name}" if self.trainable else name,
-            "base_url": None if url is None else openai_base_url(url),
-            "api_key": self.inference_api_key,
-            "temperature": 1,  # sampling at the policy's own distribution, as GRPO assumes
-        }
-        if extra_body := self._default_chat_completion_extra_body():
-            params["extra_body"] = extra_body
-        return params
-
-    async def log(
+    def __init__(
         self,
-        trajectories: Iterable[TrajectoryGroup] | Iterable[Trajectory | BaseException] | None = None,
-        split: str = "val",
+        name: str,
+        project: str = "default",
+        base_model: str = "smollm2-135m-instruct",
         *,
-        metrics: dict[str, float] | None = None,
-        step: int | None = None,
-    ) -> dict[str, float]:
-        """Record ``<split>/...`` numbers at ``step`` (default: the current step); returns them.
-
-        ``trajectories`` may be groups, or trajectories (one group); ``metrics`` are added as given
-        (prefixed with the split unless they start with one of ART's sections, as ``loss/train`` does),
-        e.g. ``backend.train``'s result metrics. As in ART, every model (registered or not) writes its local
-        files under ``base_path`` (dgrpo/local_log.py); a registered one also records the numbers in its run's
-        metrics Parquet (and W&B when asked).
-        """
-        groups = None if trajectories is None else _as_groups(trajectories)
-        at = await self.get_step() if step is None else step
-        if groups is not None or metrics is not None:  # ART's rule: a call with neither adds nothing
-            metrics = {**self._automatic_train_metrics(split, at, set(metrics or {})), **(metrics or {})}
-        row: dict[str, float] = {}
-        if groups is not None:
-            row.update(group_metrics(groups, split))
-        for name, value in (metrics or {}).items():
-            row[qualified(name, split)] = float(value)
-        builder = self._metrics_for_split(split)
-        builder_numbers = builder.pending()  # the split's API costs, ... (the local log sums them too)
-        row.update(await builder.flush())
-        if not row:
-            raise ValueError("model.log got neither trajectories nor metrics; nothing to record")
-        history_row = await self._local_log.log(groups, split, at, dict(metrics or {}), builder_numbers)
-        if history_row:
-            self._log_metrics(history_row, split, at)  # a line of a local file, and W&B's own queue (ART's)
-        if self._store is not None:
-            await asyncio.to_thread(self._record, at, row)
-        return row
-
-    def _automatic_train_metrics(self, split: str, step: int, given: set[str]) -> dict[str, float]:
-        """ART's numbers of a ``train`` row at a new step, for a backend that keeps them
-        (``supports_automatic_train_step_metrics``, as dgrpo's ``LocalBackend``): ``time/step_wall_s``, the
-        seconds since the previous step's row (or since the model was made), and ``costs/gpu`` at the
-        backend's ``automatic_gpu_cost_per_hour_usd`` for those seconds (none when it has no price). A number
-        the caller gives wins."""
-        supported = getattr(self._backend, "supports_automatic_train_step_metrics", None)
-        if (
-            split != "train"
-            or step == self._last_train_log_step
-            or not callable(supported)
-            or not supported()
-        ):
-            return {}
-        now = time.monotonic()
-        wall_s = max(0.0, now - self._last_train_log_at)
-        self._last_train_log_at, self._last_train_log_step = now, step
-        numbers = {} if "time/step_wall_s" in given else {"time/step_wall_s": wall_s}
-        price = getattr(self._backend, "automatic_gpu_cost_per_hour_usd", None)
-        per_hour = price(self) if callable(price) and "costs/gpu" not in given else None
-        if isinstance(per_hour, int | float):
-            numbers["costs/gpu"] = wall_s * float(per_hour) / 3600.0
-        return numbers
-
-    def _record(self, step: int, metrics: dict[str, float], curve_title: str | None = None) -> None:
-        """Into the run's metrics Parquet (dgrpo's names and totals); redraw the reward curve if titled."""
-        if self._store is None:
-            raise NotRegisteredError(
-                f"model {self.name!r} is not registered: call `await model.register(backend)` first"
+        lora: LoraConfig | None = None,
+        lora_config: Mapping[str, Any] | None = None,
+        entity: str | None = None,
+        id: str | None = None,
+        run_id: str | None = None,
+        config: Any = None,
+        base_path: str = layout.ART_BASE_PATH,
+        report_metrics: list[str] | None = None,
+        _internal_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            project,
+            entity=entity,
+            id=id,
+            config=config,
+            base_path=base_path,
+            report_metrics=report_metrics,
+        )
+        if run_id is not None and run_id != self.run_id:
+            raise UnsupportedArtOption(
+                f"run_id={run_id!r}: a dgrpo model's run id is always <project>-<name> ({self.run_id!r}), "
+                "the prefix its checkpoints and metrics live under; leave run_id out"
             )
-        record_metrics(self._store, self.run_id, self.name, step, metrics, curve_title)
-
-    def _log_metrics(self, metrics: dict[str, float], split: str, step: int) -> None:
-        """ART's one row of a log call: appended to ``history.jsonl`` under ART's keys (dgrpo/local_log.py), and
-        the same row sent to the model's W&B run when ``report_metrics`` asks for it (ART's rule)."""
-        row = self._local_log.append(metrics, split, step)
-        try:
-            run = self._get_wandb_run()
-            if run is not None and self._wandb is not None:
-                self._wandb.log_row(self._wandb_id, run, row)
-        except Exception as err:  # W&B is a convenience: the history row is already written
-            log.warning(
-                "W&B logging for %s step %d failed: %s: %s", self._wandb_id, step, type(err).__name__, err
+        internal_lora, self.max_seq_len = lora_from_internal_config(_internal_config or {})
+        self._internal_config = None if _internal_config is None else dict(_internal_config)
+        """ART's ``_internal_config`` as given (its keys that map are mapped above)."""
+        given = [c for c in (lora, internal_lora) if c is not None]
+        if lora_config is not None:
+            given.append(lora_from_lora_config(lora_config))
+        if any(c != given[0] for c in given):
+            raise UnsupportedArtOption(
+                "give the LoRA shape once: lora=, lora_config= or _internal_config['peft_args']"
             )
+        self.base_model = base_model
+        self.spec = ModelSpec(
+            name=name,
+            project=project,
+            base_model=base_model,
+            lora=given[0] if given else LoraConfig(),
+            chat_template=chat_template_of(_internal_config or {}),
+        )
+        self._served: str | None = None
+        self.trained_checkpoint: CheckpointRef | None = None  # the newest TrainStep's (backend.train's path)
+        self._base_served: str | None = None
+        template_kwargs = (_internal_config or {}).get("chat_template_kwargs")
+        self.chat_template_kwargs = None if template_kwargs is None else dict(template_kwargs)
+        """ART's ``_internal_config["chat_template_kwargs"]`` (``enable_thinking``, ...): the server renders
+        each chat completion of ``openai_client()`` with them."""
+
+    # ---- registration and serving ----------------------------------------------------------------
+    async def register(self, backend: Backend) -> None:
+        """Bind the model to ``backend``: record it (or check the record), and serve its newest step
+        (dgrpo/client/registration.py)."""
+        check_config(self.config)
+        refuse_gpu_ids(self._internal_config or {})
+        await backend.start()
+        store = backend.object_store()
+        await asyncio.to_thread(store.ensure_bucket)
+        await asyncio.to_thread(check_record, store, self.run_id, self.spec)
+        self._backend, self._store = backend, store
+        self.inference_base_url = backend.inference_url()
+        self.inference_api_key = own_server_api_key()  # the server's key (DGRPO_SERVE_API_KEY), if it has one
+        self._client = None
+        client = await backend.temporal_client()
+        await await_earlier_train(client, self.run_id, await newest_step(store, self.run_id))
+        url = self._require_url()
+        self._base_served = await discover_base_model(url)
+        self._step, self._served = await serve_newest(
+            client,
+            store,
+            backend.task_queues,
+            self.run_id,
+            self.spec,
+            url,
+            self._base_served,
+            self.warm_start,
+        )
+
+    def use_served(self, step: int, adapter: str) -> None:
+        """Route the model to ``adapter``, the newest step its backend's ``TrainStep`` or ``TrainSFT``, or a
+        ``TrainingRun`` of this model, served (what ``PipelineTrainer`` evaluates)."""
+        self._require_backend()
+        self._step, self._served = step, adapter
 
     @property
-    def _wandb_id(self) -> str:
-        """The W&B run's id: the model's run id, the one a ``TrainingRun`` of this model logs to as well."""
-        return run_id_of(self.project, self.name)
+    def warm_start(self) -> bool:
+        """``base_model`` is a LoRA adapter directory (seen from this machine): step 0 is that adapter."""
+        return (Path(self.base_model) / "adapter_config.json").is_file()
 
-    def _get_wandb_run(self) -> Any:
-        """The model's W&B run, opened on first use (and again once finished) with ART's ``wandb.init``
-        arguments, ``define_metric`` calls and config (activities/metrics.py, ``WandbSink``); None when
-        ``report_metrics`` does not ask for W&B."""
-        if not self.reports_to_wandb():
+    def get_inference_name(self, step: int | None = None) -> str:
+        """The served name of the newest step (``<name>@<step>``, or the base model at step 0), or of
+        checkpoint ``step``: ``<name>@<step>`` (served while the newest step or a lease holds it), and
+        for step 0 of a fresh LoRA the base model itself (a baseline to compare with). Before
+        ``register`` it is ART's unregistered name: ``name``, or ``name@<step>``."""
+        if self._served is None or self._base_served is None:
+            return super().get_inference_name(step)
+        if step is None or step == self._step:
+            return self._served
+        if step == 0 and not self.warm_start:
+            return self._base_served
+        return layout.adapter_name(self.run_id, step)
+
+    async def get_step(self) -> int:
+        """The model's step, as its backend says (ART's ``backend()._get_step(model)``): with dgrpo's backends
+        ``served_step``; 0 before the first ``train``."""
+        return await self.backend()._get_step(self)
+
+    @property
+    def served_step(self) -> int:
+        """The newest step this model's workflows trained and served: set by ``register`` (the newest
+        checkpoint) and by each ``TrainStep``/``TrainSFT`` result; what dgrpo's backends' ``_get_step`` say."""
+        return self._step
+
+    # ---- training ---------------------------------------------------------------------------------
+    def train_workflow_id(self, step: int) -> str:
+        """The ``TrainStep`` workflow id of ``step``: one workflow per (model, step), ever."""
+        return train_workflow_id(self.run_id, step)
+
+    async def train(
+        self,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
+    ) -> TrainStepResult:
+        """Train one GRPO step on the groups; returns once the new adapter is served.
+
+        As in ART >= 0.4.4, a batch with nothing to learn from (no groups, every rollout failed, or every
+        group's rewards equal) trains nothing but still advances the step: the current checkpoint is
+        published again as the next one and served (``result.trained`` is False, the step's metrics say
+        ``data/step_skipped``). ``_config`` takes ART's ``dev.TrainConfig`` keys that dgrpo has (``epsilon``,
+        ``epsilon_high``, ``scale_rewards``) and refuses the others; ``verbose`` is accepted (the workers
+        log each stage).
+        """
+        config = self.step_config(config, train_config_fields("model.train(_config=...)", _config or {}))
+        groups = check_trainable(list(trajectory_groups))  # refused as given, registered or not
+        # The step's numbers also as history.jsonl rows and W&B, as ART 0.3's model.train logged them.
+        return await self.backend().train_step(self, groups, config, history=True)
+
+    async def train_sft(
+        self,
+        trajectories: Iterable[Trajectory],
+        config: TrainSFTConfig | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
+    ) -> TrainResult | None:
+        """ART's supervised fine-tuning, through the backend's ``_train_sft`` (dgrpo's: a durable ``TrainSFT``
+        that trains on the trajectories' assistant turns, then publishes and serves the next step). As in
+        ART, the batches' numbers are averaged into one ``train`` row at the step the backend then reports;
+        returns that step and row (ART returns None), or None when the backend trained no batch."""
+        started = time.monotonic()
+        samples = [
+            metrics
+            async for metrics in self.backend()._train_sft(
+                self, trajectories, config or TrainSFTConfig(), dict(_config or {}), verbose
+            )
+        ]
+        if not samples:
             return None
-        if self._wandb is None:
-            self._wandb = WandbSink(Path(self.base_path) / "wandb")
-            self._wandb.update_config(self._wandb_id, self._wandb_config)
-        return self._wandb.run(self._wandb_id, self.project, self.name)
+        metrics = average_metric_samples(samples)
+        # dgrpo's backends give the trainer's own time (the workflow's); for others, ART's: this call's.
+        metrics.setdefault("time/step_trainer_s", time.monotonic() - started)
+        step = await self.get_step()
+        await self.log(metrics=metrics, split="train", step=step)
+        return TrainResult(step=step, metrics=metrics)
 
-    def reports_to_wandb(self) -> bool:
-        """As in ART: ``report_metrics`` names ``"wandb"``, or is None and ``WANDB_API_KEY`` is set (without a
-        key the run is written offline, under ``<base_path>/wandb/<run id>/``)."""
-        if self.report_metrics is None:
-            return "WANDB_API_KEY" in os.environ
-        return "wandb" in self.report_metrics
+    def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
+        """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's
+        ``max_seq_length`` (from ``_internal_config``) where the config leaves it unset."""
+        fields = dict(config.model_dump(exclude_unset=True)) if config is not None else {}
+        fields.update(overrides)
+        if self.max_seq_len is not None:
+            fields.setdefault("max_seq_len", self.max_seq_len)
+        # A plain TrainConfig (not a subclass such as dgrpo.types.TrainConfig) goes into the workflow input.
+        return TrainConfig.model_validate(fields)
 
-    def metrics_builder(self, cost_context: str | None = None) -> MetricsBuilder:
-        """The model's ``MetricsBuilder`` (``cost_context`` picks ``costs/<context>/...``); ``log`` flushes it:
-        split ``train`` the ``train`` context's numbers, ``val`` and ``test`` the ``eval`` context's."""
-        return self._metrics if cost_context is None else self._metrics.for_cost_context(cost_context)
+    # ---- checkpoints ------------------------------------------------------------------------------
+    async def delete_checkpoints(
+        self, best_checkpoint_metric: str = "val/reward", keep_last: int = 1
+    ) -> list[int]:
+        """Delete checkpoints except the newest ``keep_last`` and the best by ``best_checkpoint_metric``."""
+        store = self._require_backend().object_store()
+        doomed = await asyncio.to_thread(
+            select_checkpoints_to_delete, store, self.run_id, best_checkpoint_metric, keep_last
+        )
+        await asyncio.to_thread(delete_checkpoints, store, self.run_id, doomed)
+        return doomed
 
-    def activate_metrics_context(self, cost_context: str) -> Token[CostRecorder]:
-        """Record ``track_api_cost`` calls (in this task and those it starts) as ``costs/<cost_context>/...``."""
-        return self.metrics_builder(cost_context).activate()
+    # ---- helpers ----------------------------------------------------------------------------------
+    def _default_chat_completion_extra_body(self) -> dict[str, Any] | None:
+        """ART's ``chat_template_kwargs``, and the model's own chat template (vLLM's request field, which ART
+        sets as its server's ``--chat-template`` instead: dgrpo's server is shared by every run on it)."""
+        body: dict[str, Any] = {}
+        if self.chat_template_kwargs is not None:
+            body["chat_template_kwargs"] = dict(self.chat_template_kwargs)
+        if self.spec.chat_template is not None:
+            body["chat_template"] = self.spec.chat_template
+        return body or None
 
-    def _metrics_for_split(self, split: str) -> MetricsBuilder:
-        context = "eval" if split in ("val", "test") else split
-        return self._metrics.for_cost_context(context, buffer_scope=context)
+    def record_step(
+        self, step: int, metrics: dict[str, float], *, history: bool, redraw_curve: bool = False
+    ) -> None:
+        """A training step's numbers into the run's metrics Parquet (its reward curve redrawn when asked);
+        with ``history`` (``model.train``'s) also a ``train`` row of ``history.jsonl`` and W&B, as ART 0.3's
+        ``model.train`` logged them. ``backend.train`` leaves those rows to the program's ``model.log``, as
+        ART 0.5's does."""
+        self._record(step, metrics, f"{self.project}/{self.name}" if redraw_curve else None)
+        if history:
+            self._log_metrics(metrics, "train", step)
 
-    def update_wandb_config(self, config: dict[str, Any]) -> None:
-        """Merge ``config`` into the model's W&B run config (ART's): before the run exists it is given to
-        ``wandb.init``, after it updates the run. A key already set to another value is refused (W&B's
-        config is immutable once set); nested dicts merge."""
-        if not isinstance(config, dict):
-            raise TypeError(f"config must be a dict[str, Any], not {type(config).__name__}")
-        self._wandb_config = merged_wandb_config(self._wandb_config, config)
-        if self._wandb is not None:
-            self._wandb.update_config(self._wandb_id, self._wandb_config)
-
-    def finish_wandb(self) -> None:
-        """Finish the model's W&B run (dgrpo only; ART leaves it to the process's exit)."""
-        if self._wandb is not None:
-            self._wandb.close()
-
-    def _require_backend(self) -> Backend:
-        if self._backend is None:
-            raise NotRegisteredError(
-                f"model {self.name!r} is not registered: call `await model.register(backend)` first"
-            )
-        return self._backend
-
-
-def merged_wandb_config(existing: dict[str, Any], updates: dict[str, Any], path: str = "") -> dict[str, Any]:
-    """``existing`` with ``updates`` merged in (nested dicts key by key); a different value for a key already
-    set raises ValueError naming the key's dotted path."""
-    merged = dict(existing)
-    for key, value in updates.items():
-        where = f"{path}.{key}" if path else key
-        if key not in merged:
-            merged[key] = value
-        elif isinstance(merged[key], dict) and isinstance(value, dict):
-            merged[key] = merged_wandb_config(merged[key], value, where)
-        elif merged[key] != value:
-            raise ValueError(
-                f"W&B config is immutable once set. Conflicting value for {where!r}: {merged[key]!r} set, {value!r} given"
-            )
-    return merged
-
-
-def check_config(config: Any) -> None:
-    """ART refuses a ``config`` it cannot store as JSON; so does dgrpo, at ``register``."""
-    if isinstance(config, BaseModel):
-        try:
-            config.model_dump_json()
-        except ValueError as err:
-            raise RunSpecError(
-                f"the model's config ({type(config).__name__}) cannot be serialized to JSON: {err}"
-            ) from err
-
-
-def _as_groups(items: Iterable[Any]) -> list[TrajectoryGroup]:
-    """Groups as given, or trajectories (and exceptions) as one group, as ART's ``model.log`` takes them."""
-    listed = list(items)
-    if all(isinstance(i, TrajectoryGroup) for i in listed):
-        return listed
-    if all(isinstance(i, Trajectory | BaseException) for i in listed):
-        return [TrajectoryGroup(listed)]
-    raise TypeError("model.log takes TrajectoryGroups, or Trajectories (and exceptions), not a mix")
-
-
-def __getattr__(name: str) -> Any:
-    """``from art.model import TrainableModel`` works here too: loaded on first use, since
-    dgrpo/trainable_model.py is built on this module."""
-    if name == "TrainableModel":
-        return importlib.import_module("dgrpo.trainable_model").TrainableModel
-    raise AttributeError(f"module 'dgrpo.model' has no attribute {name!r}")
+    def _require_url(self) -> str:
+        if self.inference_base_url is None:
+            raise NotRegisteredError(f"model {self.name!r} is not registered")
+        return openai_base_url(self.inference_base_url)

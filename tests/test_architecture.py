@@ -1,7 +1,9 @@
 """The layers of ARCHITECTURE.md, enforced: an import that crosses a layer the wrong way, or a cycle, fails here.
 
-Imports are read from the source with ``ast`` (every ``import`` statement, also those inside functions, so a
-lazy import cannot hide a wrong-way arrow), so this test needs no heavy library.
+Imports are read from the source with ``ast`` (every ``import`` statement, also those inside functions or under
+``TYPE_CHECKING``, and every ``importlib.import_module("a.literal.name")``, so a lazy import cannot hide a
+wrong-way arrow or a cycle), so this test needs no heavy library. A cycle fails wherever it is: between layers
+or among the modules of one package.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ LAYERS: dict[str, set[str]] = {
     "examples": {"schemas", "dgrpo"},
 }
 """Each package, and the first-party packages (or single modules) it may import besides its own."""
+
+CLI = "dgrpo.cli"
+"""The ``dgrpo`` command, a layer on top of ``dgrpo``'s façade: it may import anything ``dgrpo`` may, and no
+module outside it imports it (the CLI is not ART's API, and the façade must not need it)."""
 
 HEAVY = {"torch", "transformers", "peft", "vllm", "unsloth", "accelerate", "safetensors", "gguf", "trl"}
 """Libraries that must never load where they are not needed: the Temporal sandbox re-imports workflow
@@ -67,7 +73,15 @@ def imports(path: Path, module: str, top_level_only: bool = False) -> Iterator[s
     for node in ast.walk(tree):
         if id(node) in skip:
             continue
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Call) and _called_name(node.func) == "import_module" and node.args:
+            name = node.args[0]
+            if (
+                isinstance(name, ast.Constant)
+                and isinstance(name.value, str)
+                and not name.value.startswith(".")
+            ):
+                yield name.value
+        elif isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -79,6 +93,12 @@ def imports(path: Path, module: str, top_level_only: bool = False) -> Iterator[s
             yield from (f"{base}.{alias.name}" for alias in node.names)
 
 
+def _called_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else None
+
+
 def first_party(name: str, known: dict[str, Path]) -> str | None:
     """The first-party module ``name`` refers to (a module, or the package holding an imported name)."""
     while name:
@@ -88,7 +108,13 @@ def first_party(name: str, known: dict[str, Path]) -> str | None:
     return None
 
 
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def allowed(importer: str, imported: str) -> bool:
+    if within(imported, CLI) and not within(importer, CLI):
+        return False
     own = importer.split(".")[0]
     if imported.split(".")[0] == own:
         return True
@@ -108,13 +134,17 @@ def test_every_import_points_down_the_layers() -> None:
     assert not wrong, "imports that cross a layer the wrong way (see ARCHITECTURE.md):\n" + "\n".join(wrong)
 
 
-def test_no_import_cycles_between_modules() -> None:
-    known = modules()
-    graph = {
+def import_graph(known: dict[str, Path]) -> dict[str, set[str]]:
+    """Each module's first-party imports (not itself, not a package it is in: importing a submodule runs its
+    package's __init__ first, which is no cycle)."""
+    return {
         m: {t for n in imports(p, m) if (t := first_party(n, known)) and t != m and not m.startswith(t + ".")}
         for m, p in known.items()
     }
-    # Package __init__ files are reached by importing any submodule; they must not be part of a cycle either.
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle a depth-first walk of ``graph`` meets, each as the path that closes it."""
     cycles: list[list[str]] = []
     state: dict[str, int] = {}
     stack: list[str] = []
@@ -134,7 +164,29 @@ def test_no_import_cycles_between_modules() -> None:
     for node in sorted(graph):
         if node not in state:
             visit(node)
+    return cycles
+
+
+def test_no_import_cycles_between_modules() -> None:
+    # Package __init__ files are reached by importing any submodule; they must not be part of a cycle either.
+    cycles = import_cycles(import_graph(modules()))
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_a_cycle_inside_one_package_is_caught_also_through_a_lazy_import(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    sources = {
+        "pkg": "",
+        "pkg.model": "from pkg.trained import Trained\n",
+        "pkg.trained": "import importlib\n\n\ndef base():\n    return importlib.import_module('pkg.model')\n",
+        "pkg.other": "from pkg import model\n",
+    }
+    known = {}
+    for name, source in sources.items():
+        path = tmp_path / (name.replace(".", "/") + ("/__init__.py" if name == "pkg" else ".py"))
+        path.write_text(source)
+        known[name] = path
+    assert import_cycles(import_graph(known)) == [["pkg.model", "pkg.trained", "pkg.model"]]
 
 
 def test_light_modules_import_no_heavy_library() -> None:
@@ -161,3 +213,8 @@ def test_the_rules_catch_a_wrong_way_import() -> None:
     assert not allowed("serving.server", "activities.object_store")
     assert allowed("activities.serving", "serving.client")
     assert allowed("workers.worker", "activities.rollouts")
+    assert not allowed("dgrpo.model", "dgrpo.cli.runs")  # the façade never needs the CLI
+    assert not allowed("dgrpo", "dgrpo.cli") and not allowed("examples.arithmetic", "dgrpo.cli")
+    assert allowed("dgrpo.cli.runs", "dgrpo.client.run_control") and allowed(
+        "dgrpo.cli.worker", "workers.worker"
+    )

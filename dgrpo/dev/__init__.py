@@ -2,7 +2,7 @@
 backend's configuration helpers, each either dgrpo's check (``validate_dedicated_config``) or refused with
 the reason (``get_openai_server_config``; ``art.dev.get_model_config.get_model_config``).
 
-The dicts are plain typed dicts; ``dgrpo.art_config`` maps each key dgrpo has an equivalent for and refuses
+The dicts are plain typed dicts; ``dgrpo.art_compat.options`` maps each key dgrpo has an equivalent for and refuses
 the others with the reason (docs/art-compat.md lists them).
 """
 

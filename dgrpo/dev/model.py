@@ -1,5 +1,5 @@
 """ART's ``art.dev.model``: the model configuration dicts, so ``art.dev.InternalModelConfig(...)`` reads the
-same here. They are plain typed dicts; ``dgrpo.art_config`` maps each key dgrpo has an equivalent for and
+same here. They are plain typed dicts; ``dgrpo.art_compat.options`` maps each key dgrpo has an equivalent for and
 refuses the others with the reason (docs/art-compat.md lists them).
 """
 

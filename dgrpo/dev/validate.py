@@ -4,7 +4,7 @@ makes it here. dgrpo always trains and serves in separate workers; which GPUs ea
 
 from __future__ import annotations
 
-from dgrpo.art_config import GPU_IDS, lora_from_internal_config, refuse_gpu_ids
+from dgrpo.art_compat.options import GPU_IDS, lora_from_internal_config, refuse_gpu_ids
 from dgrpo.dev.model import InternalModelConfig
 
 

@@ -1,5 +1,5 @@
 """``dgrpo.local.backend``: where ``from art.local(.backend) import LocalBackend`` points, with ART 0.5's
-``backend.train`` and ``backend.train_sft`` (dgrpo/art_backend.py) on top of the embedded stack's backend
+``backend.train`` and ``backend.train_sft`` (dgrpo/client/training.py) on top of the embedded stack's backend
 (dgrpo/local/stack.py), and ART's automatic ``train`` numbers of a local run (``time/step_wall_s``, and
 ``costs/gpu`` for the GPU the local workers use).
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from dgrpo.art_backend import ArtTraining
+from dgrpo.client.training import ArtTraining
 from dgrpo.local import stack
 from dgrpo.types import LocalTrainResult
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from temporalio.client import Client
 
 from activities.object_store import ObjectStore
-from dgrpo.backends import connect, wait_for_server, wait_for_workers
+from dgrpo.client.backends import connect, wait_for_server, wait_for_workers
 from dgrpo.errors import BackendError
 from host.files import write_atomic
 from host.processes import ChildExited, ProcessInfo, alive, free_port, terminate

@@ -34,12 +34,12 @@ from typing import Any
 from temporalio.client import WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
-from dgrpo.art_backend import ArtBackend
-from dgrpo.art_config import train_config_fields
+from dgrpo.art_compat.options import train_config_fields
+from dgrpo.client.training import ArtBackend
 from dgrpo.errors import UnsupportedArtOption
+from dgrpo.model import TrainableModel
 from dgrpo.pipeline_trainer.checkpoint_retention import CheckpointRetentionStrategy, KeepRecentAndTop
 from dgrpo.pipeline_trainer.in_process import EvalFn, GroupRollout, InProcessPipeline, PipelineSettings
-from dgrpo.trainable_model import TrainableModel
 from schemas.config import CheckpointsSpec, RunSpec, TaskSpec, TrainConfig
 from schemas.history_bounds import MAX_INLINE_SCENARIOS_BYTES
 from schemas.run_state import RunStatus

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from dgrpo.model import TrainableModel
 from dgrpo.pipeline_trainer.in_process import EvalFn, GroupRollout
-from dgrpo.trainable_model import TrainableModel
 from schemas.trajectory import Trajectory
 
 ScenarioT = TypeVar("ScenarioT", bound=dict)

@@ -26,7 +26,7 @@ from openai.types.chat import ChatCompletion
 from pydantic import BaseModel
 
 from activities import judge
-from dgrpo.metrics_builder import MetricsBuilder
+from dgrpo.metrics import MetricsBuilder
 from schemas.settings import ENV_INFERENCE_URL
 from schemas.trajectory import Trajectory, TrajectoryGroup
 from serving.client import openai_base_url

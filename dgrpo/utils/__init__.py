@@ -11,7 +11,7 @@
 - ``litellm``: a litellm ``Choices`` as the openai ``Choice`` a trajectory holds.
 - ``benchmarking``: ``model.log``'s trajectory files as one polars table (``load_trajectories``).
 - Refused saying why: ``get_model_step`` and ``record_provenance`` (functions), ``deployment``,
-  ``deploy_model``, ``s3``, ``s3_checkpoint_utils`` (modules; dgrpo/art_refusals.py).
+  ``deploy_model``, ``s3``, ``s3_checkpoint_utils`` (modules; dgrpo/art_compat/refusals.py).
 """
 
 from __future__ import annotations

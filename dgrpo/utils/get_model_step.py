@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dgrpo.art_refusals import CHECKPOINTS_IN_STORE
+from dgrpo.art_compat.refusals import CHECKPOINTS_IN_STORE
 from dgrpo.errors import UnsupportedArtFeature
 
 if TYPE_CHECKING:

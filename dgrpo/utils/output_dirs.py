@@ -1,6 +1,6 @@
 """ART's ``art.utils.output_dirs``: where a model's local files are, ``<art path>/<project>/models/<name>/``.
 
-dgrpo's ``Model`` writes ART's local files of ``model.log`` there (dgrpo/local_log.py; its ``base_path`` is
+dgrpo's ``Model`` writes ART's local files of ``model.log`` there (dgrpo/model_log/local_files.py; its ``base_path`` is
 the art path, ``.art`` unless given). Checkpoints are not local files here, so ``get_step_checkpoint_dir`` is
 refused saying where they are.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dgrpo.art_refusals import CHECKPOINTS_IN_STORE
+from dgrpo.art_compat.refusals import CHECKPOINTS_IN_STORE
 from dgrpo.errors import UnsupportedArtFeature
 from schemas import layout
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dgrpo.art_refusals import DEPLOY
+from dgrpo.art_compat.refusals import DEPLOY
 from dgrpo.errors import UnsupportedArtFeature
 
 

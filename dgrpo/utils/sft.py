@@ -2,7 +2,7 @@
 ``train_sft`` calls.
 
 A line of an SFT file is one chat, ``{"messages": [...], "tools": [...]}`` (``tools`` optional), the format
-``model.train_sft`` uploads for the trainer (``dgrpo.sft.examples_jsonl``). A schedule gives one learning rate
+``model.train_sft`` uploads for the trainer (``dgrpo.client.sft.examples_jsonl``). A schedule gives one learning rate
 per batch, so a dataset trained in several ``train_sft`` calls (``create_sft_dataset_iterator``,
 ``train_sft_from_file``) follows one warmup and one decay across all of them.
 """

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from activities.object_store import ObjectStore
-from dgrpo import run_control
+from dgrpo.client import run_control
 from schemas.config import RunSpec, TaskQueues
 from schemas.layout import MANIFEST_NAME, step_name, trajectories_key
 from workers.temporal import connect_client, result_across_restarts

@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO))
 
 from activities.object_store import ObjectStore  # noqa: E402
 from activities.trajectory_store import download_groups  # noqa: E402
-from dgrpo import run_control  # noqa: E402
+from dgrpo.client import run_control  # noqa: E402
 from dgrpo.model import run_id_of  # noqa: E402
 from schemas.config import RunSpec  # noqa: E402
 from schemas.layout import MANIFEST_NAME, checkpoint_prefix, scored_key, trajectories_key  # noqa: E402

@@ -46,7 +46,7 @@ from temporalio.api.enums.v1 import EventType, PendingActivityState  # noqa: E40
 from temporalio.client import Client, WorkflowHandle  # noqa: E402
 
 from activities.object_store import ObjectStore  # noqa: E402
-from dgrpo import run_control  # noqa: E402
+from dgrpo.client import run_control  # noqa: E402
 from schemas.config import RunSpec  # noqa: E402
 from schemas.layout import checkpoint_prefix, rollout_shard_key  # noqa: E402
 from schemas.run_state import RunStatus  # noqa: E402

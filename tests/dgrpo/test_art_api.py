@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 import dgrpo as art
+from dgrpo.client.train_step import check_trainable
 from dgrpo.errors import (
     NoTrainableChoiceError,
     NotRegisteredError,
@@ -19,9 +20,8 @@ from dgrpo.errors import (
     UnsupportedArtOption,
 )
 from dgrpo.local import LocalBackend
-from dgrpo.metrics_builder import MetricsBuilder
+from dgrpo.metrics import MetricsBuilder
 from dgrpo.rewards import JudgeFailed, ruler, ruler_score_group
-from dgrpo.trainable_model import check_trainable
 from dgrpo.utils import iterate_dataset
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "activities"))
@@ -82,7 +82,7 @@ async def test_train_refuses_an_art_option_before_touching_a_backend(tmp_path: P
 
 
 async def test_model_trains_config_refuses_save_checkpoint_false(tmp_path: Path) -> None:
-    from dgrpo.art_config import train_config_fields
+    from dgrpo.art_compat.options import train_config_fields
 
     assert train_config_fields("backend.train", {"learning_rate": 1e-5, "beta": 0.0, "verbose": True}) == {
         "learning_rate": 1e-5,
@@ -93,7 +93,7 @@ async def test_model_trains_config_refuses_save_checkpoint_false(tmp_path: Path)
 
 
 def test_backend_train_maps_art_05_loss_keywords() -> None:
-    from dgrpo.art_config import train_config_fields
+    from dgrpo.art_compat.options import train_config_fields
 
     fields = train_config_fields(
         "backend.train", {"loss_fn": "ppo", "normalize_advantages": False, "adam_params": None}

@@ -5,7 +5,7 @@ averages ``backend._train_model(...)``'s rows into its result.
 
 ``StepsBackend`` is a backend of the test's own at that seam (as ART's own backends are); dgrpo's
 ``LocalBackend`` fills it in tests/dgrpo/test_art_sft.py, on the real stack. What dgrpo's backends yield
-for a ``TrainSFT`` result is ``dgrpo.sft.batch_metrics``, checked here on a result of the workflow's shape.
+for a ``TrainSFT`` result is ``dgrpo.client.sft.batch_metrics``, checked here on a result of the workflow's shape.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 import dgrpo as art
+from dgrpo.client.sft import batch_metrics, result_metrics
 from dgrpo.errors import UnsupportedArtOption
 from dgrpo.local import LocalBackend
-from dgrpo.sft import batch_metrics, result_metrics
 from schemas.activities import SftResult
 from schemas.config import TrainConfig
 from schemas.refs import CheckpointRef

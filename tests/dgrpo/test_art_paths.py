@@ -178,6 +178,26 @@ REFUSED_PATHS = [
 """(refused ART path, a module path a program imports at or under it, a phrase of the reason)."""
 
 
+def test_the_refused_paths_are_the_table_and_no_module_file_answers_for_one() -> None:
+    from dgrpo.art_compat.refusals import MODULES
+
+    assert {refused for refused, _, _ in REFUSED_PATHS} == set(MODULES)
+    package = Path(art.__file__).parent
+    files = [
+        p
+        for path in MODULES
+        for p in (package / f"{path.replace('.', '/')}.py", package / path.replace(".", "/"))
+    ]
+    assert not [str(p) for p in files if p.exists()]  # a file would be imported instead of refused
+
+
+def test_from_imports_of_a_refused_path_raise_saying_why() -> None:
+    with pytest.raises(ImportError, match=r"^art\.megatron: Megatron training is not supported"):
+        from dgrpo import megatron  # noqa: F401
+    with pytest.raises(ImportError, match=r"^art\.pipeline_trainer\.state: "):
+        from dgrpo.pipeline_trainer import state  # noqa: F401
+
+
 @pytest.mark.parametrize(("refused", "imported", "why"), REFUSED_PATHS)
 def test_refused_art_module_paths_raise_saying_why(refused: str, imported: str, why: str) -> None:
     with pytest.raises(UnsupportedArtFeature) as raised:
@@ -200,7 +220,7 @@ from art.utils.output_dirs import get_model_dir
 from art.auto_trajectory import capture_auto_trajectory
 from art.backend import Backend
 import art.yield_trajectory
-print(art.yield_trajectory is art.capture.yield_trajectory, art.Backend is Backend)
+print(art.yield_trajectory is art.capture.chat_completions.yield_trajectory, art.Backend is Backend)
 """
     root = Path(__file__).parents[2]
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'tests' / 'art_alias'}"}

@@ -1,5 +1,5 @@
 """A streamed chat completion (``stream=True``) inside ``capture_auto_trajectory`` is recorded as the choice the
-same call returns unstreamed (``dgrpo/chat_stream.py``), whichever client reads the stream and however.
+same call returns unstreamed (``dgrpo/capture/chat_stream.py``), whichever client reads the stream and however.
 
 The server here streams a completion as vLLM does (``data:`` events of ``chat.completion.chunk``s: text and
 tool-call arguments in pieces, logprobs and ``token_ids`` per chunk, ``prompt_token_ids`` first, a usage-only
@@ -21,7 +21,7 @@ from aiohttp import web
 from openai.types.chat.chat_completion import Choice as OpenAIChoice
 
 import dgrpo as art
-from dgrpo.chat_stream import streamed_choice
+from dgrpo.capture.chat_stream import streamed_choice
 from schemas.trajectory import Choice
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]

@@ -1,4 +1,4 @@
-"""``model.log``'s local files in ART's layout and formats (dgrpo/local_log.py): ``history.jsonl``,
+"""``model.log``'s local files in ART's layout and formats (dgrpo/model_log/local_files.py): ``history.jsonl``,
 ``trajectories/<split>/<step:04d>.parquet`` and ``state.json`` under ``<base_path>/<project>/models/<name>/``,
 for a model never registered and for a registered one, whose metrics Parquet rows stay dgrpo's."""
 
@@ -13,7 +13,7 @@ import pytest
 import dgrpo as art
 from activities.object_store import ObjectStore
 from activities.retention import metrics_by_step
-from dgrpo.local_log import history_key
+from dgrpo.model_log.local_files import history_key
 from dgrpo.utils.trajectory_logging import read_trajectory_groups_parquet
 
 

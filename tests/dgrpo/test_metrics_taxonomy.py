@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 import dgrpo as art
-from dgrpo.metrics import group_metrics
 from dgrpo.metrics_taxonomy import (
     TRAIN_GRADIENT_STEPS_KEY,
     average_metric_samples,
     build_data_metrics_from_summary,
     summarize_trajectory_groups,
 )
+from dgrpo.model_log.run_metrics import group_metrics
 
 
 def test_samples_average_per_key_and_gradient_steps_must_agree() -> None:

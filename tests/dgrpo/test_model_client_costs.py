@@ -16,7 +16,7 @@ import dgrpo as art
 from base_models.resolve import ensure_smollm2
 from dgrpo.costs import MODEL_PRICING, build_cost_calculator, track_api_cost
 from dgrpo.errors import UnsupportedArtOption
-from dgrpo.metrics_builder import MetricsBuilder
+from dgrpo.metrics import MetricsBuilder
 from serving.api import ChatCompletionRequest, ServingHTTPError
 from serving.chat import ChatRenderer
 

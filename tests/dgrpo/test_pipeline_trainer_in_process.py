@@ -17,7 +17,7 @@ import pytest
 
 import dgrpo as art
 from dgrpo.costs import track_api_cost
-from dgrpo.metrics_builder import MetricsBuilder
+from dgrpo.metrics import MetricsBuilder
 from dgrpo.pipeline_trainer import PipelineTrainer, keep_recent_and_top, make_group_rollout_fn
 from dgrpo.types import LocalTrainResult
 from examples.arithmetic import rollout, scenarios

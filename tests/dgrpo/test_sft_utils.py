@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dgrpo.sft import examples_jsonl, sft_config
+from dgrpo.client.sft import examples_jsonl, sft_config
 from dgrpo.types import TrainResult, TrainSFTConfig
 from dgrpo.utils.sft import (
     create_lr_schedule,

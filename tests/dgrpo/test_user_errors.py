@@ -32,7 +32,7 @@ async def test_train_before_register() -> None:
 
 def test_empty_and_all_failed_batches_are_left_for_train_to_skip() -> None:
     # As in ART, train skips these (and logs it; see test_art_program) rather than refusing them.
-    from dgrpo.trainable_model import check_trainable
+    from dgrpo.client.train_step import check_trainable
 
     failed = [dgrpo.TrajectoryGroup([ValueError("every rollout raised")])]
     assert check_trainable([]) == [] and check_trainable(failed) == failed

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from temporalio.client import Client
 
 from dgrpo.cli import build_parser
-from dgrpo.cli_run import worker_options
+from dgrpo.cli.worker import worker_options
 from schemas.config import TaskQueues
 from schemas.settings import (
     ENV_HOME,

@@ -15,7 +15,7 @@ from temporalio.client import Client
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflows"))
 from workflow_stubs import ScriptedActivities
 
-from dgrpo import run_control
+from dgrpo.client import run_control
 from schemas.config import RunSpec
 from workflows.training_run import TrainingRun
 

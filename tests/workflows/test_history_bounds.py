@@ -13,7 +13,7 @@ from temporalio.exceptions import ApplicationError
 from test_training_run_logic import make_spec, running, start
 from workflow_stubs import ScriptedActivities
 
-from dgrpo import run_control
+from dgrpo.client import run_control
 from schemas.config import RunSpec, parse_run_spec
 from schemas.errors import CONFIG_ERROR, RunSpecError
 from schemas.history_bounds import (

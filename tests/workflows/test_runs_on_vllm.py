@@ -27,7 +27,7 @@ from temporalio.client import Client
 
 from activities.checkpoints import METRICS_FILE
 from activities.object_store import ObjectStore
-from dgrpo import run_control
+from dgrpo.client import run_control
 from schemas.config import RunSpec, TaskQueues
 from schemas.layout import MANIFEST_NAME, checkpoint_prefix
 from schemas.run_state import RunStatus

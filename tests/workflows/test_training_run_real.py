@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 import dgrpo
 from activities.object_store import ObjectStore
 from base_models.resolve import ensure_smollm2
-from dgrpo import run_control
+from dgrpo.client import run_control
 from schemas.config import RunSpec, TaskQueues
 from schemas.layout import MANIFEST_NAME, checkpoint_prefix, spec_key, trajectories_key
 from schemas.run_state import RunStatus

@@ -15,14 +15,13 @@ import pkgutil
 import sys
 
 import dgrpo
-from dgrpo.errors import UnsupportedArtFeature
 
 # Every dgrpo module is registered under its art name before any is imported as art.<name>: importing one
-# fresh would rebind its parent's attribute (art.utils.iterate_dataset, a function, to its module).
+# fresh would rebind its parent's attribute (art.utils.iterate_dataset, a function, to its module). The
+# `dgrpo` command (dgrpo.cli) is not ART's API, and its __main__ would run it. A refused ART path has no file
+# here: `import art.<path>` raises as `import dgrpo.<path>` does (dgrpo/art_compat/refusals.py).
 for _info in pkgutil.walk_packages(dgrpo.__path__, "dgrpo."):
-    try:
-        _module = importlib.import_module(_info.name)
-    except UnsupportedArtFeature:
-        continue  # a refused ART path (dgrpo/art_refusals.py): `import art.<path>` raises the same error
-    sys.modules["art" + _info.name.removeprefix("dgrpo")] = _module
+    if _info.name == "dgrpo.cli" or _info.name.startswith("dgrpo.cli."):
+        continue
+    sys.modules["art" + _info.name.removeprefix("dgrpo")] = importlib.import_module(_info.name)
 sys.modules[__name__] = dgrpo

@@ -32,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
-from dgrpo import run_control  # noqa: E402
+from dgrpo.client import run_control  # noqa: E402
 from examples.arithmetic import scenarios  # noqa: E402
 from schemas.config import RunSpec, TaskQueues  # noqa: E402
 from schemas.settings import ENV_HOME  # noqa: E402

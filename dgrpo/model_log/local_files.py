@@ -4,8 +4,8 @@
 (the running ``<section>/cum/...`` totals, so a model made again continues them).
 
 Written for every model, registered or not, as ART writes them. A registered model's numbers also go to its
-run's metrics Parquet in the object store (dgrpo/model.py); those rows are dgrpo's and are built apart from
-these, with their own running totals, so nothing here changes them.
+run's metrics Parquet in the object store (dgrpo/model_log/run_metrics.py); those rows are dgrpo's and are
+built apart from these, with their own running totals, so nothing here changes them.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from activities.metrics import WANDB_CLOCK, WANDB_STEP
-from dgrpo.metrics import reward_std_dev
-from dgrpo.metrics_builder import MetricsBuilder
+from dgrpo.metrics import MetricsBuilder
 from dgrpo.metrics_taxonomy import build_data_metrics_from_summary, summarize_trajectory_groups
+from dgrpo.model_log.run_metrics import reward_std_dev
 from dgrpo.utils.trajectory_logging import write_trajectory_groups_parquet
 from host.files import write_json_atomic
 from schemas import layout

@@ -4,7 +4,7 @@
 variable; every chat completion an httpx- or httpx2-based client (``model.openai_client()``, ``AsyncOpenAI``,
 ``OpenAI``) answers meanwhile is appended to it: the request's messages not yet recorded, then the
 returned choice (its logprobs and token ids kept; a streamed one put together from its chunks once the client
-has read them, ``dgrpo.chat_stream``). A call whose messages do not continue the trajectory's
+has read them, ``dgrpo.capture.chat_stream``). A call whose messages do not continue the trajectory's
 conversation with the same tools goes to the ``additional_histories`` entry it continues, or a new one, as
 in ART. ``auto_trajectory()`` is that trajectory inside the rollout (so it can set ``reward``), ``None``
 outside. ``yield_trajectory(t)`` inside ``capture_yielded_trajectory(rollout(...))`` hands a trajectory
@@ -24,7 +24,7 @@ from typing import Any, Literal, overload
 
 from openai.types.chat.chat_completion import Choice as OpenAIChoice
 
-from dgrpo.chat_stream import streamed_choice
+from dgrpo.capture.chat_stream import streamed_choice
 from schemas.trajectory import History, Trajectory
 
 _AUTO: ContextVar[Trajectory | None] = ContextVar("dgrpo_auto_trajectory", default=None)

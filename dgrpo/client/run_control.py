@@ -17,7 +17,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.checkpoints import check_checkpoint_fits, published_trainer_state
 from activities.object_store import ObjectStore
-from dgrpo.attach import started_input
+from dgrpo.client.attach import started_input
 from schemas.config import RunSpec, parse_run_spec
 from schemas.errors import DgrpoError, RunSpecError
 from schemas.layout import spec_key

@@ -3,8 +3,9 @@
 Both backends give the client the same three things: a Temporal client (pydantic data converter), the
 object store the workers use, and the inference server's OpenAI-compatible URL. ``LocalBackend`` starts
 what is missing (the embedded stack, the three workers) and stops only what it started;
-``TemporalBackend`` starts nothing. ``LocalBackend`` lives in dgrpo/local/; ART's ``backend.train`` and
-``backend.train_sft`` are added to both in dgrpo/art_backend.py (they drive a ``TrainableModel``).
+``TemporalBackend`` starts nothing. ``LocalBackend`` lives in dgrpo/local/, ``TemporalBackend`` in
+dgrpo/client/temporal_backend.py; ART's ``backend.train`` and ``backend.train_sft``, and the seam a model asks
+(``train_step``, ``_train_sft``, ``_get_step``), are added to both in dgrpo/client/training.py.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from temporalio.client import Client
 from activities.object_store import ObjectStore
 from dgrpo.errors import BackendError
 from dgrpo.types import TrainSFTConfig
-from schemas.config import TaskQueues
+from schemas.config import TaskQueues, TrainConfig
+from schemas.run_state import TrainStepResult
 from schemas.settings import ENV_INFERENCE_URL, S3Settings, TemporalSettings
-from schemas.trajectory import Trajectory
+from schemas.trajectory import Trajectory, TrajectoryGroup
 from serving.client import ServingClient
 from workers.temporal import connect_client
 
@@ -54,7 +56,7 @@ class Backend(Protocol):
 
     # ART's seam between a model and its backend (``art.Backend``'s names), which ``TrainableModel.get_step``
     # and ``train_sft`` go through, so a backend of ART's own works with a dgrpo model too. ``model`` is a
-    # ``TrainableModel``, typed Any here as dgrpo/trainable_model.py is built on this module.
+    # ``TrainableModel``, typed Any here as dgrpo/model.py is built on this module.
     async def _get_step(self, model: Any) -> int:
         """The model's current step."""
         ...
@@ -68,6 +70,19 @@ class Backend(Protocol):
         verbose: bool = False,
     ) -> AsyncIterator[dict[str, float]]:
         """Fine-tune ``model`` on the trajectories as its next step, yielding each batch's numbers."""
+        ...
+
+    # dgrpo's own: what ``model.train`` asks its backend for (ART 0.3's ``model.train``; ART 0.5 has only
+    # ``backend.train``). A backend of ART's own has no such step.
+    async def train_step(
+        self,
+        model: Any,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        history: bool,
+    ) -> TrainStepResult:
+        """Train ``model``'s next GRPO step on the groups; returns once its adapter is served."""
         ...
 
 

@@ -17,8 +17,8 @@ from typing import Any
 from rich.console import Console
 from temporalio.client import WorkflowFailureError
 
-from dgrpo import run_control
-from dgrpo.progress import RunProgress, history_table
+from dgrpo.cli.progress import RunProgress, history_table
+from dgrpo.client import run_control
 from schemas.config import RunSpec, TaskQueues, load_run_spec
 from schemas.errors import EngineSetupError
 from schemas.layout import checkpoints_prefix, reward_curve_key

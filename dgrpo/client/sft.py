@@ -17,7 +17,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from activities.object_store import ObjectStore
-from dgrpo.attach import workflow_status
+from dgrpo.client.attach import workflow_status
 from dgrpo.errors import UnsupportedArtOption
 from dgrpo.metrics_taxonomy import average_metric_samples
 from dgrpo.types import TrainResult, TrainSFTConfig

@@ -1,20 +1,22 @@
 """The ART features dgrpo refuses, each with the reason and what to use instead: one place for the reasons
-of refused top-level names (``dgrpo.UNSUPPORTED``) and of refused module paths.
+of refused top-level names (``dgrpo.UNSUPPORTED``) and of refused module paths (``MODULES``).
 
-A refused module path is a module of that name whose import raises, e.g. dgrpo/serverless.py:
-
-    from dgrpo.art_refusals import refuse_module
-
-    refuse_module(__name__)
-
-so ``import art.serverless`` and ``from art.serverless.backend import ServerlessBackend`` (a module under
-it) both raise ``UnsupportedArtModule`` (an ``UnsupportedArtFeature``, so a ``NotImplementedError``, and an
-``ImportError``) saying ``art.serverless: <why>``.
+A refused module path has no file: ``RefusedModules``, a finder ``dgrpo/__init__.py`` appends to
+``sys.meta_path``, answers for each name in ``MODULES`` that no file provides, so ``import art.serverless``,
+``from dgrpo import megatron`` and ``from art.serverless.backend import ServerlessBackend`` (a module under
+one) all raise ``UnsupportedArtModule`` (an ``UnsupportedArtFeature``, so a ``NotImplementedError``, and an
+``ImportError``) saying ``art.serverless: <why>``. A module file of the same path wins over the table (the
+finder comes after Python's own), so implementing an ART path is adding its file and deleting its line here.
 Kept light: ``import dgrpo`` reads the reasons from here.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
+from importlib.abc import Loader, MetaPathFinder
+from importlib.machinery import ModuleSpec
+from types import ModuleType
 from typing import NoReturn
 
 CAPTURE = (
@@ -89,7 +91,8 @@ MODULES = {
     "pipeline_trainer.status": "ART's PipelineTrainer's terminal status line is not supported: dgrpo's "
     "PipelineTrainer logs its steps (Python logging) and each step's numbers through model.log",
 }
-"""ART module paths (after ``art.``) dgrpo refuses, with the reason; a module under one is refused with it."""
+"""ART module paths (after ``art.``) dgrpo refuses, with the reason; a module under one is refused with it.
+tests/dgrpo/test_art_paths.py imports each of them."""
 
 
 def refuse_module(module_name: str) -> NoReturn:
@@ -99,3 +102,32 @@ def refuse_module(module_name: str) -> NoReturn:
 
     path = module_name.split(".", 1)[1]
     raise UnsupportedArtModule(f"art.{path}: {MODULES[path]}")
+
+
+class RefusedModules(MetaPathFinder, Loader):
+    """Finds the refused module paths of ``package`` (``dgrpo``, also when tests/art_alias names it ``art``);
+    loading one raises ``UnsupportedArtModule`` saying why."""
+
+    def __init__(self, package: ModuleType) -> None:
+        self.package = package
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        root, _, art_path = fullname.partition(".")
+        if art_path not in MODULES or sys.modules.get(root) is not self.package:
+            return None
+        return ModuleSpec(fullname, self)
+
+    def create_module(self, spec: ModuleSpec) -> None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        refuse_module(module.__name__)
+
+
+def install(package: ModuleType) -> None:
+    """Append ``package``'s ``RefusedModules`` to ``sys.meta_path`` (once): after Python's own finders, so a
+    module file of the same path is found first."""
+    if not any(isinstance(f, RefusedModules) and f.package is package for f in sys.meta_path):
+        sys.meta_path.append(RefusedModules(package))

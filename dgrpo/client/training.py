@@ -5,24 +5,33 @@ result = await backend.train(model, groups, learning_rate=1e-5)
 await model.log(groups, metrics=result.metrics, step=result.step, split="train")
 
 Each returns once the new step is served; as in ART 0.5 neither logs beyond the step's own record (the
-caller logs with ``model.log``). ``model.train`` / ``model.train_sft`` stay available.
+caller logs with ``model.log``). ``model.train`` / ``model.train_sft`` stay available: as in ART, the model
+asks its backend (``train_step``, ``_train_sft``, ``_get_step`` here), and the work goes one way from here:
+the backend runs the durable step (dgrpo/client/train_step.py, dgrpo/client/sft.py), records its numbers
+(``model.record_step``) and routes the model to the step served (``model.use_served``).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from dgrpo.art_config import train_config_fields
-from dgrpo.backends import Backend, ClusterBackend
+from temporalio.client import Client
+
+from activities.object_store import ObjectStore
+from dgrpo.art_compat.options import train_config_fields
+from dgrpo.client.backends import Backend
+from dgrpo.client.sft import batch_metrics, run_train_sft, sft_config, train_result
+from dgrpo.client.train_step import check_trainable, log_skipped, run_train_step
 from dgrpo.errors import NotRegisteredError
-from dgrpo.metrics import group_metrics, train_result_metrics
-from dgrpo.metrics_taxonomy import average_metric_samples
-from dgrpo.sft import batch_metrics
-from dgrpo.trainable_model import TrainableModel
+from dgrpo.metrics_taxonomy import average_metric_samples, trainable
+from dgrpo.model import TrainableModel
+from dgrpo.model_log.run_metrics import group_metrics, train_result_metrics
 from dgrpo.types import LocalTrainResult, TrainResult, TrainSFTConfig
-from schemas.config import TrainConfig
+from schemas.config import TaskQueues, TrainConfig
+from schemas.run_state import TrainSFTResult, TrainStepResult
 from schemas.trajectory import Trajectory, TrajectoryGroup
 
 
@@ -35,7 +44,15 @@ class ArtBackend(Backend, Protocol):
 
 
 class ArtTraining:
-    """``train`` and ``train_sft`` for a backend a ``TrainableModel`` registers with."""
+    """``train`` and ``train_sft`` for a backend a ``TrainableModel`` registers with, and the seam the model
+    asks (a mixin of ``LocalBackend`` and ``TemporalBackend``, whose other base is the ``Backend``)."""
+
+    if TYPE_CHECKING:  # the Backend this mixes into
+        task_queues: TaskQueues
+
+        async def temporal_client(self) -> Client: ...
+
+        def object_store(self) -> ObjectStore: ...
 
     def check_registered(self, model: TrainableModel) -> None:
         if model.backend() is not self:
@@ -103,7 +120,7 @@ class ArtTraining:
         """Fine-tune on the trajectories' assistant turns (a durable ``TrainSFT``); the new step and its
         metrics, logged by the caller (``model.train_sft`` logs them itself)."""
         self.check_registered(model)
-        return await model.fine_tune(trajectories, config)
+        return train_result(await self.run_sft(model, trajectories, config, {}))
 
     # ART's seam of ``model.get_step`` and ``model.train_sft`` (``art.Backend``'s names).
     async def _get_step(self, model: TrainableModel) -> int:
@@ -127,8 +144,63 @@ class ArtTraining:
                 f"dgrpo's _train_model takes its options in config, not in dev_config {dict(dev_config)}"
             )
         # The program's model.log writes the history rows, as in ART 0.5.
-        result = await model.train_step(trajectory_groups, config, history=False)
+        result = await self.train_step(model, trajectory_groups, config, history=False)
         yield train_result_metrics(result)
+
+    async def train_step(
+        self,
+        model: TrainableModel,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        history: bool,
+    ) -> TrainStepResult:
+        """One GRPO step as the model's next, a durable ``TrainStep`` (dgrpo/client/train_step.py); returns once
+        its adapter is served, to which the model is routed. Its numbers go to the run's metrics Parquet, and
+        with ``history`` (``model.train``'s) also to ``history.jsonl`` and W&B (``model.record_step``).
+
+        As in ART >= 0.4.4, a batch with nothing to learn from (no groups, every rollout failed, or every
+        group's rewards equal) trains nothing but still advances the step."""
+        self.check_registered(model)
+        groups = check_trainable(list(trajectory_groups))
+        store = self.object_store()
+        step = model.served_step + 1
+        if not any(trainable(g) for g in groups):
+            log_skipped(step, groups)
+        client = await self.temporal_client()
+        record = functools.partial(model.record_step, history=history)
+        result = await run_train_step(
+            client, store, self.task_queues, model.spec, model.run_id, step, groups, config, record
+        )
+        model.use_served(result.step, result.adapter)
+        model.trained_checkpoint = result.checkpoint
+        return result
+
+    async def run_sft(
+        self,
+        model: TrainableModel,
+        trajectories: Iterable[Trajectory],
+        config: TrainSFTConfig | None,
+        dev_config: Mapping[str, Any],
+    ) -> TrainSFTResult:
+        """Run (or join) the model's next step as a durable ``TrainSFT`` and route the model to the adapter
+        it served."""
+        examples = list(trajectories)
+        sft = sft_config(config, len(examples), model.max_seq_len, dev_config)
+        self.check_registered(model)
+        client = await self.temporal_client()
+        result = await run_train_sft(
+            client,
+            self.object_store(),
+            self.task_queues,
+            model.spec,
+            model.run_id,
+            model.served_step + 1,
+            examples,
+            sft,
+        )
+        model.use_served(result.step, result.adapter)
+        return result
 
     async def _train_sft(
         self,
@@ -139,19 +211,7 @@ class ArtTraining:
         verbose: bool = False,
     ) -> AsyncIterator[dict[str, float]]:
         """One durable ``TrainSFT`` as the model's next step, then each of its batches' numbers (the
-        trainer reports them when the step is served; ``dgrpo.sft.batch_metrics``)."""
+        trainer reports them when the step is served; ``dgrpo.client.sft.batch_metrics``)."""
         self.check_registered(model)
-        for metrics in batch_metrics(await model.run_sft(trajectories, config, dev_config)):
+        for metrics in batch_metrics(await self.run_sft(model, trajectories, config, dev_config)):
             yield metrics
-
-
-class TemporalBackend(ArtTraining, ClusterBackend):
-    """An existing Temporal cluster with ``dgrpo worker`` processes running there (e.g. on a GPU box).
-
-    S3 settings come from ``DGRPO_S3_*`` and the server URL from ``inference_url`` or ``DGRPO_INFERENCE_URL``,
-    as the client reaches them (a tunnel or load balancer in front of the GPU box's vLLM).
-    """
-
-    async def __aenter__(self) -> TemporalBackend:
-        await self.start()
-        return self

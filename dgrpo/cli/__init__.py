@@ -1,4 +1,9 @@
-"""The ``dgrpo`` command: one subcommand module per area, each registering its own subparsers."""
+"""The ``dgrpo`` command (``entry``, the console script; ``python -m dgrpo.cli``): one module per command group,
+each registering its own subparsers: ``stack`` (up, down, env, schema), ``serve``, ``worker``, ``runs`` (train,
+status, pause, resume, stop, demo).
+
+The CLI is not ART's API: it drives the façade and the layers below; nothing else in ``dgrpo`` imports it.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import os
 import sys
 import traceback
 
-from dgrpo import cli_run, cli_serve, cli_stack
+from dgrpo.cli import runs, serve, stack, worker
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (cli_stack, cli_serve, cli_run):
+    for module in (stack, serve, worker, runs):
         module.register(sub)
     return parser
 
@@ -49,7 +54,3 @@ def entry() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-if __name__ == "__main__":
-    entry()

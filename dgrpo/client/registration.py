@@ -1,0 +1,106 @@
+"""What ``TrainableModel.register`` does on the cluster: the model's record kept (or checked), a step an
+earlier client left running awaited, and the model's newest step served.
+
+A model's record (``runs/<run id>/model.json``) pins its base model and LoRA shape: its checkpoints belong to
+them, so a model of the same name and project with another shape is refused. A new inference server (or a
+warm-start adapter at step 0) gets the newest checkpoint loaded by a ``ServeModel`` workflow, which clients
+registering at once share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from pydantic import BaseModel
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+
+from activities.object_store import ObjectStore
+from dgrpo.client.attach import workflow_status
+from dgrpo.client.train_step import innermost_failure, train_step_result, train_workflow_id
+from dgrpo.errors import BackendError, ModelConflictError
+from schemas import layout
+from schemas.config import ModelSpec, TaskQueues
+from schemas.run_state import ServeModelInput, ServeModelResult, TrainStepResult
+from serving.client import ServingClient
+from workers.temporal import result_across_restarts
+
+log = logging.getLogger(__name__)
+
+
+def check_record(store: ObjectStore, run_id: str, model: ModelSpec) -> None:
+    """Record the model under its run, or refuse it when the record names another base model or LoRA shape."""
+    key = layout.model_key(run_id)
+    if not store.exists(key):
+        store.put_bytes(key, model.model_dump_json(indent=2).encode())
+        return
+    recorded = ModelSpec.model_validate_json(store.get_bytes(key))
+    for field in ("base_model", "lora"):
+        if getattr(recorded, field) != getattr(model, field):
+            raise ModelConflictError(
+                f"model {model.name!r} of project {model.project!r} is already registered with "
+                f"{field}={_show(getattr(recorded, field))}, not {_show(getattr(model, field))}; "
+                f"its checkpoints belong to that {field}. Use another name (or project) for this one, "
+                f"or pass {field}={_show(getattr(recorded, field))}"
+            )
+
+
+async def newest_step(store: ObjectStore, run_id: str) -> int:
+    newest = await asyncio.to_thread(store.latest_checkpoint, run_id)
+    return 0 if newest is None else newest.step
+
+
+async def await_earlier_train(client: Client, run_id: str, newest: int) -> None:
+    """A train call of a client that died may still be finishing: wait for it, never race it."""
+    for step in (newest, newest + 1):
+        handle = client.get_workflow_handle(train_workflow_id(run_id, step), result_type=TrainStepResult)
+        if await workflow_status(handle) == WorkflowExecutionStatus.RUNNING:
+            log.info("waiting for the running %s of an earlier client", handle.id)
+            await train_step_result(handle)
+
+
+async def serve_newest(
+    client: Client,
+    store: ObjectStore,
+    queues: TaskQueues,
+    run_id: str,
+    model: ModelSpec,
+    url: str,
+    base_served: str,
+    warm_start: bool,
+) -> tuple[int, str]:
+    """The newest checkpoint's step and served name, loading it into the server if it is not there (a new
+    server); step 0 of a fresh LoRA is ``base_served``, the base model itself (its B matrices are zero)."""
+    checkpoint = await asyncio.to_thread(store.latest_checkpoint, run_id)
+    if checkpoint is None and not warm_start:
+        return 0, base_served
+    if checkpoint is not None:
+        adapter = layout.adapter_name(run_id, checkpoint.step)
+        if adapter in await _served_models(url):
+            return checkpoint.step, adapter
+    # A new server, or a warm-start adapter at step 0: ServeModel publishes checkpoint 0 if there is
+    # none, and loads the newest checkpoint. Clients registering at once share one run of it.
+    handle = await client.start_workflow(
+        "ServeModel",
+        ServeModelInput(run_id=run_id, model=model, task_queues=queues),
+        id=f"serve-{run_id}",
+        task_queue=queues.control,
+        result_type=ServeModelResult,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    try:
+        served = await result_across_restarts(handle)
+    except WorkflowFailureError as err:
+        raise BackendError(f"{handle.id} could not serve {run_id}: {innermost_failure(err)}") from err
+    return served.step, served.adapter
+
+
+async def _served_models(url: str) -> set[str]:
+    return {str(m.get("id")) for m in await ServingClient(url, timeout_s=10.0).models()}
+
+
+def _show(value: Any) -> str:
+    return repr(value.model_dump()) if isinstance(value, BaseModel) else repr(value)

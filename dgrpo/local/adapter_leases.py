@@ -1,5 +1,0 @@
-"""ART's ``art.local.adapter_leases``: refused, saying why (dgrpo/art_refusals.py)."""
-
-from dgrpo.art_refusals import refuse_module
-
-refuse_module(__name__)

@@ -1,5 +1,0 @@
-"""ART's ``art.utils.s3``: refused, saying why (dgrpo/art_refusals.py)."""
-
-from dgrpo.art_refusals import refuse_module
-
-refuse_module(__name__)
