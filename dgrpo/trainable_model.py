@@ -52,7 +52,7 @@ from dgrpo.model import Model, check_config
 from dgrpo.sft import run_train_sft, sft_config, train_result
 from dgrpo.types import TrainResult, TrainSFTConfig
 from schemas import layout
-from schemas.config import LoraConfig, ModelSpec, TrainConfig
+from schemas.config import LoraConfig, ModelSpec, Scheduling, TrainConfig
 from schemas.errors import DgrpoError
 from schemas.refs import CheckpointRef, TrajectoriesRef
 from schemas.run_state import (
@@ -201,7 +201,12 @@ class TrainableModel(Model):
         queues = self._require_backend().task_queues
         handle = await client.start_workflow(
             "ServeModel",
-            ServeModelInput(run_id=self.run_id, model=self.spec, task_queues=queues),
+            ServeModelInput(
+                run_id=self.run_id,
+                model=self.spec,
+                task_queues=queues,
+                scheduling=Scheduling.of_owner(self.spec.project),
+            ),
             id=f"serve-{self.run_id}",
             task_queue=queues.control,
             result_type=ServeModelResult,
@@ -386,6 +391,7 @@ class TrainableModel(Model):
             step=step,
             task_queues=backend.task_queues,
             advance_without_signal=True,
+            scheduling=Scheduling.of_owner(self.spec.project),
         )
         handle = await client.start_workflow(
             "TrainStep",

@@ -235,6 +235,11 @@ class Scheduling(_Strict):
     fairness_weight: float | None = Field(None, gt=0, le=MAX_FAIRNESS_WEIGHT)
     """The key's share, relative to the other keys queued (1: an equal share)."""
 
+    @classmethod
+    def of_owner(cls, owner: str) -> Scheduling:
+        """An equal share for ``owner`` at the default priority (the ART-style client's calls: their project)."""
+        return cls(fairness_key=fairness_key(owner))
+
 
 def fairness_key(owner: str) -> str:
     """``owner`` as a fairness key: itself when it fits Temporal's 64 bytes, else a prefix and its hash."""
