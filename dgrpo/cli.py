@@ -8,7 +8,7 @@ import os
 import sys
 import traceback
 
-from dgrpo import cli_run, cli_serve, cli_stack
+from dgrpo import cli_fleet, cli_run, cli_serve, cli_stack
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,7 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (cli_stack, cli_serve, cli_run):
+    for module in (cli_stack, cli_serve, cli_run, cli_fleet):
         module.register(sub)
     return parser
 

@@ -13,7 +13,7 @@ from rich.console import Console
 from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError
 
-from dgrpo import run_control
+from dgrpo import cli_fleet, run_control
 from dgrpo.progress import RunProgress, status_summary, status_view
 from schemas.config import TaskQueues, load_run_spec
 from schemas.errors import DgrpoError, EngineSetupError
@@ -105,6 +105,7 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
         judge_keys=None if args.judge_key_env is None else tuple(args.judge_key_env),
         task_modules=None if args.task_module is None else tuple(args.task_module),
         max_concurrent_activities=args.max_concurrent_activities,
+        **cli_fleet.worker_options(args),
     )
 
 
@@ -311,6 +312,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="inference: rollout shards and reloads run at once (default Temporal's 100); a small N leaves "
         "a step's other shards to the other inference workers",
     )
+    cli_fleet.add_worker_flags(worker)
     worker.add_argument("--ready-file", help=argparse.SUPPRESS)
     worker.set_defaults(func=cmd_worker)
 
