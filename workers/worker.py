@@ -176,7 +176,7 @@ def interceptors(opts: WorkerOptions, ticker: HeartbeatTicker | None = None) -> 
 
 def deployment_config(deployment: WorkerDeployment | None) -> WorkerDeploymentConfig | None:
     """Temporal's Worker Versioning options of a worker of ``deployment`` (None: unversioned). Each workflow
-    type states whether its runs stay on their build (``versioning_behavior`` on its ``workflow.defn``)."""
+    type states whether its runs stay on their build (``workflows/versioned.py``)."""
     if deployment is None:
         return None
     version = WorkerDeploymentVersion(deployment_name=deployment.name, build_id=deployment.build_id)
