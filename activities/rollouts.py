@@ -40,6 +40,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.advantages import check_numbers
+from activities.fleet_metrics import fleet_metrics
 from activities.object_store import ObjectStore
 from activities.rollout_model import RolloutModel, discover_base_model, own_server_api_key
 from activities.scenario_store import ScenarioCache
@@ -273,14 +274,20 @@ async def run_groups(
     ``semaphore``: the slots shared with other shards (default: ``task.rollout_concurrency`` of its own)."""
     semaphore = semaphore or asyncio.Semaphore(task.rollout_concurrency)
     total = len(picked) * group_size
+    metrics = fleet_metrics()
 
     async def one(g: int, i: int) -> tuple[int, int, Trajectory | ExceptionRecord]:
         index, scenario = picked[g]
         model = models[(g * group_size + i) % len(models)]
         async with semaphore:
-            outcome = await run_rollout(
-                fn, task.rollout, model, scenario, scenario_label(index, scenario), task.rollout_timeout_s
-            )
+            metrics.rollout_started()
+            outcome: Trajectory | ExceptionRecord | None = None
+            try:
+                outcome = await run_rollout(
+                    fn, task.rollout, model, scenario, scenario_label(index, scenario), task.rollout_timeout_s
+                )
+            finally:
+                metrics.rollout_ended(outcome if isinstance(outcome, Trajectory) else None)
         return g, i, outcome
 
     tasks = [asyncio.create_task(one(g, i)) for g in range(len(picked)) for i in range(group_size)]

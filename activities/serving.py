@@ -39,6 +39,7 @@ from temporalio.exceptions import ApplicationError
 from activities.checkpoints import download_checkpoint
 from activities.engine_liveness import EngineLiveness
 from activities.errors import application_error
+from activities.fleet_metrics import fleet_metrics
 from activities.object_store import WORKER_OUTAGE_S, ObjectStore
 from schemas import layout
 from schemas.activities import ActivityName, ReloadInput, ReloadResult, ServingControlInput
@@ -199,6 +200,7 @@ class ServingActivities:
         unloaded = await self._evict(ref.run_id, keep=input.serving.keep_adapters, current=name)
         unloaded += await self._cap(current=name)
         self._forget(unloaded)
+        fleet_metrics().steps_served.add(1)
         return ReloadResult(
             adapter=name, servers=[c.base_url for c in self.clients], unloaded=sorted(set(unloaded))
         )
@@ -272,6 +274,8 @@ class ServingActivities:
                     non_retryable=True,
                 ) from err
             log.info("%s %s on %s", "loaded" if loaded else "already had", name, client.base_url)
+            if loaded:
+                fleet_metrics().adapter_loads.add(1)
         self.contents[name] = ref.manifest_sha256
         self.leases.touch(name)
         return local
@@ -283,7 +287,8 @@ class ServingActivities:
                 del self.served[name]
                 continue
             for client in self.clients:
-                await client.load_adapter(name, str(local))
+                if await client.load_adapter(name, str(local)):
+                    fleet_metrics().adapter_loads.add(1)
         return sorted(self.served)
 
     async def _evict(self, run_id: str, keep: int, current: str) -> list[str]:
@@ -302,6 +307,7 @@ class ServingActivities:
                 _heartbeat("unload", evict, client.base_url)
                 if await client.unload_adapter(evict):
                     unloaded.add(evict)
+                    fleet_metrics().adapter_unloads.add(1)
         return sorted(unloaded)
 
     async def _cap(self, current: str) -> list[str]:
@@ -318,6 +324,7 @@ class ServingActivities:
                 _heartbeat("unload", evict, client.base_url)
                 if await client.unload_adapter(evict):
                     unloaded.append(evict)
+                    fleet_metrics().adapter_unloads.add(1)
                     excess -= 1
                     log.info(
                         "unloaded %s from %s (--max-loras %d)", evict, client.base_url, self.engine.max_loras

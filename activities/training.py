@@ -56,6 +56,7 @@ from activities.checkpoints import (
     staging_dir,
 )
 from activities.errors import application_error
+from activities.fleet_metrics import fleet_metrics
 from activities.object_store import ObjectStore
 from activities.tokenize import TrainSequence, build_sequences, run_tokenizer
 from activities.trainer import StepStats, Trainer, check_finite_adapter
@@ -203,19 +204,23 @@ class TrainerActivities:
     @activity.defn(name=ActivityName.TRAIN)
     async def train(self, inp: TrainInput) -> TrainResult:
         """Train one GRPO step from ``start_from`` and stage it on this worker (publish it next)."""
-        return await self._attempt(
+        trained = await self._attempt(
             inp.run_id, inp.step, inp.train.micro_batch_size,
             lambda micro_batch, progress, stop: self.train_sync(inp, micro_batch, progress, stop),
         )  # fmt: skip
+        fleet_metrics().trained_tokens.add(trained.n_trainable_tokens)
+        return trained
 
     @activity.defn(name=ActivityName.TRAIN_SFT)
     async def train_sft(self, inp: SftInput) -> SftResult:
         """Fine-tune on ``inp.examples`` from ``start_from`` and stage the result on this worker (publish it
         next); out of memory halves the micro-batch as in ``train``."""
-        return await self._attempt(
+        trained = await self._attempt(
             inp.run_id, inp.step, inp.sft.micro_batch_size,
             lambda micro_batch, progress, stop: self.train_sft_sync(inp, micro_batch, progress, stop),
         )  # fmt: skip
+        fleet_metrics().trained_tokens.add(trained.n_trainable_tokens)
+        return trained
 
     async def _attempt(
         self,
@@ -268,6 +273,7 @@ class TrainerActivities:
                 type=OUT_OF_MEMORY,
                 non_retryable=True,
             )
+        fleet_metrics().oom_halvings.add(1)
         return ApplicationError(
             f"step {step}: out of memory at micro_batch_size={err.micro_batch_size}; "
             f"the next attempt uses {err.micro_batch_size // 2} ({err.cause})",

@@ -6,6 +6,7 @@ Every field has bounds and a one-line doc, so this module is the configuration r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tomllib
 import warnings
@@ -213,6 +214,40 @@ class CheckpointsSpec(_Strict):
         return self
 
 
+HIGHEST_PRIORITY = 1
+LOWEST_PRIORITY = 5
+DEFAULT_PRIORITY = 3
+"""Temporal's task-queue priority keys: 1 runs first, 5 last; 3 is Temporal's default."""
+MAX_FAIRNESS_WEIGHT = 1000.0
+"""Temporal clamps a fairness weight to [0.001, 1000]."""
+FAIRNESS_KEY_BYTES = 64
+"""Temporal's longest fairness key."""
+
+
+class Scheduling(_Strict):
+    """Where a run's activities queue among other runs' on a shared fleet: Temporal's task-queue priority and
+    fairness, set on every activity the run schedules (``workflows/stages.py``). None: Temporal's default."""
+
+    priority: int | None = Field(None, ge=HIGHEST_PRIORITY, le=LOWEST_PRIORITY)
+    """1 runs first, 5 last; a backlog of a lower priority waits behind any higher one."""
+    fairness_key: str | None = Field(None, min_length=1, max_length=FAIRNESS_KEY_BYTES)
+    """Runs of one key share one fair share of each queue (the run's owner)."""
+    fairness_weight: float | None = Field(None, gt=0, le=MAX_FAIRNESS_WEIGHT)
+    """The key's share, relative to the other keys queued (1: an equal share)."""
+
+    @classmethod
+    def of_owner(cls, owner: str) -> Scheduling:
+        """An equal share for ``owner`` at the default priority (the ART-style client's calls: their project)."""
+        return cls(fairness_key=fairness_key(owner))
+
+
+def fairness_key(owner: str) -> str:
+    """``owner`` as a fairness key: itself when it fits Temporal's 64 bytes, else a prefix and its hash."""
+    if len(owner.encode()) <= FAIRNESS_KEY_BYTES:
+        return owner
+    return f"{owner[:47]}~{hashlib.sha256(owner.encode()).hexdigest()[:16]}"
+
+
 class RunSpec(_Strict):
     """A whole GRPO training run: the input of the ``TrainingRun`` workflow."""
 
@@ -256,6 +291,22 @@ class RunSpec(_Strict):
     a run's worst-case history must fit a fifth of Temporal's limits, see ``schemas/history_bounds.py``)."""
     seed: int = Field(0, ge=0)
     """Seed for scenario order and sampling."""
+    priority: int = Field(DEFAULT_PRIORITY, ge=HIGHEST_PRIORITY, le=LOWEST_PRIORITY)
+    """On a shared fleet: 1 runs first, 5 last; a run's queued activities wait behind any run's of a higher
+    priority. The workers' operator bounds it (``--highest-priority``); a run above the bound is refused."""
+    fairness_weight: float = Field(1.0, gt=0, le=MAX_FAIRNESS_WEIGHT)
+    """On a shared fleet, within one priority: the owner's share of each queue relative to other owners' (1: an
+    equal share). The operator bounds it (``--max-fairness-weight``); a run above the bound is refused."""
+    owner: str | None = Field(None, pattern=NAME_PATTERN)
+    """Who the run is for (a team, a user): runs of one owner share one fair share. None: ``model.project``."""
+
+    def scheduling(self) -> Scheduling:
+        """The priority and fairness every activity of this run carries."""
+        return Scheduling(
+            priority=self.priority,
+            fairness_key=fairness_key(self.owner or self.model.project),
+            fairness_weight=self.fairness_weight,
+        )
 
     def deprecations(self) -> list[str]:
         """One line per deprecated setting this spec uses, saying what to do instead."""

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.activities import SftConfig, SftResult
-from schemas.config import ModelSpec, ServingSpec, TaskQueues, TrainConfig
+from schemas.config import ModelSpec, Scheduling, ServingSpec, TaskQueues, TrainConfig
 from schemas.refs import CheckpointRef, Name, ObjectRef, TrajectoriesRef
 
 Phase = Literal[
@@ -98,6 +98,8 @@ class RunStatus(_Strict):
     phase_seconds: dict[str, float] = Field(default_factory=dict)
     """Seconds per phase of the step in progress so far."""
     error: str | None = None
+    scheduling: Scheduling = Field(default_factory=Scheduling)
+    """The priority and fairness the run's activities carry."""
 
 
 class TrainStepInput(_Strict):
@@ -118,6 +120,8 @@ class TrainStepInput(_Strict):
     advance_without_signal: bool = False
     """When no group's rewards differ, publish checkpoint ``step - 1`` again as ``step`` and serve it (the
     step advances and nothing is trained, as in ART >= 0.4.4) instead of failing with ``NoLearningSignal``."""
+    scheduling: Scheduling = Field(default_factory=Scheduling)
+    """The priority and fairness of every activity of the step (the run's)."""
 
 
 class TrainStepResult(_Strict):
@@ -147,6 +151,8 @@ class TrainSFTInput(_Strict):
     task_queues: TaskQueues = Field(default_factory=TaskQueues)
     shared_device: bool = False
     """Sleep the inference engine while training (one device)."""
+    scheduling: Scheduling = Field(default_factory=Scheduling)
+    """The priority and fairness of every activity of the call (the run's)."""
 
 
 class TrainSFTResult(_Strict):
@@ -171,6 +177,8 @@ class ServeModelInput(_Strict):
     """The run trains in mode ``shared`` (the engine sleeps while the trainer runs)."""
     bucket: str | None = None
     """The bucket the run's spec names (deprecated; checked against the workers')."""
+    scheduling: Scheduling = Field(default_factory=Scheduling)
+    """The priority and fairness of every activity of the call (the run's)."""
 
 
 class ServeModelResult(_Strict):

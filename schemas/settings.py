@@ -56,6 +56,16 @@ ENV_TEMPORAL_WAIT_S = "DGRPO_TEMPORAL_WAIT_S"
 ENV_ADAPTER_ROOT = "DGRPO_ADAPTER_ROOT"
 """The only directory our CPU server loads runtime adapters from (its ``--adapter-root`` default;
 else ``$DGRPO_HOME/adapters``, where the reload activity downloads checkpoints)."""
+ENV_HIGHEST_PRIORITY = "DGRPO_HIGHEST_PRIORITY"
+"""The highest priority (smallest number, 1-5) a run's activities may carry here (``--highest-priority``)."""
+ENV_MAX_FAIRNESS_WEIGHT = "DGRPO_MAX_FAIRNESS_WEIGHT"
+"""The largest fairness weight a run's activities may carry here (``--max-fairness-weight``)."""
+ENV_DEPLOYMENT_NAME = "DGRPO_DEPLOYMENT_NAME"
+"""The Temporal Worker Deployment a worker belongs to (``--deployment-name``); unset: an unversioned worker."""
+ENV_BUILD_ID = "DGRPO_BUILD_ID"
+"""The worker's build id within its deployment (``--build-id``); needed with a deployment name."""
+ENV_METRICS_BIND = "DGRPO_METRICS_BIND"
+"""``host:port`` of the worker's Prometheus endpoint (``--metrics-bind``); unset: none."""
 ENV_CPU_SHARE_DIR = "DGRPO_CPU_SHARE_DIR"
 """Where CPU servers and trainers on one host mark themselves busy, to split the cores while several work at
 once (``host/cpu_share.py``; default a per-user directory under the system's temporary one; ``off``: each
@@ -170,6 +180,67 @@ class WorkerLifecycle(BaseModel):
         e = os.environ if env is None else env
         given = {"grace_s": e.get(ENV_WORKER_GRACE_S), "temporal_wait_s": e.get(ENV_TEMPORAL_WAIT_S)}
         return cls.model_validate({name: value for name, value in given.items() if value})
+
+
+class FleetBounds(BaseModel):
+    """How far a run may ask to go ahead of others on this worker's queues: a run (``RunSpec.priority``,
+    ``fairness_weight``) beyond them is refused at its first activity here, with an error naming the setting.
+    The defaults let a run lower itself, never raise itself above an equal share at the default priority."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    highest_priority: int = Field(3, ge=1, le=5)
+    """The smallest priority number (1 runs first) a run's activities may carry."""
+    max_fairness_weight: float = Field(1.0, gt=0, le=1000)
+    """The largest fairness weight a run's activities may carry. Raise it only on a Temporal cluster with
+    fairness on (``matching.enableFairness``): elsewhere weights are ignored, so they are refused."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> FleetBounds:
+        e = os.environ if env is None else env
+        given = {
+            "highest_priority": e.get(ENV_HIGHEST_PRIORITY),
+            "max_fairness_weight": e.get(ENV_MAX_FAIRNESS_WEIGHT),
+        }
+        return cls.model_validate({name: value for name, value in given.items() if value})
+
+
+class WorkerDeployment(BaseModel):
+    """A versioned worker's place in Temporal's Worker Versioning: its deployment and build id. Workers of a new
+    build start beside the old; the operator makes the new build current, and the old one drains."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
+    """The deployment: every worker of one fleet (all roles) shares it."""
+    build_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
+    """This worker's code version (an image tag, a git commit)."""
+
+    @classmethod
+    def from_flags(
+        cls, name: str | None, build_id: str | None, env: Mapping[str, str] | None = None
+    ) -> WorkerDeployment | None:
+        """The flags, else ``DGRPO_DEPLOYMENT_NAME`` / ``DGRPO_BUILD_ID``; None (unversioned) when neither is
+        set; one without the other is refused."""
+        e = os.environ if env is None else env
+        name = name or e.get(ENV_DEPLOYMENT_NAME) or None
+        build_id = build_id or e.get(ENV_BUILD_ID) or None
+        if name is None and build_id is None:
+            return None
+        if name is None or build_id is None:
+            missing = (
+                "--deployment-name (or DGRPO_DEPLOYMENT_NAME)"
+                if name is None
+                else "--build-id (or DGRPO_BUILD_ID)"
+            )
+            raise EngineSetupError(
+                f"a versioned worker needs both a deployment name and a build id: set {missing} too, or "
+                "neither for an unversioned worker"
+            )
+        try:
+            return cls(name=name, build_id=build_id)
+        except ValueError as err:
+            raise EngineSetupError(f"worker deployment {name!r} build {build_id!r}: {err}") from None
 
 
 def default_engine(env: Mapping[str, str] | None = None) -> str:

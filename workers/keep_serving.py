@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from activities.fleet_metrics import fleet_metrics
 from activities.serving import ServingActivities
 from serving.launchers import ServerProcess
 
@@ -47,6 +48,7 @@ async def keep_serving(server: ServerProcess, serving: ServingActivities) -> Non
                       server.log_path)  # fmt: skip
             _kill(server)
         liveness.restarting(why)
+        fleet_metrics().engine_restarts.add(1)
         await _restart(server, serving)
 
 

@@ -78,6 +78,20 @@ class PortTaken(StackError):
     itself, so it can race weed, or another program, for one)."""
 
 
+TEMPORAL_DYNAMIC_CONFIG = {
+    # Task-queue priority and fairness (docs/fleet.md), with each queue in one partition: a dev server has
+    # one matching node, and several partitions would dispatch each one's backlog in its own order.
+    "matching.useNewMatcher": "true",
+    "matching.enableFairness": "true",
+    "matching.enableMigration": "true",  # a stack from before (its SQLite file) moves its backlogs over
+    "matching.numTaskqueueReadPartitions": "1",
+    "matching.numTaskqueueWritePartitions": "1",
+    # Worker Versioning: a build no pinned run needs reads as drained within seconds (default: minutes).
+    "matching.wv.VersionDrainageStatusVisibilityGracePeriod": '"5s"',
+    "matching.wv.VersionDrainageStatusRefreshInterval": '"2s"',
+}
+"""What the embedded Temporal dev server is started with (``--dynamic-config-value``)."""
+
 PORT_RACE_TRIES = 3
 """Starts of a new stack on fresh ports when a server found a port taken."""
 
@@ -386,6 +400,8 @@ class EmbeddedStack:
     def _temporal_args(self, port: int, ui_port: int | None) -> list[str]:
         args = [find_binary("temporal"), "server", "start-dev", "--ip", HOST, "--port", str(port)]
         args += ["--db-filename", str(self.home / "temporal.db"), "--log-level", "warn"]
+        for key, value in TEMPORAL_DYNAMIC_CONFIG.items():
+            args += ["--dynamic-config-value", f"{key}={value}"]
         return args + (["--ui-port", str(ui_port)] if ui_port is not None else ["--headless"])
 
     def _weed_args(self, s3_port: int, weed_ports: dict[str, int]) -> list[str]:

@@ -1,7 +1,7 @@
 """The one way every client and worker connects to Temporal, and rides out a Temporal that does not answer.
 
 ``connect_client``: the pydantic data converter (with the error contract's failure converter), settings from
-the environment; with ``wait_s`` it keeps trying (a worker started before Temporal, or while it restarts). ``across_restarts``: a call (a workflow's result, a
+the environment, traces when an OTLP endpoint is configured (``workers/telemetry.py``); with ``wait_s`` it keeps trying (a worker started before Temporal, or while it restarts). ``across_restarts``: a call (a workflow's result, a
 describe) made again while Temporal is unreachable, since a restart cuts every RPC and long poll in flight.
 Both back off up to ``BACKOFF_CAP_S`` and log each try.
 """
@@ -22,6 +22,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from schemas.errors import DgrpoError
 from schemas.settings import TemporalSettings
 from workers.error_contract import ContractFailureConverter
+from workers.telemetry import tracing_interceptors
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ async def connect_client(
                 tls=tls,
                 api_key=api_key,
                 data_converter=DATA_CONVERTER,
+                interceptors=tracing_interceptors(),  # on its workers too
             )
         except RuntimeError as err:  # the SDK's bridge raises a bare RuntimeError when it cannot connect
             raise TemporalUnreachable(

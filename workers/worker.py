@@ -33,25 +33,34 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from temporalio.client import Client
-from temporalio.worker import Interceptor, Worker
+from temporalio.common import WorkerDeploymentVersion
+from temporalio.worker import Interceptor, Worker, WorkerDeploymentConfig
 
 from activities.object_store import WORKER_OUTAGE_S, ObjectStore
 from activities.serving import ServingActivities
 from host.processes import HOST, free_port
 from schemas.config import TaskQueues
 from schemas.layout import worker_task_queue
-from schemas.settings import ENV_SERVE_HOST, ENV_SERVE_PORT, EngineSettings, WorkerLifecycle, dgrpo_home
+from schemas.settings import (
+    ENV_METRICS_BIND,
+    ENV_SERVE_HOST,
+    ENV_SERVE_PORT,
+    EngineSettings,
+    FleetBounds,
+    WorkerDeployment,
+    WorkerLifecycle,
+    dgrpo_home,
+)
 from serving.launchers import ServerProcess, server_process
+from workers.admission import Admission
 from workers.error_contract import ErrorContract
 from workers.heartbeat_ticker import THROTTLE as HEARTBEAT_THROTTLE
 from workers.heartbeat_ticker import HeartbeatTicker
 from workers.keep_serving import keep_serving
 from workers.keep_trainer import keep_trainer
+from workers.telemetry import StageMetrics, flush_traces, next_port, serve_metrics
 from workers.temporal import connect_client
-from workflows.serve_model import ServeModel
-from workflows.train_sft import TrainSFT
-from workflows.train_step import TrainStep
-from workflows.training_run import TrainingRun
+from workflows.versioned import VERSIONED_WORKFLOWS, WORKFLOWS
 
 if TYPE_CHECKING:
     from workers.launcher import WorkerProcess
@@ -59,7 +68,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 INTERCEPTORS: list[Interceptor] = [ErrorContract(), HeartbeatTicker()]
-"""On every worker: the one error contract, and heartbeats that do not wait for the work."""
+"""The one error contract, and heartbeats that do not wait for the work (what ``interceptors`` adds to)."""
 
 Role = Literal["control", "inference", "trainer", "all"]
 ROLES: tuple[Role, ...] = ("control", "inference", "trainer", "all")
@@ -108,6 +117,13 @@ class WorkerOptions:
     max_concurrent_activities: int | None = None
     """Inference: activities (rollout shards, reloads) run at once; None: Temporal's default (100). A small
     number leaves a step's other shards to the other inference workers."""
+    bounds: FleetBounds = field(default_factory=FleetBounds.from_env)
+    """The highest priority and largest fairness weight a run's activities may carry here."""
+    deployment: WorkerDeployment | None = None
+    """The Worker Deployment and build id this worker polls as (Worker Versioning); None: unversioned."""
+    metrics_bind: str | None = None
+    """``host:port`` of the Prometheus endpoint (None: ``$DGRPO_METRICS_BIND``, else none); role ``all``'s
+    trainer child serves on the next port."""
 
 
 def _add_cwd_to_path() -> None:
@@ -152,6 +168,21 @@ def inference_activities(
     return [rollouts.rollouts, *serving.all()]
 
 
+def interceptors(opts: WorkerOptions, ticker: HeartbeatTicker | None = None) -> list[Interceptor]:
+    """On every worker: the one error contract, the operator's bounds on priority and fairness, the stage
+    metrics, and heartbeats that do not wait for the work (``ticker``: the inference worker's own)."""
+    return [ErrorContract(), Admission(opts.bounds), StageMetrics(), ticker or HeartbeatTicker()]
+
+
+def deployment_config(deployment: WorkerDeployment | None) -> WorkerDeploymentConfig | None:
+    """Temporal's Worker Versioning options of a worker of ``deployment`` (None: unversioned). Each workflow
+    type states whether its runs stay on their build (``workflows/versioned.py``)."""
+    if deployment is None:
+        return None
+    version = WorkerDeploymentVersion(deployment_name=deployment.name, build_id=deployment.build_id)
+    return WorkerDeploymentConfig(version=version, use_worker_versioning=True)
+
+
 async def build_workers(
     client: Client,
     roles: set[str],
@@ -170,14 +201,17 @@ async def build_workers(
         activities: Sequence[Callable[..., Any]],
         workflows: Sequence[type] = (),
         max_concurrent_activities: int | None = None,
-        interceptors: Sequence[Interceptor] = INTERCEPTORS,
+        ticker: HeartbeatTicker | None = None,
+        versioned: bool = True,
     ) -> Worker:
         return Worker(
             client,
             task_queue=queue,
             workflows=workflows,
             activities=activities,
-            interceptors=interceptors,
+            interceptors=interceptors(opts, ticker),
+            # A trainer's own queue is polled by that one process: nothing to version.
+            deployment_config=deployment_config(opts.deployment if versioned else None),
             graceful_shutdown_timeout=grace,  # then running activities are cancelled: failed, retried elsewhere
             # The SDK otherwise holds heartbeats back for up to 0.8 x the timeout; sent within 5 s, the last
             # beat before a kill is recent, so the server's timeout fires soon after the worker died.
@@ -188,7 +222,7 @@ async def build_workers(
     workers: list[Worker] = []
     if "control" in roles:
         judge_url = server_urls[0] if server_urls else opts.server_url
-        workflows = [TrainingRun, TrainStep, TrainSFT, ServeModel]
+        workflows = WORKFLOWS if opts.deployment is None else VERSIONED_WORKFLOWS
         workers.append(worker(queues.control, control_activities(store, judge_url, opts), workflows))
     if "inference" in roles:
         serving = serving or ServingActivities(list(server_urls), store, engine=opts.engine)
@@ -198,7 +232,7 @@ async def build_workers(
                 inference_activities(store, server_urls, opts, serving),
                 max_concurrent_activities=opts.max_concurrent_activities,
                 # no heartbeat vouches for work whose engine leaves its probes unanswered
-                interceptors=[ErrorContract(), HeartbeatTicker(serving.liveness.vouches)],
+                ticker=HeartbeatTicker(serving.liveness.vouches),
             )
         )
     if "trainer" in roles:
@@ -208,7 +242,7 @@ async def build_workers(
         trainer = TrainerActivities(store, staging, worker_id=opts.worker_id)
         own_queue = worker_task_queue(queues.trainer, trainer.worker_id)
         log.info("trainer %s polls %s and %s", trainer.worker_id, queues.trainer, own_queue)
-        workers += [worker(queue, trainer.all()) for queue in (queues.trainer, own_queue)]
+        workers += [worker(queues.trainer, trainer.all()), worker(own_queue, trainer.all(), versioned=False)]
     return workers
 
 
@@ -328,7 +362,16 @@ def _trainer_child(opts: WorkerOptions) -> WorkerProcess:
         str(opts.lifecycle.grace_s),
         "--temporal-wait-s",
         str(opts.lifecycle.temporal_wait_s),
+        "--highest-priority",
+        str(opts.bounds.highest_priority),
+        "--max-fairness-weight",
+        str(opts.bounds.max_fairness_weight),
     ]
+    if opts.deployment is not None:
+        extra += ["--deployment-name", opts.deployment.name, "--build-id", opts.deployment.build_id]
+    bind = metrics_bind(opts)
+    if bind is not None:  # explicit: a bind from the environment would be the parent's own port
+        extra += ["--metrics-bind", next_port(bind)]
     return WorkerProcess(
         "trainer",
         log_dir / f"trainer-{os.getpid()}.log",
@@ -350,8 +393,16 @@ async def run_all_workers(client: Client, task_queues: TaskQueues, serve_port: i
     await run_workers(opts, client)
 
 
+def metrics_bind(opts: WorkerOptions) -> str | None:
+    """Where the worker serves its Prometheus metrics: ``--metrics-bind``, else ``$DGRPO_METRICS_BIND``."""
+    return opts.metrics_bind or os.environ.get(ENV_METRICS_BIND) or None
+
+
 def main(opts: WorkerOptions) -> int:
     """Run until SIGTERM/SIGINT, then shut the workers down gracefully; 0 once they have."""
+    bind = metrics_bind(opts)
+    if bind is not None:
+        serve_metrics(bind)  # first: the runtime every client of this process connects with
 
     async def _main() -> None:
         stop = asyncio.Event()
@@ -373,6 +424,7 @@ def main(opts: WorkerOptions) -> int:
         loop.run_until_complete(_main())
     finally:
         loop.close()
+        flush_traces()
     return 0
 
 

@@ -15,7 +15,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from schemas.activities import MergeRolloutsInput, RolloutsInput
-    from schemas.config import TaskQueues
+    from schemas.config import Scheduling, TaskQueues
     from schemas.refs import TrajectoriesRef
 
 from workflows.stages import MERGE_ROLLOUTS, ROLLOUTS, run_stage
@@ -58,13 +58,20 @@ SINGLE_SHARD_MERGE_PATCH = "single-shard-merge"
 ``trajectories.parquet`` itself (a late attempt could overwrite it), with no merge."""
 
 
-async def roll_out_step(step: RolloutsInput, groups_per_shard: int, queues: TaskQueues) -> TrajectoriesRef:
+async def roll_out_step(
+    step: RolloutsInput, groups_per_shard: int, queues: TaskQueues, scheduling: Scheduling
+) -> TrajectoriesRef:
     """Roll out ``step`` in shards of at most ``groups_per_shard`` groups; the step's one stored table."""
     shards = shard_inputs(step, groups_per_shard)
     one = len(shards) == 1
     if not workflow.patched(SINGLE_SHARD_MERGE_PATCH if one else SHARDS_PATCH):
         return await run_stage(
-            ROLLOUTS, step, task_queue=queues.inference, step=step.step, result_type=TrajectoriesRef
+            ROLLOUTS,
+            step,
+            task_queue=queues.inference,
+            step=step.step,
+            scheduling=scheduling,
+            result_type=TrajectoriesRef,
         )
     if one:
         shards = [step.model_copy(update={"merged": True})]
@@ -75,6 +82,7 @@ async def roll_out_step(step: RolloutsInput, groups_per_shard: int, queues: Task
                 shard,
                 task_queue=queues.inference,
                 step=step.step,
+                scheduling=scheduling,
                 result_type=TrajectoriesRef,
                 summary=f"step {step.step} shard {shard.shard + 1}/{shard.shards}",
             )
@@ -94,5 +102,6 @@ async def roll_out_step(step: RolloutsInput, groups_per_shard: int, queues: Task
         ),
         task_queue=queues.control,
         step=step.step,
+        scheduling=scheduling,
         result_type=TrajectoriesRef,
     )

@@ -2,7 +2,8 @@
 
 Workflows call activities by NAME (the modules that define them import torch, vllm, ...). Each stage's
 timeouts and retry policy sit next to its name, and ``run_stage`` turns an activity failure into an
-``ApplicationError`` whose message names the step and the stage and keeps the activity's own message.
+``ApplicationError`` whose message names the step and the stage and keeps the activity's own message. Every
+activity carries its run's priority and fairness (``Scheduling``), so runs sharing a fleet queue fairly.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import Priority, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
     from schemas.activities import ActivityName
+    from schemas.config import Scheduling
     from schemas.errors import NON_RETRYABLE
 
 T = TypeVar("T")
@@ -99,18 +101,28 @@ def is_lost_worker(err: ActivityError) -> bool:
     return isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START
 
 
+def priority(scheduling: Scheduling) -> Priority:
+    """The run's ``Scheduling`` as Temporal's ``Priority`` (None fields: Temporal's defaults)."""
+    return Priority(
+        priority_key=scheduling.priority,
+        fairness_key=scheduling.fairness_key,
+        fairness_weight=scheduling.fairness_weight,
+    )
+
+
 async def run_stage(
     stage: Stage,
     arg: Any,
     *,
     task_queue: str,
     step: int,
+    scheduling: Scheduling,
     result_type: type[T] | None = None,
     reraise: bool = False,
     summary: str | None = None,
 ) -> T:
-    """Execute ``stage`` on ``task_queue``; a final failure becomes a ``StageFailed`` with a clear message.
-    ``summary``: what the UI shows for the call (default ``step <step>``)."""
+    """Execute ``stage`` on ``task_queue`` with the run's ``scheduling``; a final failure becomes a
+    ``StageFailed`` with a clear message. ``summary``: what the UI shows for the call (default ``step <step>``)."""
     try:
         return await workflow.execute_activity(
             stage.name,
@@ -121,6 +133,7 @@ async def run_stage(
             schedule_to_start_timeout=stage.schedule_to_start,
             heartbeat_timeout=stage.heartbeat,
             retry_policy=stage.retry_policy(),
+            priority=priority(scheduling),  # replay matches commands on id and type, not priority
             result_type=result_type,
             summary=summary or f"step {step}",
         )

@@ -25,7 +25,7 @@ with workflow.unsafe.imports_passed_through():
         RolloutsInput,
         StoreScenariosInput,
     )
-    from schemas.config import RunSpec, TaskSpec
+    from schemas.config import RunSpec, Scheduling, TaskSpec
     from schemas.errors import CONFIG_ERROR
     from schemas.history_bounds import RESAMPLES_WITHOUT_SIGNAL
     from schemas.layout import adapter_name
@@ -98,6 +98,7 @@ class TrainingRun:
             dropped_stale_groups=s.dropped_stale_groups,
             phase_seconds=dict(self._phase_seconds),
             error=self._error,
+            scheduling=spec.scheduling() if spec else Scheduling(),
         )
 
     @workflow.update
@@ -173,6 +174,7 @@ class TrainingRun:
                 seed=spec.train.seed,
                 shared=spec.mode == "shared",
                 bucket=spec.storage.bucket,
+                scheduling=spec.scheduling(),
             ),
             self._enter,
         )
@@ -194,6 +196,7 @@ class TrainingRun:
                 StoreScenariosInput(run_id=spec.run_id, scenarios=scenarios),
                 task_queue=spec.task_queues.control,
                 step=state.step,
+                scheduling=spec.scheduling(),
                 result_type=ObjectRef,
                 summary="store the inline scenarios",
             )
@@ -342,6 +345,7 @@ class TrainingRun:
             serving=spec.serving,
             task_queues=spec.task_queues,
             shared_device=spec.mode == "shared",
+            scheduling=spec.scheduling(),
         )
 
     async def _rollouts_and_judge(
@@ -369,6 +373,7 @@ class TrainingRun:
             ),
             spec.groups_per_shard,
             spec.task_queues,
+            spec.scheduling(),
         )
         if spec.judge.kind != "rollout":
             if track:
@@ -384,6 +389,7 @@ class TrainingRun:
                 ),
                 task_queue=spec.task_queues.control,
                 step=target,
+                scheduling=spec.scheduling(),
                 result_type=TrajectoriesRef,
             )
         if track:
@@ -408,6 +414,7 @@ class TrainingRun:
                 ),
                 task_queue=spec.task_queues.control,
                 step=step,
+                scheduling=spec.scheduling(),
             )
         except StageFailed as err:
             workflow.logger.warning("metrics for step %d not logged: %s", step, err.message)
@@ -437,6 +444,7 @@ class TrainingRun:
                 ),
                 task_queue=spec.task_queues.control,
                 step=step,
+                scheduling=spec.scheduling(),
             )
         except StageFailed as err:
             workflow.logger.warning("checkpoint retention after step %d failed: %s", step, err.message)

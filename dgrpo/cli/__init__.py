@@ -13,7 +13,7 @@ import os
 import sys
 import traceback
 
-from dgrpo.cli import runs, serve, stack, worker
+from dgrpo.cli import fleet, runs, serve, stack, worker
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (stack, serve, worker, runs):
+    for module in (stack, serve, worker, runs, fleet):
         module.register(sub)
     return parser
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dgrpo.cli import fleet
 from schemas.config import TaskQueues
 from schemas.errors import EngineSetupError
 from schemas.settings import (
@@ -80,6 +81,7 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
         judge_keys=None if args.judge_key_env is None else tuple(args.judge_key_env),
         task_modules=None if args.task_module is None else tuple(args.task_module),
         max_concurrent_activities=args.max_concurrent_activities,
+        **fleet.worker_options(args),
     )
 
 
@@ -219,5 +221,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="inference: rollout shards and reloads run at once (default Temporal's 100); a small N leaves "
         "a step's other shards to the other inference workers",
     )
+    fleet.add_worker_flags(worker)
     worker.add_argument("--ready-file", help=argparse.SUPPRESS)
     worker.set_defaults(func=cmd_worker)

@@ -22,7 +22,7 @@ from dgrpo.client.attach import workflow_status
 from dgrpo.client.train_step import innermost_failure, train_step_result, train_workflow_id
 from dgrpo.errors import BackendError, ModelConflictError
 from schemas import layout
-from schemas.config import ModelSpec, TaskQueues
+from schemas.config import ModelSpec, Scheduling, TaskQueues
 from schemas.run_state import ServeModelInput, ServeModelResult, TrainStepResult
 from serving.client import ServingClient
 from workers.temporal import result_across_restarts
@@ -84,7 +84,12 @@ async def serve_newest(
     # none, and loads the newest checkpoint. Clients registering at once share one run of it.
     handle = await client.start_workflow(
         "ServeModel",
-        ServeModelInput(run_id=run_id, model=model, task_queues=queues),
+        ServeModelInput(
+            run_id=run_id,
+            model=model,
+            task_queues=queues,
+            scheduling=Scheduling.of_owner(model.project),
+        ),
         id=f"serve-{run_id}",
         task_queue=queues.control,
         result_type=ServeModelResult,

@@ -24,6 +24,7 @@ from schemas.layout import spec_key
 from schemas.run_state import RunStatus
 from schemas.settings import ENV_S3_BUCKET
 from workers.temporal import result_across_restarts
+from workflows.stages import priority
 from workflows.training_run import TrainingRun
 
 
@@ -62,7 +63,11 @@ async def start_run(
     await asyncio.to_thread(store.ensure_bucket)
     try:
         handle = await client.start_workflow(
-            TrainingRun.run, spec, id=spec.run_id, task_queue=spec.task_queues.control
+            TrainingRun.run,
+            spec,
+            id=spec.run_id,
+            task_queue=spec.task_queues.control,
+            priority=priority(spec.scheduling()),  # its workflow tasks too queue as its activities do
         )
     except WorkflowAlreadyStartedError as err:
         raise RunAlreadyRunningError(

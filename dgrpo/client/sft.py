@@ -24,7 +24,7 @@ from dgrpo.types import TrainResult, TrainSFTConfig
 from dgrpo.utils.sft import example_line, resolve_sft_batch_size
 from schemas import layout
 from schemas.activities import SftConfig
-from schemas.config import ModelSpec, TaskQueues
+from schemas.config import ModelSpec, Scheduling, TaskQueues
 from schemas.refs import ObjectRef
 from schemas.run_state import TrainSFTInput, TrainSFTResult
 from schemas.trajectory import Trajectory
@@ -128,7 +128,13 @@ async def run_train_sft(
             store.put_bytes, layout.sft_examples_key(run_id, step), examples_jsonl(trajectories)
         )
         inp = TrainSFTInput(
-            run_id=run_id, model=model, examples=examples, sft=config, step=step, task_queues=queues
+            run_id=run_id,
+            model=model,
+            examples=examples,
+            sft=config,
+            step=step,
+            task_queues=queues,
+            scheduling=Scheduling.of_owner(model.project),
         )
         handle = await client.start_workflow(
             "TrainSFT",

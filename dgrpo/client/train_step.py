@@ -24,7 +24,7 @@ from dgrpo.client.attach import check_train_step, workflow_status
 from dgrpo.errors import EmptyGroupsError, NoTrainableChoiceError
 from dgrpo.model_log.run_metrics import group_metrics, train_result_metrics, zero_variance_groups
 from schemas import layout
-from schemas.config import ModelSpec, TaskQueues, TrainConfig
+from schemas.config import ModelSpec, Scheduling, TaskQueues, TrainConfig
 from schemas.errors import DgrpoError
 from schemas.refs import TrajectoriesRef
 from schemas.run_state import TrainStepInput, TrainStepResult
@@ -97,6 +97,7 @@ async def _start_train_step(
         step=step,
         task_queues=queues,
         advance_without_signal=True,
+        scheduling=Scheduling.of_owner(model.project),
     )
     handle = await client.start_workflow(
         "TrainStep",

@@ -25,7 +25,7 @@ from activities.rollouts import RolloutActivities
 from activities.serving import ServingActivities
 from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
 from schemas.activities import ReloadInput, ReloadResult, RolloutsInput, ServingControlInput
-from schemas.config import ServingSpec, TaskSpec
+from schemas.config import Scheduling, ServingSpec, TaskSpec
 from schemas.errors import CONFIG_ERROR, CORRUPT_CHECKPOINT
 from schemas.refs import CheckpointRef
 from schemas.settings import EngineSettings
@@ -247,9 +247,17 @@ class ReloadThenNap:
     @workflow.run
     async def run(self, queue: str, inp: ReloadInput) -> ReloadResult:
         step = inp.checkpoint.step
-        result = await run_stage(RELOAD, inp, task_queue=queue, step=step, result_type=ReloadResult)
+        result = await run_stage(
+            RELOAD, inp, task_queue=queue, step=step, scheduling=Scheduling(), result_type=ReloadResult
+        )
         for action in ("sleep", "wake_up"):
-            await run_stage(SERVING_CONTROL, ServingControlInput(action=action), task_queue=queue, step=step)
+            await run_stage(
+                SERVING_CONTROL,
+                ServingControlInput(action=action),
+                task_queue=queue,
+                step=step,
+                scheduling=Scheduling(),
+            )
         return result
 
 

@@ -7,7 +7,7 @@ documented; credentials come from variables, never literals; every port is publi
 service has a health check whose command its image has, and waits for what it depends on to be healthy;
 each worker's command (its Dockerfile's ENTRYPOINT plus ``command``) parses with the real CLI, its env
 names are the ones the code reads, GPU roles reserve a GPU no other service reserves, and SIGTERM gets its
-grace.
+grace; every worker serves metrics a Prometheus service scrapes, and Temporal turns fairness on.
 """
 
 from __future__ import annotations
@@ -122,9 +122,59 @@ def check_compose(raw: dict[str, Any], documented: set[str]) -> list[str]:
     services: dict[str, Any] = rendered.get("services") or {}
     ports = {name: published_ports(svc, name, problems) for name, svc in services.items()}
     gpus: dict[str, str] = {}
+    metrics: dict[str, int] = {}
     for name, svc in services.items():
-        problems += check_service(name, svc, rendered, ports, gpus)
+        problems += check_service(name, svc, rendered, ports, gpus, metrics)
+    problems += check_scrapes(services, metrics)
+    problems += check_temporal_config(services)
     return problems
+
+
+def mounted_file(svc: dict[str, Any], target: str) -> Path | None:
+    """The file of this directory a service mounts at ``target`` (None: none)."""
+    for volume in svc.get("volumes", []):
+        source, _, rest = str(volume).partition(":")
+        if rest.split(":")[0] == target and source.startswith("."):
+            return CLUSTER_DIR / source
+    return None
+
+
+def check_scrapes(services: dict[str, Any], metrics: dict[str, int]) -> list[str]:
+    """A Prometheus service scrapes every worker's metrics port (its config's static or DNS targets)."""
+    targets: set[tuple[str, int]] = set()
+    for name, svc in services.items():
+        if contract.image_repo(str(svc.get("image", ""))) != "prom/prometheus":
+            continue
+        config = mounted_file(svc, "/etc/prometheus/prometheus.yml")
+        if config is None or not config.is_file():
+            return [
+                f"service {name}: mounts no prometheus.yml of deploy/cluster at /etc/prometheus/prometheus.yml"
+            ]
+        for job in yaml.safe_load(config.read_text()).get("scrape_configs", []):
+            for sd in job.get("dns_sd_configs", []):
+                targets |= {(host, int(sd["port"])) for host in sd.get("names", [])}
+            for static in job.get("static_configs", []):
+                targets |= {
+                    (t.rpartition(":")[0], int(t.rpartition(":")[2])) for t in static.get("targets", [])
+                }
+    return [
+        f"service {name}: its metrics ({name}:{port}) are scraped by no Prometheus job"
+        for name, port in sorted(metrics.items())
+        if (name, port) not in targets
+    ]
+
+
+def check_temporal_config(services: dict[str, Any]) -> list[str]:
+    """Temporal's server reads a dynamic config of this directory that turns priority and fairness on."""
+    for name, svc in services.items():
+        if not contract.image_repo(str(svc.get("image", ""))).startswith("temporalio/"):
+            continue
+        path = (svc.get("environment") or {}).get("DYNAMIC_CONFIG_FILE_PATH")
+        config = mounted_file(svc, f"/etc/temporal/{path}") if path else None
+        if config is None or not config.is_file():
+            return [f"service {name}: DYNAMIC_CONFIG_FILE_PATH must name a file of deploy/cluster it mounts"]
+        return contract.dynamic_config_problems(yaml.safe_load(config.read_text()) or {}, f"service {name}")
+    return ["no Temporal server here"]
 
 
 def check_credentials(raw: dict[str, Any]) -> list[str]:
@@ -153,8 +203,14 @@ def published_ports(svc: dict[str, Any], name: str, problems: list[str]) -> set[
 
 
 def check_service(
-    name: str, svc: dict[str, Any], rendered: dict[str, Any], ports: dict[str, set[int]], gpus: dict[str, str]
+    name: str,
+    svc: dict[str, Any],
+    rendered: dict[str, Any],
+    ports: dict[str, set[int]],
+    gpus: dict[str, str],
+    metrics: dict[str, int],
 ) -> list[str]:
+    """``metrics``: each worker's metrics port, filled in."""
     where = f"service {name}"
     problems: list[str] = []
     services = rendered["services"]
@@ -196,6 +252,10 @@ def check_service(
         if seconds(str(svc.get("stop_grace_period", "10s"))) < contract.WORKER_GRACE_S:
             problems.append(f"{where}: stop_grace_period must be at least {contract.WORKER_GRACE_S}s")
         problems += check_gpu(svc, role, where, gpus)
+        found, port = contract.check_metrics(env, ports[name], where)
+        problems += found
+        if port is not None:
+            metrics[name] = port
     return problems
 
 

@@ -61,7 +61,7 @@ def check_k8s(docs: list[Obj]) -> list[str]:
     problems = check_objects(docs)
     if problems:
         return problems  # the rest reads fields these checks vouch for
-    return check_workloads(docs) + check_secret_template(docs)
+    return check_workloads(docs) + check_secret_template(docs) + check_temporal_config(docs)
 
 
 def check_objects(docs: list[Obj]) -> list[str]:
@@ -202,6 +202,7 @@ def check_container(w: Obj, c: Obj, where: str, docs: list[Obj], services: dict[
     if role is not None:
         problems += contract.check_worker_env(env, where)
         problems += contract.check_serving_env(env, {p["containerPort"] for p in c.get("ports", [])}, where)
+        problems += check_scraped(w, env, {p["containerPort"] for p in c.get("ports", [])}, where)
         grace = w["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
         if grace < contract.WORKER_GRACE_S:
             problems.append(f"{where}: terminationGracePeriodSeconds {grace} < {contract.WORKER_GRACE_S}")
@@ -217,6 +218,44 @@ def check_container(w: Obj, c: Obj, where: str, docs: list[Obj], services: dict[
     if "startupProbe" in c:
         problems += check_probe_shape(c["startupProbe"], worker, c["image"], ports, f"{where} startupProbe")
     return problems
+
+
+def check_scraped(w: Obj, env: dict[str, str | None], ports: set[int], where: str) -> list[str]:
+    """The worker serves metrics, and its pod asks Prometheus (``prometheus.io/*`` annotations) for that port."""
+    problems, port = contract.check_metrics(env, ports, where)
+    annotations = w["spec"]["template"]["metadata"].get("annotations") or {}
+    if annotations.get("prometheus.io/scrape") != "true":
+        problems.append(
+            f'{where}: the pod lacks the annotation prometheus.io/scrape: "true" (no one scrapes it)'
+        )
+    elif port is not None and annotations.get("prometheus.io/port") != str(port):
+        problems.append(
+            f"{where}: prometheus.io/port {annotations.get('prometheus.io/port')!r} is not the metrics port {port}"
+        )
+    return problems
+
+
+def check_temporal_config(docs: list[Obj]) -> list[str]:
+    """The Temporal server reads a dynamic config (a mounted ConfigMap) that turns priority and fairness on."""
+    for w in (d for d in docs if d["kind"] in WORKLOADS):
+        for where, c in containers(w):
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            if not contract.image_repo(c["image"]).startswith("temporalio/"):
+                continue
+            path = env.get("DYNAMIC_CONFIG_FILE_PATH")
+            mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
+            mount = mounts.get(f"/etc/temporal/{path}") if path else None
+            volumes = {v["name"]: v for v in w["spec"]["template"]["spec"].get("volumes", [])}
+            source = (volumes.get(mount["name"], {}) if mount else {}).get("configMap", {}).get("name")
+            config = (
+                by_kind(docs, "ConfigMap").get(str(source), {}).get("data", {}).get(mount.get("subPath"))
+                if mount
+                else None
+            )
+            if config is None:
+                return [f"{where}: DYNAMIC_CONFIG_FILE_PATH must name a file mounted from a ConfigMap"]
+            return contract.dynamic_config_problems(yaml.safe_load(config) or {}, where)
+    return ["no Temporal server here"]
 
 
 def check_probe_shape(

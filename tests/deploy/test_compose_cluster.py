@@ -162,9 +162,36 @@ COMPOSE_DEFECTS: dict[str, tuple[Callable[[Raw], Any], str]] = {
     ),
     "judge URL of a port not exposed": (
         lambda r: set_env(r, "control", DGRPO_INFERENCE_URL="http://inference-0:8080/v1"),
-        "service inference-0 serves ports [8000], not 8080",
+        "service inference-0 serves ports [8000, 9464], not 8080",
     ),
     "unknown top-level key": (lambda r: r.update(service={}), "top-level key 'service'"),
+    "metrics on loopback": (
+        lambda r: set_env(r, "control", DGRPO_METRICS_BIND="127.0.0.1:9464"),
+        "service control: DGRPO_METRICS_BIND=127.0.0.1:9464 binds loopback",
+    ),
+    "worker serving no metrics": (
+        lambda r: unset_env(r, "trainer-0", "DGRPO_METRICS_BIND"),
+        "service trainer-0: serves no metrics",
+    ),
+    "metrics port not exposed": (
+        lambda r: replace(r, "control", expose=[]),
+        "service control: DGRPO_METRICS_BIND port 9464 is not a port the container declares",
+    ),
+    "worker no one scrapes": (
+        lambda r: (
+            set_env(r, "inference-1", DGRPO_METRICS_BIND="0.0.0.0:9500")
+            or replace(r, "inference-1", expose=["8000", "9500"])
+        ),
+        "service inference-1: its metrics (inference-1:9500) are scraped by no Prometheus job",
+    ),
+    "no Prometheus": (
+        lambda r: r["services"].pop("prometheus"),
+        "service control: its metrics (control:9464) are scraped by no Prometheus job",
+    ),
+    "Temporal reading no dynamic config": (
+        lambda r: unset_env(r, "temporal", "DYNAMIC_CONFIG_FILE_PATH"),
+        "service temporal: DYNAMIC_CONFIG_FILE_PATH must name a file of deploy/cluster it mounts",
+    ),
 }
 
 

@@ -13,6 +13,7 @@ import yaml
 
 from tests.deploy import k8s_checks as k8s
 from tests.deploy import worker_contract as contract
+from workers.stack import TEMPORAL_DYNAMIC_CONFIG
 
 Docs = list[dict[str, Any]]
 
@@ -61,6 +62,16 @@ def test_a_judge_key_is_a_variable_the_control_worker_reads_only_where_it_allows
         {"name": "DGRPO_JUDGE_KEY_ENVS", "value": "https://api.openai.com/v1=OPENAI_API_KEY"}
     )
     assert k8s.check_k8s(docs) == []
+
+
+def test_temporal_has_one_fairness_setup_in_compose_k8s_and_the_embedded_stack() -> None:
+    in_k8s = yaml.safe_load(obj(k8s.load_k8s(), "ConfigMap", "temporal-dynamic-config")["data"]["dgrpo.yaml"])
+    in_compose = yaml.safe_load(
+        (contract.REPO / "deploy" / "cluster" / "temporal-dynamicconfig.yaml").read_text()
+    )
+    assert in_k8s == in_compose and contract.dynamic_config_problems(in_k8s, "k8s") == []
+    embedded = {key: value for key, value in TEMPORAL_DYNAMIC_CONFIG.items() if key in in_k8s}
+    assert embedded == {key: str(values[0]["value"]).lower() for key, values in in_k8s.items()}
 
 
 def deployed_roles_k8s(docs: Docs) -> dict[str, int]:
@@ -233,7 +244,7 @@ K8S_DEFECTS: dict[str, tuple[Callable[[Docs], Any], str]] = {
     ),
     "serve port the container does not declare": (
         lambda d: env_item(d, "inference", "DGRPO_SERVE_PORT").update(value="8001"),
-        "DGRPO_SERVE_PORT=8001 is not a port the container declares ([8000])",
+        "DGRPO_SERVE_PORT=8001 is not a port the container declares ([8000, 9464])",
     ),
     "judge URL without the server's key": (
         lambda d: container(d, "control")["env"].remove(env_item(d, "control", "DGRPO_SERVE_API_KEY")),
@@ -246,6 +257,38 @@ K8S_DEFECTS: dict[str, tuple[Callable[[Docs], Any], str]] = {
     "Service targets a port the pods do not name": (
         lambda d: obj(d, "Service", "inference")["spec"]["ports"][0].update(targetPort="http"),
         "targetPort 'http' is no port the selected pods name",
+    ),
+    "worker serving no metrics": (
+        lambda d: obj(d, "ConfigMap", "dgrpo-config")["data"].pop("DGRPO_METRICS_BIND"),
+        "Deployment trainer container worker: serves no metrics: set DGRPO_METRICS_BIND",
+    ),
+    "metrics on loopback": (
+        lambda d: obj(d, "ConfigMap", "dgrpo-config")["data"].update(DGRPO_METRICS_BIND="127.0.0.1:9464"),
+        "DGRPO_METRICS_BIND=127.0.0.1:9464 binds loopback",
+    ),
+    "metrics port the container does not declare": (
+        lambda d: container(d, "control").pop("ports"),
+        "Deployment control container worker: DGRPO_METRICS_BIND port 9464 is not a port the container declares",
+    ),
+    "worker no one scrapes": (
+        lambda d: obj(d, "Deployment", "inference")["spec"]["template"]["metadata"].pop("annotations"),
+        "Deployment inference container worker: the pod lacks the annotation prometheus.io/scrape",
+    ),
+    "scrape of another port": (
+        lambda d: obj(d, "Deployment", "trainer")["spec"]["template"]["metadata"]["annotations"].update(
+            {"prometheus.io/port": "8000"}
+        ),
+        "prometheus.io/port '8000' is not the metrics port 9464",
+    ),
+    "Temporal without fairness": (
+        lambda d: obj(d, "ConfigMap", "temporal-dynamic-config")["data"].update(
+            {"dgrpo.yaml": "matching.useNewMatcher:\n  - value: true\n"}
+        ),
+        "must set matching.enableFairness to true",
+    ),
+    "Temporal reading no dynamic config": (
+        lambda d: container(d, "temporal")["env"].remove(env_item(d, "temporal", "DYNAMIC_CONFIG_FILE_PATH")),
+        "DYNAMIC_CONFIG_FILE_PATH must name a file mounted from a ConfigMap",
     ),
     "mount of no volume": (
         lambda d: container(d, "trainer")["volumeMounts"].append({"name": "models", "mountPath": "/models"}),

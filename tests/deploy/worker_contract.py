@@ -17,8 +17,10 @@ from pathlib import Path
 
 from dgrpo.cli import build_parser
 from schemas import settings
+from schemas.errors import DgrpoError
 from serving.options import is_loopback
 from workers import health
+from workers.telemetry import metrics_address
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,6 +53,7 @@ IMAGE_TOOLS = {
     "postgres": {"pg_isready"},
     "temporalio/auto-setup": {"temporal"},
     "minio/minio": {"mc"},
+    "prom/prometheus": {"promtool", "wget"},  # busybox-based
 }
 """Executables each third-party image ships (its health checks may run only these)."""
 
@@ -208,4 +211,40 @@ def check_serving_env(env: Mapping[str, str | None], ports: set[int], where: str
             f"{where}: sets {settings.ENV_INFERENCE_URL} without {settings.ENV_SERVE_API_KEY}: the server it "
             "names requires its key"
         )
+    return problems
+
+
+def check_metrics(env: Mapping[str, str | None], ports: set[int], where: str) -> tuple[list[str], int | None]:
+    """A worker serves Prometheus metrics a scraper in another container reaches: ``DGRPO_METRICS_BIND`` set,
+    beyond loopback, on a port the container declares. The problems, and the port it serves (None: none)."""
+    bind = env.get(settings.ENV_METRICS_BIND)
+    if bind is None:
+        return [
+            f"{where}: serves no metrics: set {settings.ENV_METRICS_BIND} (0.0.0.0:9464) so it is scraped"
+        ], None
+    try:
+        host, port = metrics_address(bind)
+    except DgrpoError as err:
+        return [f"{where}: {err}"], None
+    problems = []
+    if is_loopback(host):
+        problems.append(
+            f"{where}: {settings.ENV_METRICS_BIND}={bind} binds loopback: no scraper outside the container reaches it"
+        )
+    if port not in ports:
+        problems.append(
+            f"{where}: {settings.ENV_METRICS_BIND} port {port} is not a port the container declares ({sorted(ports)})"
+        )
+    return problems, port
+
+
+def dynamic_config_problems(config: Mapping[str, object], where: str) -> list[str]:
+    """Temporal's dynamic config turns on what runs sharing a fleet need (docs/fleet.md)."""
+    problems = []
+    for key in ("matching.useNewMatcher", "matching.enableFairness"):
+        values = config.get(key)
+        if not (isinstance(values, list) and values and all(v.get("value") is True for v in values)):
+            problems.append(
+                f"{where}: Temporal's dynamic config must set {key} to true (priority and fairness)"
+            )
     return problems

@@ -23,6 +23,7 @@ import schemas.errors
 from activities.metrics import MetricsActivities
 from activities.object_store import ObjectStore
 from schemas.activities import MetricsInput
+from schemas.config import Scheduling
 from schemas.errors import NON_RETRYABLE, RETRYABLE, STORE_AUTH, DgrpoError
 from schemas.settings import S3Settings
 from workers.error_contract import ErrorContract
@@ -51,7 +52,7 @@ class CallStage:
     ) -> tuple[str, str, str]:
         stage, arg = (SEAM, failure_type) if metrics is None else (METRICS, metrics)
         try:
-            await run_stage(stage, arg, task_queue=queue, step=1, reraise=True)
+            await run_stage(stage, arg, task_queue=queue, step=1, scheduling=Scheduling(), reraise=True)
         except ActivityError as err:
             cause = err.cause
             assert isinstance(cause, ApplicationError)
@@ -74,7 +75,7 @@ class CallHuge:
     @workflow.run
     async def run(self, queue: str) -> tuple[str, str, str, str]:
         try:
-            await run_stage(HUGE_STAGE, None, task_queue=queue, step=1, reraise=True)
+            await run_stage(HUGE_STAGE, None, task_queue=queue, step=1, scheduling=Scheduling(), reraise=True)
         except ActivityError as err:
             cause = err.cause
             kind = cause.type or "" if isinstance(cause, ApplicationError) else type(cause).__name__

@@ -15,6 +15,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from schemas.config import Scheduling
 from workers.heartbeat_ticker import HeartbeatTicker
 from workers.stack import EmbeddedStack
 from workers.temporal import connect_client
@@ -43,7 +44,9 @@ async def busy_without_heartbeats(seconds: float) -> dict[str, Any]:
 class RunBusy:
     @workflow.run
     async def run(self, queue: str, seconds: float) -> dict[str, Any]:
-        return await run_stage(BUSY_STAGE, seconds, task_queue=queue, step=1, reraise=True)
+        return await run_stage(
+            BUSY_STAGE, seconds, task_queue=queue, step=1, scheduling=Scheduling(), reraise=True
+        )
 
 
 async def run_busy(stack: EmbeddedStack, task_queue: str, interceptors: list[Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from activities.object_store import ObjectStore
 from host.processes import free_port
 from schemas.activities import ReloadInput, ReloadResult
-from schemas.config import TaskQueues
+from schemas.config import Scheduling, TaskQueues
 from schemas.settings import S3Settings
 from serving.client import ServingClient
 from workers.stack import EmbeddedStack
@@ -33,7 +33,12 @@ class Reload:
     @workflow.run
     async def run(self, queue: str, inp: ReloadInput) -> ReloadResult:
         return await run_stage(
-            RELOAD, inp, task_queue=queue, step=inp.checkpoint.step, result_type=ReloadResult
+            RELOAD,
+            inp,
+            task_queue=queue,
+            step=inp.checkpoint.step,
+            scheduling=Scheduling(),
+            result_type=ReloadResult,
         )
 
 

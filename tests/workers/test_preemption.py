@@ -25,7 +25,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from host.processes import port_answers
 from schemas.activities import ActivityName, RolloutsInput
-from schemas.config import TaskQueues, TaskSpec
+from schemas.config import Scheduling, TaskQueues, TaskSpec
 from schemas.refs import TrajectoriesRef
 from schemas.settings import ENV_HOME
 from workers.launcher import WorkerProcess
@@ -48,7 +48,14 @@ class PreemptedRollouts:
     @workflow.run
     async def run(self, queue: str, inputs: list[RolloutsInput]) -> list[TrajectoriesRef]:
         stages = [
-            run_stage(SLOW_ROLLOUTS, inp, task_queue=queue, step=inp.step, result_type=TrajectoriesRef)
+            run_stage(
+                SLOW_ROLLOUTS,
+                inp,
+                task_queue=queue,
+                step=inp.step,
+                scheduling=Scheduling(),
+                result_type=TrajectoriesRef,
+            )
             for inp in inputs
         ]
         return list(await asyncio.gather(*stages))

@@ -22,7 +22,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from host.processes import HOST, free_port
 from schemas.activities import ActivityName, RetentionInput
-from schemas.config import TaskQueues
+from schemas.config import Scheduling, TaskQueues
 from schemas.settings import ENV_HOME, ENV_TEMPORAL_ADDRESS
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
@@ -39,7 +39,9 @@ OUTAGE_S = 15.0
 class RetainOnce:
     @workflow.run
     async def run(self, queue: str, inp: RetentionInput) -> list[int]:
-        return await run_stage(RETAIN, inp, task_queue=queue, step=0, result_type=list[int])
+        return await run_stage(
+            RETAIN, inp, task_queue=queue, step=0, scheduling=Scheduling(), result_type=list[int]
+        )
 
 
 @workflow.defn(sandboxed=False)

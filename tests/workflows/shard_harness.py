@@ -8,7 +8,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from schemas.activities import RolloutsInput
-    from schemas.config import TaskQueues
+    from schemas.config import Scheduling, TaskQueues
     from schemas.refs import TrajectoriesRef
 
 from workflows.rollout_shards import roll_out_step
@@ -24,4 +24,4 @@ class ShardedStep(BaseModel):
 class ShardedRollouts:
     @workflow.run
     async def run(self, inp: ShardedStep) -> TrajectoriesRef:
-        return await roll_out_step(inp.step, inp.groups_per_shard, inp.queues)
+        return await roll_out_step(inp.step, inp.groups_per_shard, inp.queues, Scheduling())

@@ -23,6 +23,7 @@ from workflows.serve_model import ServeModel
 from workflows.train_sft import TrainSFT
 from workflows.train_step import TrainStep
 from workflows.training_run import SCENARIOS_REF_PATCH, TrainingRun
+from workflows.versioned import VERSIONED_WORKFLOWS
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 WORKFLOWS = [TrainingRun, TrainStep, ServeModel, TrainSFT]
@@ -83,8 +84,12 @@ def test_the_inline_scenarios_history_is_a_run_from_before_scenarios_by_referenc
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
-async def test_a_recorded_run_replays_on_todays_workflow_code(path: Path) -> None:
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+@pytest.mark.parametrize("registered", [WORKFLOWS, VERSIONED_WORKFLOWS], ids=["unversioned", "versioned"])
+async def test_a_recorded_run_replays_on_todays_workflow_code(path: Path, registered: list[type]) -> None:
+    """As an unversioned worker and as a worker of a Worker Deployment registers them (a TrainingRun moving
+    to a new build is replayed there); every activity now carries its run's priority and fairness, which
+    replay does not compare."""
+    replayer = Replayer(workflows=registered, data_converter=pydantic_data_converter)
     await replayer.replay_workflow(load(path))  # raises on any nondeterminism
 
 

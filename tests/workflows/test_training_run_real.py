@@ -16,6 +16,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import load
+from telemetry_probe import Scraper, TraceCollector, moved, total, traced_client, two_free_ports
 from temporalio.client import Client, WorkflowFailureError
 from transformers import AutoModelForCausalLM
 
@@ -23,11 +24,18 @@ import dgrpo
 from activities.object_store import ObjectStore
 from base_models.resolve import ensure_smollm2
 from dgrpo.client import run_control
+from host.processes import HOST
 from schemas.config import RunSpec, TaskQueues
 from schemas.layout import MANIFEST_NAME, checkpoint_prefix, spec_key, trajectories_key
 from schemas.run_state import RunStatus
 from schemas.settings import ENV_HOME, EngineSettings, S3Settings
 from serving.client import ServingClient
+from tests.deploy.dashboard_checks import (
+    HISTOGRAM_SUFFIXES,
+    SDK_FAILURE_COUNTERS,
+    dashboard_metrics,
+    load_dashboard,
+)
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
 from workflows.training_run import TrainingRun
@@ -46,11 +54,38 @@ def queues() -> TaskQueues:
 
 
 @pytest.fixture(scope="module")
+def traces() -> Iterator[TraceCollector]:
+    collector = TraceCollector()
+    collector.start()
+    yield collector
+    collector.stop()
+
+
+@pytest.fixture(scope="module")
+def metrics_port() -> int:
+    """The worker's Prometheus endpoint (its trainer child's: the next port)."""
+    return two_free_ports()
+
+
+@pytest.fixture(scope="module")
 def workers(
-    stack: EmbeddedStack, queues: TaskQueues, tmp_path_factory: pytest.TempPathFactory
+    stack: EmbeddedStack,
+    queues: TaskQueues,
+    tmp_path_factory: pytest.TempPathFactory,
+    traces: TraceCollector,
+    metrics_port: int,
 ) -> Iterator[WorkerProcess]:
+    """``dgrpo worker all``, its metrics served and its traces exported (both processes)."""
     home = tmp_path_factory.mktemp("worker-home")
-    proc = WorkerProcess("all", home / "worker.log", task_queues=queues, env={ENV_HOME: str(home)}, cwd=REPO)
+    env = {
+        ENV_HOME: str(home),
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces.url,
+        "OTEL_BSP_SCHEDULE_DELAY": "500",
+    }
+    proc = WorkerProcess(
+        "all", home / "worker.log", task_queues=queues, env=env, cwd=REPO,
+        extra_args=["--metrics-bind", f"{HOST}:{metrics_port}"],
+    )  # fmt: skip
     proc.start()
     try:
         yield proc
@@ -193,13 +228,23 @@ async def test_register_serves_a_warm_start_adapter_at_step_0(
 
 
 async def test_runs_sharing_one_fleet_each_complete_with_their_own_adapters(
-    client: Client, workers: WorkerProcess, queues: TaskQueues, s3_settings: S3Settings
+    client: Client,
+    workers: WorkerProcess,
+    queues: TaskQueues,
+    s3_settings: S3Settings,
+    stack: EmbeddedStack,
+    metrics_port: int,
+    traces: TraceCollector,
 ) -> None:
     """Three runs (sync and pipelined, LoRA ranks 4, 8 and 16) on one inference server and one trainer, and a
     fourth terminated mid-rollout: each of the three completes with its own checkpoints and every row of every
     step (no rollout lost its adapter to another run's load), no run waits for the others to finish (every run
     has trained step 1 before any has trained its last), and the server holds at most the worker's
-    ``--max-loras`` adapters of all the runs together."""
+    ``--max-loras`` adapters of all the runs together. Meanwhile an operator's Prometheus scrapes the worker
+    and its trainer child, and their traces join each run's workflow to its activities in both processes."""
+    worker, trainer = Scraper(metrics_port), Scraper(metrics_port + 1)
+    scraping = [asyncio.ensure_future(s.run()) for s in (worker, trainer)]
+    await asyncio.sleep(1)  # a first sample before the runs
     tag = uuid.uuid4().hex[:6]
     specs = [
         small_spec(f"fleet-a-{tag}", queues, steps=2),
@@ -216,8 +261,9 @@ async def test_runs_sharing_one_fleet_each_complete_with_their_own_adapters(
         for step in range(1, status.step + 1):  # a step between two polls was reached by now too
             reached[status.run_id].setdefault(step, now)
 
-    handles = [await run_control.start_run(client, spec) for spec in specs]
-    doomed_handle = await run_control.start_run(client, doomed)
+    starter = await traced_client(stack.temporal_address, traces)  # each run one trace across the workers
+    handles = [await run_control.start_run(starter, spec) for spec in specs]
+    doomed_handle = await run_control.start_run(starter, doomed)
     watches = [asyncio.ensure_future(run_control.watch(h, seen, interval=0.5)) for h in handles]
     rolling_out = asyncio.Event()
 
@@ -243,3 +289,33 @@ async def test_runs_sharing_one_fleet_each_complete_with_their_own_adapters(
     served = await ServingClient(workers.server_urls[0]).adapters()
     ours = [name for name in served if name.startswith("fleet-") and name.split("@")[0].endswith(tag)]
     assert 0 < len(ours) <= len(served) <= EngineSettings().max_loras, sorted(served)
+
+    await asyncio.sleep(1.5)  # a last sample, and the last spans exported
+    for task in scraping:
+        task.cancel()
+    before, after = worker.samples[0], worker.samples[-1]
+
+    assert moved(before, after, "dgrpo_steps_served_total") >= 6  # 3 runs x 2 steps reloaded
+    assert moved(before, after, "dgrpo_rollouts_total", 'outcome="ok"') >= 3 * 2 * 8
+    assert moved(before, after, "dgrpo_generated_tokens_total") > 0
+    assert moved(before, after, "dgrpo_adapter_loads_total") >= 6
+    assert moved(before, after, "dgrpo_adapter_unloads_total") >= 1  # --max-loras held by 4 runs
+    assert worker.most("dgrpo_rollouts_in_flight") > 0  # seen during the runs
+    assert moved(before, after, "temporal_activity_schedule_to_start_latency_count", queues.inference) >= 6
+    assert total(after, "temporal_worker_task_slots_available", queues.control) > 0
+    assert moved(trainer.samples[0], trainer.samples[-1], "dgrpo_trained_tokens_total") > 0
+    exported = {
+        name.removesuffix(suffix) for name in after for suffix in HISTOGRAM_SUFFIXES if name.endswith(suffix)
+    }
+    exported |= set(after)
+    on_dashboard = {name for name in dashboard_metrics(load_dashboard()) if name.startswith("temporal_")}
+    assert on_dashboard - SDK_FAILURE_COUNTERS <= exported, on_dashboard - exported
+    # one trace per run: its workflow's spans, its rollouts (this process) and its training (the child's)
+    step_spans = ("RunWorkflow:TrainingRun", "RunActivity:rollouts", "RunActivity:train")
+    for _ in range(30):  # each process sends its spans in batches
+        if len(traces.traces_with(*step_spans)) >= 3:
+            break
+        await asyncio.sleep(0.5)
+    assert len(traces.traces_with(*step_spans)) >= 3, {
+        t: sorted(set(n)) for t, n in traces.traces().items() if set(n) & set(step_spans[1:])
+    }

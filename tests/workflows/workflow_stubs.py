@@ -88,6 +88,8 @@ class ScriptedActivities:
     """The first ``lost_workers`` trainings report a worker that no longer polls (publish never starts)."""
     rollout_seconds: float = 0.0
     train_seconds: float = 0.0
+    rollout_gate: asyncio.Event | None = None
+    """When present, every rollouts call waits for it once it has recorded its input."""
 
     def names(self, name: str) -> list[int]:
         """Steps that activity ``name`` was called for, in order."""
@@ -129,6 +131,8 @@ class ScriptedActivities:
             raise ApplicationError(f.message, type=f.type, non_retryable=f.non_retryable)
         if inp.adapter is not None:
             assert inp.adapter == adapter_name(inp.run_id, inp.policy_step)
+        if self.rollout_gate is not None:
+            await self.rollout_gate.wait()
         await asyncio.sleep(self.rollout_seconds)
         n = inp.groups_per_step * inp.group_size
         return TrajectoriesRef(
