@@ -1,8 +1,13 @@
 """The LoRA policy trainer: base model + adapter kept in memory, one GRPO step per call.
 
-``Trainer(model_spec, precision)`` loads the base model once (fp32 weights; ``bf16`` means bf16
-autocast) and wraps it in a peft LoRA (``ModelSpec.lora``, all linear projections by default, or the
-warm-start adapter's own config when ``base_model`` is an adapter dir). A step loads an adapter +
+``Trainer(model_spec, precision)`` loads the base model once and wraps it in a peft LoRA (``ModelSpec.lora``:
+by default the attention and MLP projections of the architecture, ``LORA_TARGET_MODULES``; or the warm-start
+adapter's own config when ``base_model`` is an adapter dir). Precision ``auto`` is bf16 on a CUDA GPU that has
+it and fp32 elsewhere; ``bf16`` computes under bf16 autocast, and on a GPU also keeps the frozen base weights in
+bf16 (half the memory; the LoRA weights and their optimizer stay fp32). A local ``base_model`` is read only
+from under the worker's model roots (``DGRPO_MODEL_ROOTS``). Before a step, ``plan_memory`` picks the
+micro-batch and gradient checkpointing from the model's size and the device's free memory
+(activities/memory_plan.py). A step loads an adapter +
 optimizer state (``load_state``), runs ``train_step`` and saves them (``save_state``); the activity
 layer (activities/training.py) handles staging, publishing and failures. Sequences that share a prompt (a
 group's rollouts) are trained as packs, the prompt forwarded once (activities/shared_prefix.py).
@@ -23,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
@@ -33,11 +39,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from activities import shared_prefix
 from activities.grpo_loss import LossOutput, LossParams, grpo_loss, token_logprobs
+from activities.memory_plan import MemoryPlan, ModelDims, plan_micro_batch
 from activities.tokenize import TrainSequence
 from base_models.resolve import pad_token_id, resolve_base_model
 from host.cpu_share import CpuShare
 from schemas.config import ModelSpec, TrainConfig
-from schemas.errors import NonFiniteUpdateError
+from schemas.errors import NonFiniteUpdateError, RunSpecError
+from schemas.settings import model_roots
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +53,13 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 RNG_STATE_FILE = "rng_state.pt"
 ENV_BACKEND = "DGRPO_TRAINER_BACKEND"
+
+PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA_TARGET_MODULES: dict[str, list[str]] = {
+    model_type: PROJECTIONS for model_type in ("llama", "mistral", "qwen2", "qwen3")
+}
+"""``lora.target_modules = "all-linear"`` per ``config.model_type``: every attention and MLP projection (what
+vLLM's LoRA loads for these architectures); not the LM head or the embeddings."""
 
 Progress = Callable[[int, int, int], None]
 """``progress(micro_batch_index, n_micro_batches, micro_batch_size)`` after each micro-batch."""
@@ -62,6 +77,64 @@ class StepStats:
     n_trainable_tokens: int
     n_tokens: int
     micro_batch_size: int
+
+
+def default_device() -> torch.device:
+    """The trainer's device unless told otherwise: the GPU when there is one."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``auto``: bf16 on a CUDA device with bf16 support, else fp32. A CPU stays fp32: bf16 sampling logprobs
+    differ from an fp32 forward by up to ~0.2 per token (a step clips tokens that never moved), and CPUs
+    without AVX512-BF16 run bf16 slower than fp32."""
+    if precision != "auto":
+        return precision
+    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def lora_target_modules(model_type: str, requested: list[str] | str, linear_names: set[str]) -> list[str]:
+    """The module names the adapter trains: ``requested``, or the architecture's projections for
+    ``all-linear``; an architecture without a known list, or a name the model lacks, is refused."""
+    if requested == "all-linear":
+        known = LORA_TARGET_MODULES.get(model_type)
+        if known is None:
+            raise RunSpecError(
+                f"model.lora.target_modules 'all-linear' has no known meaning for model type {model_type!r} "
+                f"(known: {', '.join(sorted(LORA_TARGET_MODULES))}): list the modules to adapt in "
+                f"model.lora.target_modules; its linear layers are {', '.join(sorted(linear_names))}"
+            )
+        requested = known
+    missing = [name for name in requested if name not in linear_names]
+    if missing:
+        raise RunSpecError(
+            f"model.lora.target_modules names {', '.join(missing)}, which this {model_type} model does not "
+            f"have as linear layers; it has {', '.join(sorted(linear_names))}"
+        )
+    return list(requested)
+
+
+def model_dims(config: Any) -> ModelDims:
+    """The sizes of ``config``'s decoder that its activations grow with (an HF ``PretrainedConfig``)."""
+    # Qwen3 and others state head_dim; Llama-style configs without it use hidden / heads.
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return ModelDims(
+        layers=config.num_hidden_layers,
+        hidden=config.hidden_size,
+        intermediate=config.intermediate_size,
+        q_width=config.num_attention_heads * head_dim,
+        kv_width=config.num_key_value_heads * head_dim,
+        vocab=config.vocab_size,
+    )
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """What a step may still allocate on ``device``: CUDA's free memory plus what torch's allocator holds
+    unused; on a CPU the memory the system reports available."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    return int(psutil.virtual_memory().available)
 
 
 def _use_unsloth() -> bool:
@@ -117,11 +190,12 @@ def check_finite_adapter(directory: str | Path) -> None:
 class Trainer:
     """A base model with one trainable LoRA adapter, kept warm across steps."""
 
-    def __init__(self, model: ModelSpec, precision: str = "fp32", device: str | None = None) -> None:
+    def __init__(self, model: ModelSpec, precision: str = "auto", device: str | None = None) -> None:
         self.spec = model
-        self.precision = precision
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        resolved = resolve_base_model(model.base_model)
+        self.device = torch.device(device) if device else default_device()
+        self.precision = resolve_precision(precision, self.device)
+        """``fp32`` or ``bf16``: whether the forward runs under bf16 autocast."""
+        resolved = resolve_base_model(model.base_model, roots=model_roots())
         self.base_path = resolved.base_path
         self.warm_start_path = resolved.adapter_path
         self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(self.base_path)
@@ -129,13 +203,17 @@ class Trainer:
         if unsloth:
             base = self._load_unsloth()
         else:
-            base = AutoModelForCausalLM.from_pretrained(self.base_path, dtype=torch.float32)
+            bf16_weights = self.precision == "bf16" and self.device.type == "cuda"
+            weights = torch.bfloat16 if bf16_weights else torch.float32
+            base = AutoModelForCausalLM.from_pretrained(self.base_path, dtype=weights)
             base = base.to(self.device)  # type: ignore[arg-type]
         if self.warm_start_path is not None:
             self.model: Any = PeftModel.from_pretrained(base, self.warm_start_path, is_trainable=True)
         else:
-            self.model = get_peft_model(base, self._peft_config())
+            self.model = get_peft_model(base, self._peft_config(base))
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.gradient_checkpointing = False
+        """Each decoder layer recomputed in the backward pass (``use_gradient_checkpointing``)."""
         self.optimizer: torch.optim.AdamW | None = None
         # A 4D attention mask needs transformers' SDPA attention (unsloth patches attention its own way).
         self.share_prefixes = not unsloth and base.config._attn_implementation == "sdpa"
@@ -151,13 +229,20 @@ class Trainer:
             self.warm_start_path,
         )
 
-    def _peft_config(self) -> PeftLoraConfig:
+    def _peft_config(self, base: Any) -> PeftLoraConfig:
         lora = self.spec.lora
+        output = base.get_output_embeddings()
+        linear = {
+            name.rsplit(".", 1)[-1]
+            for name, module in base.named_modules()
+            if isinstance(module, torch.nn.Linear) and module is not output
+        }
+        model_type = str(base.config.model_type)
         return PeftLoraConfig(
             r=lora.rank,
             lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft takes any number (scale = alpha / r)
             lora_dropout=lora.dropout,
-            target_modules=lora.target_modules,
+            target_modules=lora_target_modules(model_type, lora.target_modules, linear),
             task_type="CAUSAL_LM",
         )
 
@@ -209,6 +294,31 @@ class Trainer:
 
     def new_optimizer(self, config: TrainConfig) -> torch.optim.AdamW:
         return torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay)
+
+    # ---- memory -----------------------------------------------------------------------------------
+    def plan_memory(self, sequences: list[TrainSequence], requested: int) -> MemoryPlan:
+        """The micro-batch (at most ``requested``) and checkpointing this step's sequences fit in now."""
+        optimizer_bytes = 0 if self.optimizer is not None else 12 * sum(p.numel() for p in self.params)
+        return plan_micro_batch(
+            model_dims(self.model.get_base_model().config),
+            requested,
+            tokens=max(len(s.tokens) for s in sequences),
+            trained_tokens=max(s.n_trainable for s in sequences),
+            free_bytes=free_memory_bytes(self.device) - optimizer_bytes,
+            element_bytes=2 if self.precision == "bf16" else 4,
+        )
+
+    def use_gradient_checkpointing(self, on: bool) -> None:
+        """Recompute each decoder layer in the backward pass (keeping only its input) while ``on``."""
+        if on == self.gradient_checkpointing:
+            return
+        # transformers 5.24 renames these activation_checkpointing_*; the GPU image's 5.17 has only these.
+        base = self.model.get_base_model()
+        if on:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_disable()
+        self.gradient_checkpointing = on
 
     # ---- compute ----------------------------------------------------------------------------------
     def _autocast(self) -> Any:
