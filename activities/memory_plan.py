@@ -13,12 +13,13 @@ device's free memory:
 
 The estimate is rough on purpose (it counts the tensors a Llama-shaped layer saves, and only
 ``USABLE_FRACTION`` of the free memory): the out-of-memory halving of activities/training.py stays the net
-below it. Pure arithmetic, no torch: the trainer passes the numbers.
+below it. Pure arithmetic on a model's config and a number of free bytes, no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 USABLE_FRACTION = 0.8
 """Of the free memory, what a step's activations may plan to take (allocator fragmentation, estimate error)."""
@@ -47,6 +48,20 @@ class ModelDims:
         the residual stream; with checkpointing, each layer's input plus one layer recomputed at a time."""
         layer = 6 * self.hidden + 4 * self.q_width + 4 * self.kv_width + 4 * self.intermediate
         return self.layers * self.hidden + layer if checkpointing else self.layers * layer
+
+
+def model_dims(config: Any) -> ModelDims:
+    """The sizes of ``config``'s decoder that its activations grow with (an HF ``PretrainedConfig``)."""
+    # Qwen3 and others state head_dim; Llama-style configs without it use hidden / heads.
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return ModelDims(
+        layers=config.num_hidden_layers,
+        hidden=config.hidden_size,
+        intermediate=config.intermediate_size,
+        q_width=config.num_attention_heads * head_dim,
+        kv_width=config.num_key_value_heads * head_dim,
+        vocab=config.vocab_size,
+    )
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The LoRA policy trainer: base model + adapter kept in memory, one GRPO step per call.
 
 ``Trainer(model_spec, precision)`` loads the base model once and wraps it in a peft LoRA (``ModelSpec.lora``:
-by default the attention and MLP projections of the architecture, ``LORA_TARGET_MODULES``; or the warm-start
+by default the attention and MLP projections of the architecture, activities/lora_targets.py; or the warm-start
 adapter's own config when ``base_model`` is an adapter dir). Precision ``auto`` is bf16 on a CUDA GPU that has
 it and fp32 elsewhere; ``bf16`` computes under bf16 autocast, and on a GPU also keeps the frozen base weights in
 bf16 (half the memory; the LoRA weights and their optimizer stay fp32). A local ``base_model`` is read only
@@ -28,7 +28,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
@@ -38,13 +37,15 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from activities import shared_prefix
+from activities.device import default_device, free_memory_bytes, resolve_precision
 from activities.grpo_loss import LossOutput, LossParams, grpo_loss, token_logprobs
-from activities.memory_plan import MemoryPlan, ModelDims, plan_micro_batch
+from activities.lora_targets import lora_target_modules
+from activities.memory_plan import MemoryPlan, model_dims, plan_micro_batch
 from activities.tokenize import TrainSequence
 from base_models.resolve import pad_token_id, resolve_base_model
 from host.cpu_share import CpuShare
 from schemas.config import ModelSpec, TrainConfig
-from schemas.errors import NonFiniteUpdateError, RunSpecError
+from schemas.errors import NonFiniteUpdateError
 from schemas.settings import model_roots
 
 log = logging.getLogger(__name__)
@@ -53,13 +54,6 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 RNG_STATE_FILE = "rng_state.pt"
 ENV_BACKEND = "DGRPO_TRAINER_BACKEND"
-
-PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-LORA_TARGET_MODULES: dict[str, list[str]] = {
-    model_type: PROJECTIONS for model_type in ("llama", "mistral", "qwen2", "qwen3")
-}
-"""``lora.target_modules = "all-linear"`` per ``config.model_type``: every attention and MLP projection (what
-vLLM's LoRA loads for these architectures); not the LM head or the embeddings."""
 
 Progress = Callable[[int, int, int], None]
 """``progress(micro_batch_index, n_micro_batches, micro_batch_size)`` after each micro-batch."""
@@ -77,64 +71,6 @@ class StepStats:
     n_trainable_tokens: int
     n_tokens: int
     micro_batch_size: int
-
-
-def default_device() -> torch.device:
-    """The trainer's device unless told otherwise: the GPU when there is one."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """``auto``: bf16 on a CUDA device with bf16 support, else fp32. A CPU stays fp32: bf16 sampling logprobs
-    differ from an fp32 forward by up to ~0.2 per token (a step clips tokens that never moved), and CPUs
-    without AVX512-BF16 run bf16 slower than fp32."""
-    if precision != "auto":
-        return precision
-    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
-
-
-def lora_target_modules(model_type: str, requested: list[str] | str, linear_names: set[str]) -> list[str]:
-    """The module names the adapter trains: ``requested``, or the architecture's projections for
-    ``all-linear``; an architecture without a known list, or a name the model lacks, is refused."""
-    if requested == "all-linear":
-        known = LORA_TARGET_MODULES.get(model_type)
-        if known is None:
-            raise RunSpecError(
-                f"model.lora.target_modules 'all-linear' has no known meaning for model type {model_type!r} "
-                f"(known: {', '.join(sorted(LORA_TARGET_MODULES))}): list the modules to adapt in "
-                f"model.lora.target_modules; its linear layers are {', '.join(sorted(linear_names))}"
-            )
-        requested = known
-    missing = [name for name in requested if name not in linear_names]
-    if missing:
-        raise RunSpecError(
-            f"model.lora.target_modules names {', '.join(missing)}, which this {model_type} model does not "
-            f"have as linear layers; it has {', '.join(sorted(linear_names))}"
-        )
-    return list(requested)
-
-
-def model_dims(config: Any) -> ModelDims:
-    """The sizes of ``config``'s decoder that its activations grow with (an HF ``PretrainedConfig``)."""
-    # Qwen3 and others state head_dim; Llama-style configs without it use hidden / heads.
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return ModelDims(
-        layers=config.num_hidden_layers,
-        hidden=config.hidden_size,
-        intermediate=config.intermediate_size,
-        q_width=config.num_attention_heads * head_dim,
-        kv_width=config.num_key_value_heads * head_dim,
-        vocab=config.vocab_size,
-    )
-
-
-def free_memory_bytes(device: torch.device) -> int:
-    """What a step may still allocate on ``device``: CUDA's free memory plus what torch's allocator holds
-    unused; on a CPU the memory the system reports available."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-    return int(psutil.virtual_memory().available)
 
 
 def _use_unsloth() -> bool:

@@ -57,10 +57,11 @@ from activities.checkpoints import (
     stage_checkpoint,
     staging_dir,
 )
+from activities.device import default_device, resolve_precision
 from activities.errors import application_error
 from activities.object_store import ObjectStore
 from activities.tokenize import TrainSequence, build_sequences, run_tokenizer
-from activities.trainer import StepStats, Trainer, check_finite_adapter, default_device, resolve_precision
+from activities.trainer import StepStats, Trainer, check_finite_adapter
 from host.files import write_json_atomic
 from schemas import layout
 from schemas.activities import (

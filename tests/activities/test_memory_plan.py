@@ -10,10 +10,10 @@ from activities.memory_plan import (
     UNCHECKPOINTED_FLOOR,
     USABLE_FRACTION,
     ModelDims,
+    model_dims,
     plan_micro_batch,
     sequence_bytes,
 )
-from activities.trainer import model_dims
 from base_models.random_shapes import QWEN3_0_6B, QWEN3_8B, QWEN3_TINY, Shape, qwen3_config
 
 GIB = 2**30

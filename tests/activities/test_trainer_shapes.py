@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from activities.device import resolve_precision
+from activities.lora_targets import PROJECTIONS, lora_target_modules
 from activities.tokenize import TrainSequence
-from activities.trainer import PROJECTIONS, Trainer, lora_target_modules, resolve_precision
+from activities.trainer import Trainer
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
 from schemas.errors import RunSpecError, UnsafePathError
 from schemas.settings import ENV_MODEL_ROOTS
