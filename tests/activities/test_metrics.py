@@ -81,7 +81,11 @@ def training_run_step(step: int, reward: float) -> dict[str, float]:
         policy_step=step - 1,
         loss=0.25 * step,
         seconds={"rollouts": 2.0, "train": 3.0, "step": 6.0},
-        train_metrics={"loss/mean_importance_ratio": 1.0002, "loss/clip_fraction": 0.01, "loss/grad_norm": 0.7},
+        train_metrics={
+            "loss/mean_importance_ratio": 1.0002,
+            "loss/clip_fraction": 0.01,
+            "loss/grad_norm": 0.7,
+        },
     )
     return step_metrics(summary, n_groups=3, dropped_stale_groups=2)
 
