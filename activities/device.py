@@ -12,9 +12,8 @@ def default_device() -> torch.device:
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
-    """``auto``: bf16 on a CUDA device with bf16 support, else fp32. A CPU stays fp32: bf16 sampling logprobs
-    differ from an fp32 forward by up to ~0.2 per token (a step clips tokens that never moved), and CPUs
-    without AVX512-BF16 run bf16 slower than fp32."""
+    """``auto``: bf16 on a CUDA device with bf16 support, else fp32. A CPU stays fp32, as the CPU engines sample:
+    bf16 logprobs differ from an fp32 forward by up to ~0.2 per token, so a step clips tokens that never moved."""
     if precision != "auto":
         return precision
     return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
