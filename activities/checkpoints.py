@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from activities.object_store import ObjectStore, sha256_file
-from host.files import write_json_atomic
+from host.files import write_dir_atomic, write_json_atomic
 from schemas import layout
 from schemas.config import ModelSpec
 from schemas.errors import CheckpointMismatchError, CorruptCheckpointError, UnsafePathError
@@ -107,19 +106,13 @@ def stage_checkpoint(
     metrics: dict[str, float],
 ) -> Path:
     """Write a checkpoint dir atomically: into a temp dir, then renamed over ``target``."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        save_adapter(tmp)
-        write_json_atomic(tmp / TRAINER_STATE_FILE, state.model_dump(mode="json"))
-        write_json_atomic(tmp / METRICS_FILE, metrics)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    def fill(staging: Path) -> None:
+        save_adapter(staging)
+        write_json_atomic(staging / TRAINER_STATE_FILE, state.model_dump(mode="json"))
+        write_json_atomic(staging / METRICS_FILE, metrics)
+
+    return write_dir_atomic(target, fill)
 
 
 def read_trainer_state(directory: str | Path) -> TrainerState:

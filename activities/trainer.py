@@ -1,8 +1,13 @@
 """The LoRA policy trainer: base model + adapter kept in memory, one GRPO step per call.
 
-``Trainer(model_spec, precision)`` loads the base model once (fp32 weights; ``bf16`` means bf16
-autocast) and wraps it in a peft LoRA (``ModelSpec.lora``, all linear projections by default, or the
-warm-start adapter's own config when ``base_model`` is an adapter dir). A step loads an adapter +
+``Trainer(model_spec, precision)`` loads the base model once and wraps it in a peft LoRA (``ModelSpec.lora``:
+by default the attention and MLP projections of the architecture, activities/lora_targets.py; or the warm-start
+adapter's own config when ``base_model`` is an adapter dir). Precision ``auto`` is bf16 on a CUDA GPU that has
+it and fp32 elsewhere; ``bf16`` computes under bf16 autocast, and on a GPU also keeps the frozen base weights in
+bf16 (half the memory; the LoRA weights and their optimizer stay fp32). A local ``base_model`` is read only
+from under the worker's model roots (``DGRPO_MODEL_ROOTS``). Before a step, ``plan_memory`` picks the
+micro-batch and gradient checkpointing from the model's size and the device's free memory
+(activities/memory_plan.py). A step loads an adapter +
 optimizer state (``load_state``), runs ``train_step`` and saves them (``save_state``); the activity
 layer (activities/training.py) handles staging, publishing and failures. Sequences that share a prompt (a
 group's rollouts) are trained as packs, the prompt forwarded once (activities/shared_prefix.py).
@@ -32,12 +37,16 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from activities import shared_prefix
+from activities.device import default_device, free_memory_bytes, resolve_precision
 from activities.grpo_loss import LossOutput, LossParams, grpo_loss, token_logprobs
+from activities.lora_targets import lora_target_modules
+from activities.memory_plan import MemoryPlan, model_dims, plan_micro_batch
 from activities.tokenize import TrainSequence
 from base_models.resolve import pad_token_id, resolve_base_model
 from host.cpu_share import CpuShare
 from schemas.config import ModelSpec, TrainConfig
 from schemas.errors import NonFiniteUpdateError
+from schemas.settings import model_roots
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +126,12 @@ def check_finite_adapter(directory: str | Path) -> None:
 class Trainer:
     """A base model with one trainable LoRA adapter, kept warm across steps."""
 
-    def __init__(self, model: ModelSpec, precision: str = "fp32", device: str | None = None) -> None:
+    def __init__(self, model: ModelSpec, precision: str = "auto", device: str | None = None) -> None:
         self.spec = model
-        self.precision = precision
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        resolved = resolve_base_model(model.base_model)
+        self.device = torch.device(device) if device else default_device()
+        self.precision = resolve_precision(precision, self.device)
+        """``fp32`` or ``bf16``: whether the forward runs under bf16 autocast."""
+        resolved = resolve_base_model(model.base_model, roots=model_roots())
         self.base_path = resolved.base_path
         self.warm_start_path = resolved.adapter_path
         self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(self.base_path)
@@ -129,13 +139,17 @@ class Trainer:
         if unsloth:
             base = self._load_unsloth()
         else:
-            base = AutoModelForCausalLM.from_pretrained(self.base_path, dtype=torch.float32)
+            bf16_weights = self.precision == "bf16" and self.device.type == "cuda"
+            weights = torch.bfloat16 if bf16_weights else torch.float32
+            base = AutoModelForCausalLM.from_pretrained(self.base_path, dtype=weights)
             base = base.to(self.device)  # type: ignore[arg-type]
         if self.warm_start_path is not None:
             self.model: Any = PeftModel.from_pretrained(base, self.warm_start_path, is_trainable=True)
         else:
-            self.model = get_peft_model(base, self._peft_config())
+            self.model = get_peft_model(base, self._peft_config(base))
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.gradient_checkpointing = False
+        """Each decoder layer recomputed in the backward pass (``use_gradient_checkpointing``)."""
         self.optimizer: torch.optim.AdamW | None = None
         # A 4D attention mask needs transformers' SDPA attention (unsloth patches attention its own way).
         self.share_prefixes = not unsloth and base.config._attn_implementation == "sdpa"
@@ -151,13 +165,20 @@ class Trainer:
             self.warm_start_path,
         )
 
-    def _peft_config(self) -> PeftLoraConfig:
+    def _peft_config(self, base: Any) -> PeftLoraConfig:
         lora = self.spec.lora
+        output = base.get_output_embeddings()
+        linear = {
+            name.rsplit(".", 1)[-1]
+            for name, module in base.named_modules()
+            if isinstance(module, torch.nn.Linear) and module is not output
+        }
+        model_type = str(base.config.model_type)
         return PeftLoraConfig(
             r=lora.rank,
             lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft takes any number (scale = alpha / r)
             lora_dropout=lora.dropout,
-            target_modules=lora.target_modules,
+            target_modules=lora_target_modules(model_type, lora.target_modules, linear),
             task_type="CAUSAL_LM",
         )
 
@@ -209,6 +230,31 @@ class Trainer:
 
     def new_optimizer(self, config: TrainConfig) -> torch.optim.AdamW:
         return torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay)
+
+    # ---- memory -----------------------------------------------------------------------------------
+    def plan_memory(self, sequences: list[TrainSequence], requested: int) -> MemoryPlan:
+        """The micro-batch (at most ``requested``) and checkpointing this step's sequences fit in now."""
+        optimizer_bytes = 0 if self.optimizer is not None else 12 * sum(p.numel() for p in self.params)
+        return plan_micro_batch(
+            model_dims(self.model.get_base_model().config),
+            requested,
+            tokens=max(len(s.tokens) for s in sequences),
+            trained_tokens=max(s.n_trainable for s in sequences),
+            free_bytes=free_memory_bytes(self.device) - optimizer_bytes,
+            element_bytes=2 if self.precision == "bf16" else 4,
+        )
+
+    def use_gradient_checkpointing(self, on: bool) -> None:
+        """Recompute each decoder layer in the backward pass (keeping only its input) while ``on``."""
+        if on == self.gradient_checkpointing:
+            return
+        # transformers 5.24 renames these activation_checkpointing_*; the GPU image's 5.17 has only these.
+        base = self.model.get_base_model()
+        if on:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_disable()
+        self.gradient_checkpointing = on
 
     # ---- compute ----------------------------------------------------------------------------------
     def _autocast(self) -> Any:

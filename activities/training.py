@@ -11,6 +11,8 @@
 The ``Trainer`` (base model + adapter) stays warm across steps; when ``start_from`` is the checkpoint
 this worker itself just trained and published, it is not downloaded again.
 
+Before a step the trainer plans its micro-batch (at most the configured one, or what the OOM halving left) and
+gradient checkpointing from the model's size and the device's free memory (activities/memory_plan.py).
 Out of memory (torch's OOM, the CPU allocator failing, ``MemoryError``) fails the attempt with a
 retryable ``ApplicationError(type=OutOfMemory, details=[{"micro_batch_size": m}])`` and a note in
 ``<root>/<run_id>/.<step>.oom.json`` (and the last heartbeat); the next attempt halves the micro-batch,
@@ -55,6 +57,7 @@ from activities.checkpoints import (
     stage_checkpoint,
     staging_dir,
 )
+from activities.device import default_device, resolve_precision
 from activities.errors import application_error
 from activities.fleet_metrics import fleet_metrics
 from activities.object_store import ObjectStore
@@ -329,7 +332,8 @@ class TrainerActivities:
             raise application_error(err) from err
 
     def trainer_for(self, model: ModelSpec, precision: str) -> Trainer:
-        """The warm trainer, rebuilt only when the model or precision changes."""
+        """The warm trainer, rebuilt only when the model or (resolved) precision changes."""
+        precision = resolve_precision(precision, default_device())
         key = f"{model.base_model}|{model.lora.model_dump_json()}|{precision}"
         if self.trainer is None or self._trainer_key != key:
             self.trainer, self._memory = None, None
@@ -380,12 +384,19 @@ class TrainerActivities:
                 )
             self._restore(trainer, inp.run_id, inp.model, inp.start_from, inp.train.seed)
             self._memory = self._memory_sha = None  # the model is about to change
+            plan = trainer.plan_memory(tokenized.sequences, micro_batch)
+            if plan.micro_batch < micro_batch or plan.gradient_checkpointing:
+                log.info("step %d: %s (asked for micro-batch %d)", inp.step, plan, micro_batch)
+            micro_batch = plan.micro_batch
+            trainer.use_gradient_checkpointing(plan.gradient_checkpointing)
             stats = train_step_or_oom(
                 trainer, tokenized.sequences, inp.train, inp.step, micro_batch, progress, should_stop
             )
             metrics = {k: float(v) for k, v in vars(stats).items()}
             metrics["n_dropped_overlength"] = float(tokenized.n_dropped_overlength)
             metrics["n_template_choices"] = float(tokenized.n_template_choices)
+            metrics["gradient_checkpointing"] = float(plan.gradient_checkpointing)
+            metrics["bf16"] = float(trainer.precision == "bf16")
             staged = self._stage(
                 trainer, inp.run_id, inp.step, inp.model, inp.train.seed, micro_batch, metrics
             )
@@ -403,6 +414,11 @@ class TrainerActivities:
             n_dropped_overlength=tokenized.n_dropped_overlength,
             micro_batch_size=micro_batch,
             seconds=time.monotonic() - started,
+            metrics={
+                "loss/grad_norm": stats.grad_norm,
+                "loss/mean_importance_ratio": stats.mean_ratio,
+                "loss/clip_fraction": stats.clip_fraction,
+            },
         )
 
     def train_sft_sync(
@@ -522,7 +538,7 @@ class TrainerActivities:
             _, sha = self.store.read_manifest(prefix)
             return CheckpointRef(run_id=inp.run_id, step=0, uri=self.store.uri(prefix), manifest_sha256=sha)
         with self._lock:
-            trainer = self.trainer_for(inp.model, "fp32")
+            trainer = self.trainer_for(inp.model, "auto")  # as the steps train by default
             trainer.init_adapter(inp.seed)
             state = TrainerState(
                 run_id=inp.run_id,

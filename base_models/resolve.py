@@ -9,7 +9,10 @@ Accepted forms, in the order they are tried:
 - an HF model directory (has ``config.json``).
 - an HF hub id already in the local HF cache (``HF_HUB_CACHE``): its cached snapshot directory.
 
-Nothing is downloaded: a hub id that is not cached is refused, saying how to fetch it once.
+Nothing is downloaded: a hub id that is not cached is refused, saying how to fetch it once. Given ``roots``
+(the trainer passes its worker's ``DGRPO_MODEL_ROOTS``: a run names ``base_model``, and a run is not trusted
+with the worker's files), a local directory, and an adapter's own base model when that is one, must lie under
+one of them once links and ``..`` are resolved, or it is refused (``UnsafePathError``, not retried).
 """
 
 from __future__ import annotations
@@ -17,15 +20,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
-import shutil
-import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from schemas.errors import DgrpoError
-from schemas.settings import dgrpo_cache
+from host.files import write_dir_atomic
+from schemas.errors import DgrpoError, UnsafePathError
+from schemas.settings import ENV_MODEL_ROOTS, dgrpo_cache
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +53,22 @@ class ResolvedModel:
     """The ``base_model`` string as the user wrote it."""
 
 
-def resolve_base_model(base_model: str, cache_dir: str | None = None) -> ResolvedModel:
-    """Turn a ``base_model`` string into local paths, converting the built-in model on first use."""
+def resolve_base_model(
+    base_model: str, cache_dir: str | None = None, roots: Sequence[str] | None = None
+) -> ResolvedModel:
+    """Turn a ``base_model`` string into local paths, converting the built-in model on first use; a local
+    directory must be under one of ``roots`` when they are given."""
     if base_model.lower() == SMOLLM2_NAME:
         return ResolvedModel(base_path=str(ensure_smollm2(cache_dir)), requested=base_model)
     path = Path(base_model).expanduser()
+    if roots is not None and (path.exists() or base_model.startswith((".", "/", "~"))):
+        check_under_model_roots(base_model, path, roots)
     if (path / "adapter_config.json").is_file():
         config = json.loads((path / "adapter_config.json").read_text())
         parent = config.get("base_model_name_or_path")
         if not parent:
             raise ModelNotFoundError(f"{path}/adapter_config.json names no base_model_name_or_path")
-        base = resolve_base_model(str(parent), cache_dir)
+        base = resolve_base_model(str(parent), cache_dir, roots)
         if base.adapter_path is not None:
             raise ModelNotFoundError(f"{path}: an adapter on top of another adapter is not supported")
         return ResolvedModel(base_path=base.base_path, adapter_path=str(path.resolve()), requested=base_model)
@@ -78,6 +85,18 @@ def resolve_base_model(base_model: str, cache_dir: str | None = None) -> Resolve
             "a local model or adapter directory, or an HF hub id like 'org/name'"
         )
     return ResolvedModel(base_path=cached_hub_model(base_model), requested=base_model)
+
+
+def check_under_model_roots(base_model: str, path: Path, roots: Sequence[str]) -> None:
+    """Refuse ``path`` (``base_model`` as written) unless it is inside one of ``roots`` once resolved."""
+    resolved = path.resolve()
+    if any(resolved.is_relative_to(Path(root).resolve()) for root in roots):
+        return
+    raise UnsafePathError(
+        f"base_model {base_model!r} is a local path ({resolved}) outside the directories this trainer reads "
+        f"models from ({', '.join(roots) or 'none'}): put the model or adapter under one of them, or have "
+        f"the worker's operator add its directory to {ENV_MODEL_ROOTS}"
+    )
 
 
 def cached_hub_model(repo_id: str) -> str:
@@ -121,18 +140,12 @@ def ensure_smollm2(cache_dir: str | None = None) -> Path:
         setattr(model, marker, cleared)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_NAME}-", dir=target.parent))
-    try:
+
+    def fill(staging: Path) -> None:
         model.save_pretrained(str(staging), safe_serialization=True)
         tokenizer.save_pretrained(str(staging))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)  # atomic: a reader sees no directory or a whole one
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
+
+    return write_dir_atomic(target, fill)
 
 
 class Tokenizer(Protocol):

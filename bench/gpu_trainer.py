@@ -129,7 +129,7 @@ def main() -> None:
     a = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this check is for a GPU trainer worker")
-    trainer = Trainer(MODEL, device="cuda")
+    trainer = Trainer(MODEL, "fp32", device="cuda")  # fp32 weights: "bf16" below is autocast over them
     trainer.init_adapter(0)
     perturb_adapter(trainer, 1)
     results: dict[str, object] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}

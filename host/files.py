@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +35,20 @@ def write_atomic(path: str | Path, data: bytes | str, mode: int = 0o644) -> Path
 def write_json_atomic(path: str | Path, data: Any, mode: int = 0o644) -> Path:
     """``write_atomic`` of ``data`` as indented JSON with sorted keys."""
     return write_atomic(path, json.dumps(data, indent=2, sort_keys=True), mode)
+
+
+def write_dir_atomic(path: str | Path, fill: Callable[[Path], None]) -> Path:
+    """Make directory ``path`` by ``fill(staging)`` on a uniquely named temp directory beside it, then a rename
+    over it: a reader sees no directory, the old one or the whole new one (never half of one)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        fill(staging)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target

@@ -222,6 +222,10 @@ class TrainResult(_StagedStep):
     loss: float
     grad_norm: float
     n_sequences: int = Field(ge=0)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """The step's training numbers under ART's names: ``loss/grad_norm``, ``loss/mean_importance_ratio`` (the
+    mean over trained tokens of exp(trainer logprob - sampling logprob), before the update: 1 when the server
+    and the trainer agree), ``loss/clip_fraction`` (trained tokens outside the clip range)."""
 
 
 class PublishInput(_Strict):
@@ -265,7 +269,8 @@ class SftConfig(_Strict):
     max_grad_norm: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(8, ge=1, le=4096)
     """Sequences per forward pass within a batch; halved after an out-of-memory failure."""
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """As ``TrainConfig.precision``: ``auto`` is bf16 on a CUDA GPU that has it, fp32 elsewhere."""
     seed: int = Field(0, ge=0)
     """Seed of a fresh adapter (a run's first step) and of LoRA dropout."""
 

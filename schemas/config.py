@@ -86,8 +86,9 @@ class TrainConfig(_Strict):
     """Weight each trajectory's tokens so every trajectory counts equally, whatever its length."""
     max_seq_len: int = Field(2048, ge=16)
     """Longer sequences are dropped (and counted) rather than truncated."""
-    precision: Literal["fp32", "bf16"] = "fp32"
-    """Trainer compute precision. fp32 keeps the importance ratio exact against fp32 sampling logprobs."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Trainer precision. ``auto``: bf16 on a CUDA GPU that has it (weights and compute; the LoRA weights stay
+    fp32), fp32 elsewhere: on a CPU fp32 keeps the importance ratio exact against fp32 sampling logprobs."""
     seed: int = Field(0, ge=0)
     """Seed for anything random in the step."""
 

@@ -52,6 +52,8 @@ class StepSummary(_Strict):
     """Times the step was rolled out again because no group had reward variance."""
     seconds: dict[str, float] = Field(default_factory=dict)
     """Wall seconds per phase."""
+    train_metrics: dict[str, float] = Field(default_factory=dict)
+    """The trainer's numbers under ART's names (``loss/mean_importance_ratio``, ``loss/clip_fraction``, ...)."""
 
 
 class RunState(_Strict):
@@ -136,6 +138,8 @@ class TrainStepResult(_Strict):
     trained: bool = True
     """False when no group's rewards differed: checkpoint ``step`` is checkpoint ``step - 1`` published again."""
     seconds: dict[str, float] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """The trainer's numbers under ART's names (``TrainResult.metrics``: ``loss/mean_importance_ratio``, ...)."""
 
 
 class TrainSFTInput(_Strict):

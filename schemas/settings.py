@@ -66,6 +66,12 @@ ENV_BUILD_ID = "DGRPO_BUILD_ID"
 """The worker's build id within its deployment (``--build-id``); needed with a deployment name."""
 ENV_METRICS_BIND = "DGRPO_METRICS_BIND"
 """``host:port`` of the worker's Prometheus endpoint (``--metrics-bind``); unset: none."""
+ENV_MODEL_ROOTS = "DGRPO_MODEL_ROOTS"
+"""Comma-separated directories under which a run's ``model.base_model`` may name a local model or adapter
+directory, set in the trainer worker's environment (default ``$DGRPO_HOME/models``); ``$DGRPO_CACHE/models``,
+where the built-in model is converted, is always one. The trainer reads weights only from under them: a path
+elsewhere, or one whose links or ``..`` lead out of them, is refused. An inference worker's own ``--model`` is
+its operator's and is not checked."""
 ENV_CPU_SHARE_DIR = "DGRPO_CPU_SHARE_DIR"
 """Where CPU servers and trainers on one host mark themselves busy, to split the cores while several work at
 once (``host/cpu_share.py``; default a per-user directory under the system's temporary one; ``off``: each
@@ -280,3 +286,11 @@ def dgrpo_cache(env: Mapping[str, str] | None = None) -> str:
     """Where converted models are cached (``$DGRPO_CACHE``, default ``~/.cache/dgrpo``)."""
     e = os.environ if env is None else env
     return os.path.abspath(e.get(ENV_CACHE) or os.path.expanduser("~/.cache/dgrpo"))
+
+
+def model_roots(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Where a run's local ``base_model`` may be: ``$DGRPO_MODEL_ROOTS`` (else ``$DGRPO_HOME/models``) and
+    ``$DGRPO_CACHE/models``, absolute."""
+    given = env_list(ENV_MODEL_ROOTS, env) or (os.path.join(dgrpo_home(env), "models"),)
+    roots = [os.path.abspath(os.path.expanduser(root)) for root in given]
+    return (*roots, os.path.join(dgrpo_cache(env), "models"))

@@ -12,6 +12,10 @@ Fixtures (names are stable; other test modules rely on them):
   per test (``t-<random>``, removed afterwards), so tests never see each other's keys.
 - ``temporal_client`` (session, async) -> a connected ``temporalio.client.Client``.
 - ``task_queue`` (function) -> a unique task-queue name per test (``tq-<test name>-<random>``).
+- ``model_roots`` (session, autouse) -> the session's temp directory, exported as ``DGRPO_MODEL_ROOTS``: the
+  trainers of this session (in-process and worker subprocesses) read a local ``base_model`` from under it.
+- ``tiny_qwen3`` (session) -> a Qwen3-architecture model with random weights (``QWEN3_TINY``, 3.2M parameters,
+  SmolLM2's tokenizer with a tool-calling chat template), made once under the session's temp directory.
 
 With pytest-xdist (``-n 2 --dist loadgroup``) each test file is one group, so module fixtures start once, and a
 directory whose session fixture is costly (the examples' ``LocalBackend``) is one group. It is not the README's
@@ -29,13 +33,16 @@ import os
 import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 from temporalio.client import Client
 
 from activities.object_store import ObjectStore
-from schemas.settings import ENV_CACHE, S3Settings, dgrpo_cache
+from base_models.random_shapes import QWEN3_TINY, make_random_model
+from base_models.resolve import ensure_smollm2
+from schemas.settings import ENV_CACHE, ENV_MODEL_ROOTS, S3Settings, dgrpo_cache
 from workers.stack import EmbeddedStack
 
 os.environ.setdefault(ENV_CACHE, dgrpo_cache())
@@ -92,3 +99,19 @@ async def temporal_client(stack: EmbeddedStack) -> AsyncIterator[Client]:
 def task_queue(request: pytest.FixtureRequest) -> str:
     name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:60]
     return f"tq-{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def model_roots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Local models and adapters the tests make live under the session's temp directory: the operator (this
+    session) allows it, as ``DGRPO_MODEL_ROOTS``, to every trainer, in this process and in worker processes."""
+    root = str(tmp_path_factory.getbasetemp())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ENV_MODEL_ROOTS, root)
+        yield root
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Qwen3-architecture model with random weights (``QWEN3_TINY``) and SmolLM2's tokenizer (~16 MB)."""
+    return make_random_model(QWEN3_TINY, tmp_path_factory.mktemp("models") / "qwen3-tiny", ensure_smollm2())

@@ -208,6 +208,7 @@ async def train_and_serve(inp: TrainStepInput, on_phase: PhaseCallback | None = 
         n_trajectories=advantages.n_trajectories,
         n_groups_zero_variance=advantages.n_groups_zero_variance,
         seconds=clock.seconds,
+        metrics=trained.metrics,
     )
 
 

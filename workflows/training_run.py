@@ -272,6 +272,7 @@ class TrainingRun:
             checkpoint=result.checkpoint,
             resampled=resampled,
             seconds={**self._phase_seconds, "step": (workflow.now() - started).total_seconds()},
+            train_metrics=result.metrics,
         )
         # The step advances only now: its adapter is served.
         state.step, state.checkpoint, state.adapter = target, result.checkpoint, result.adapter
@@ -473,6 +474,7 @@ def step_metrics(summary: StepSummary, n_groups: int, dropped_stale_groups: int)
     }
     if summary.loss is not None:
         metrics["loss/train"] = summary.loss
+    metrics.update(summary.train_metrics)
     for phase, seconds in summary.seconds.items():
         metrics["time/step_wall_s" if phase == "step" else f"time/step_{phase}_s"] = seconds
     return metrics

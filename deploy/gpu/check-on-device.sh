@@ -10,6 +10,8 @@
 #   runs     pytest -m gpu tests/gpu/test_training_run_vllm.py  (sync, shared, pipelined TrainingRuns)
 #   bench    bench/gpu_trainer.py  (trainer logprob agreement, step time, OOM halving on CUDA)
 #   vllm-bench  bench/gpu_vllm.py  (vLLM tok/s, adapter swap latency, sleep/wake seconds)
+#   shapes   deploy/gpu/production_shapes.py  (Qwen3 0.6B/4B/8B shapes, random weights; its own 450 s budget;
+#            named alone, never part of `all`): $OUT/shapes/shapes.json and its servers' logs.tar.gz
 # Writes into $OUT (a lent machine returns at most 8 files): check.log (every part's output), env.txt and
 # image.freeze (imports), gpu-results.json (what each test and bench measured), logs.tar.gz (the parts'
 # full logs and the tails of the vLLM and worker logs). Exit status: non-zero if any part failed.
@@ -26,8 +28,8 @@ if [ ${#parts[@]} -eq 0 ] || [ "${parts[*]}" = all ]; then parts=(imports servin
 failed=()
 for part in "${parts[@]}"; do
     case "$part" in
-        imports|serving|runs|bench|vllm-bench) ;;
-        *) echo "check-on-device.sh: unknown part $part (imports, serving, runs, bench, vllm-bench)" >&2; exit 2 ;;
+        imports|serving|runs|bench|vllm-bench|shapes) ;;
+        *) echo "check-on-device.sh: unknown part $part (imports, serving, runs, bench, vllm-bench, shapes)" >&2; exit 2 ;;
     esac
 done
 
@@ -84,6 +86,7 @@ for part in "${parts[@]}"; do
         runs) run_part runs gpu_tests tests/gpu/test_training_run_vllm.py ;;
         bench) run_part bench "$python" bench/gpu_trainer.py --out "$work/results/gpu_trainer.json" ;;
         vllm-bench) run_part vllm-bench "$python" bench/gpu_vllm.py --out "$work/results/gpu_vllm.json" ;;
+        shapes) run_part shapes "$python" deploy/gpu/production_shapes.py --out "$out/shapes" --work "$work" ;;
     esac
 done
 

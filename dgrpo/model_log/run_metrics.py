@@ -84,6 +84,7 @@ def train_result_metrics(result: TrainStepResult) -> dict[str, float]:
     }
     if result.loss is not None:
         metrics["loss/train"] = result.loss
+    metrics.update(result.metrics)
     metrics.update({f"time/step_{phase}_s": seconds for phase, seconds in result.seconds.items()})
     if result.seconds:
         metrics["time/step_wall_s"] = sum(result.seconds.values())

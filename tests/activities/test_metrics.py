@@ -81,6 +81,11 @@ def training_run_step(step: int, reward: float) -> dict[str, float]:
         policy_step=step - 1,
         loss=0.25 * step,
         seconds={"rollouts": 2.0, "train": 3.0, "step": 6.0},
+        train_metrics={
+            "loss/mean_importance_ratio": 1.0002,
+            "loss/clip_fraction": 0.01,
+            "loss/grad_norm": 0.7,
+        },
     )
     return step_metrics(summary, n_groups=3, dropped_stale_groups=2)
 
@@ -113,6 +118,9 @@ async def test_training_run_metrics_reach_wandb_and_parquet_under_arts_names(
         "discarded/cum/stale_groups": 2.0,
         "offpolicy/policy_age_steps": 0.0,
         "loss/train": 0.5,
+        "loss/mean_importance_ratio": 1.0002,
+        "loss/clip_fraction": 0.01,
+        "loss/grad_norm": 0.7,
         "time/step_wall_s": 6.0,
         "time/step_train_s": 3.0,
     }

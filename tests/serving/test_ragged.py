@@ -27,7 +27,8 @@ TINY = {
 
 
 def tiny_model(model_type: str) -> torch.nn.Module:
-    extra = {"head_dim": 16} if model_type == "qwen3" else {}
+    # Qwen3's shape: queries twice as wide as the hidden size (head_dim x heads), tied embeddings.
+    extra = {"head_dim": 32, "tie_word_embeddings": True} if model_type == "qwen3" else {}
     config = AutoConfig.for_model(model_type, **TINY, **extra)
     if model_type == "mistral":
         config.sliding_window = None
