@@ -34,6 +34,7 @@ from dgrpo.art_compat.options import (
     refuse_gpu_ids,
     train_config_fields,
 )
+from dgrpo.capture.exchange_training import PolicyNames
 from dgrpo.client.backends import Backend
 from dgrpo.client.model_base import ModelBase, check_config, run_id_of
 from dgrpo.client.openai_client import CostRecordingClient, CostRecordingCompletions
@@ -242,7 +243,9 @@ class TrainableModel(Model):
         log each stage).
         """
         config = self.step_config(config, train_config_fields("model.train(_config=...)", _config or {}))
-        groups = check_trainable(list(trajectory_groups))  # refused as given, registered or not
+        groups = check_trainable(
+            list(trajectory_groups), PolicyNames.of(self)
+        )  # refused as given, registered or not
         # The step's numbers also as history.jsonl rows and W&B, as ART 0.3's model.train logged them.
         return await self.backend().train_step(self, groups, config, history=True)
 

@@ -22,6 +22,7 @@ from temporalio.client import Client
 
 from activities.object_store import ObjectStore
 from dgrpo.art_compat.options import train_config_fields
+from dgrpo.capture.exchange_training import PolicyNames
 from dgrpo.client.backends import Backend
 from dgrpo.client.sft import batch_metrics, run_train_sft, sft_config, train_result
 from dgrpo.client.train_step import check_trainable, log_skipped, run_train_step
@@ -162,7 +163,7 @@ class ArtTraining:
         As in ART >= 0.4.4, a batch with nothing to learn from (no groups, every rollout failed, or every
         group's rewards equal) trains nothing but still advances the step."""
         self.check_registered(model)
-        groups = check_trainable(list(trajectory_groups))
+        groups = check_trainable(list(trajectory_groups), PolicyNames.of(model))
         store = self.object_store()
         step = model.served_step + 1
         if not any(trainable(g) for g in groups):

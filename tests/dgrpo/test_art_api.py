@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 import dgrpo as art
+from dgrpo.capture.exchange_training import PolicyNames
 from dgrpo.client.train_step import check_trainable
 from dgrpo.errors import (
     NoTrainableChoiceError,
@@ -26,6 +27,9 @@ from dgrpo.utils import iterate_dataset
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "activities"))
 from openai_stub import MODEL, USAGE, StubServer, openai_stub
+
+POLICY = PolicyNames("agent", "agent", ("agent",))
+"""The policy as the model named ``agent`` sends it (no exchanges here: not read)."""
 
 
 @pytest.fixture
@@ -122,10 +126,10 @@ def test_model_train_finds_appended_choices_and_refuses_history_choices() -> Non
     )
     traj = art.Trajectory(messages_and_choices=[{"role": "user", "content": "2+2?"}], reward=1)
     traj.messages_and_choices.append(sampled)
-    assert check_trainable([art.TrajectoryGroup([traj, traj])])
+    assert check_trainable([art.TrajectoryGroup([traj, traj])], POLICY)
     traj.additional_histories.append(art.History(messages_and_choices=[sampled]))
     with pytest.raises(NoTrainableChoiceError, match="additional_histories"):
-        check_trainable([art.TrajectoryGroup([traj, traj])])
+        check_trainable([art.TrajectoryGroup([traj, traj])], POLICY)
 
 
 # ---- art.Model: a baseline behind any OpenAI-compatible endpoint ------------------------------------
