@@ -40,3 +40,8 @@ class UnsupportedArtFeature(NotImplementedError):
 class UnsupportedArtModule(UnsupportedArtFeature, ImportError):
     """An ART module path dgrpo refuses (dgrpo/art_compat/refusals.py). Also an ``ImportError``, so a program's
     ``except ImportError`` around an optional backend (as ART's own tests skip Tinker and Unsloth) still works."""
+
+
+class LocalServingUnavailableError(DgrpoError, RuntimeError):
+    """ART 0.5.23's error for a local backend that cannot serve; dgrpo never raises it (its server is the
+    inference worker's), so a program's ``except art.LocalServingUnavailableError`` works and catches nothing."""
