@@ -23,6 +23,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     PlainValidator,
     PrivateAttr,
     field_serializer,
@@ -237,8 +238,8 @@ class Trajectory(_Conversation):
     """The scalar reward GRPO optimises."""
     metrics: dict[str, float | int | bool] = Field(default_factory=dict)
     """Numbers worth logging per trajectory (averaged per step)."""
-    metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
-    """Small labels: scenario id, difficulty, anything to slice results by."""
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    """Small labels: scenario id, difficulty, anything to slice results by (any JSON value, as ART 0.5.23's)."""
     logs: list[str] = Field(default_factory=list)
     """Free-text notes the rollout wants to keep."""
     policy_step: int | None = Field(None, ge=0)
@@ -385,8 +386,8 @@ class TrajectoryGroup(_Strict):
     """The finished rollouts."""
     exceptions: list[ExceptionRecord] = Field(default_factory=list)
     """Rollouts that raised, kept for the record."""
-    metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
-    """Labels shared by the group (scenario id, ...)."""
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    """Labels shared by the group (scenario id, ...; any JSON value, as ART 0.5.23's)."""
     metrics: dict[str, float | int | bool] = Field(default_factory=dict)
     """Numbers about the group as a whole (logged once per group)."""
     logs: list[str] = Field(default_factory=list)

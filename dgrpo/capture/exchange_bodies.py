@@ -26,6 +26,7 @@ from schemas.exchanges import (
     Exchange,
     MessagesExchange,
     ResponsesExchange,
+    TrajectoryExchanges,
 )
 
 log = logging.getLogger(__name__)
@@ -191,3 +192,27 @@ def _streamed_message(body: bytes) -> dict[str, Any]:
         elif kind == "message_stop":
             return message
     raise ValueError("incomplete Messages stream (no message_stop)")
+
+
+def exchanges_from_json(data: dict[str, Any]) -> TrajectoryExchanges:
+    """A trajectory's exchanges as ``model_dump(mode="json")`` wrote them, their responses parsed by their SDK
+    again (a Messages exchange needs the ``anthropic`` package)."""
+    parsers: dict[str, Any] = {
+        "chat_completions": ChatCompletion,
+        "completions": Completion,
+        "responses": Response,
+    }
+    out: dict[str, list[dict[str, Any]]] = {}
+    for protocol, items in data.items():
+        if protocol == "messages" and items:
+            from anthropic.types import Message
+
+            parsers["messages"] = Message
+        out[protocol] = [
+            {
+                **{k: v for k, v in item.items() if k != "model"},  # computed from the request
+                "response": parsers[protocol].model_validate(item["response"]),
+            }
+            for item in items
+        ]
+    return TrajectoryExchanges.model_validate(out)

@@ -29,6 +29,7 @@ from dgrpo.client.backends import Backend
 from dgrpo.costs import CostCalculator, CostRecorder, sampled_tokens
 from dgrpo.errors import NotRegisteredError
 from dgrpo.metrics import MetricsBuilder
+from dgrpo.model_log.dialect import log_dialect
 from dgrpo.model_log.local_files import LocalModelLog
 from dgrpo.model_log.run_metrics import group_metrics, qualified, record_metrics
 from schemas import layout
@@ -95,7 +96,7 @@ class ModelBase:
         self._wandb: WandbSink | None = None
         self._wandb_config: dict[str, Any] = {}
         self._metrics = MetricsBuilder("train")
-        self._local_log = LocalModelLog(base_path, project, name)
+        self._local_log = LocalModelLog(base_path, project, name, log_dialect(run_name_given=False))
         self._last_train_log_at = time.monotonic()
         self._last_train_log_step: int | None = None
 
@@ -269,7 +270,10 @@ class ModelBase:
         if not self.reports_to_wandb():
             return None
         if self._wandb is None:
-            self._wandb = WandbSink(Path(self.base_path) / "wandb")
+            dialect = self._local_log.dialect
+            self._wandb = WandbSink(
+                Path(self.base_path) / "wandb", sections=dialect.wandb_sections, clock=dialect.wall_clock
+            )
             self._wandb.update_config(self._wandb_id, self._wandb_config)
         return self._wandb.run(self._wandb_id, self.project, self.name)
 

@@ -22,7 +22,7 @@ from temporalio.client import Client
 
 from activities.object_store import ObjectStore
 from dgrpo.art_compat.options import train_config_fields
-from dgrpo.capture.exchange_training import PolicyNames
+from dgrpo.capture.exchange_training import PolicyNames, trainable_groups
 from dgrpo.client.backends import Backend
 from dgrpo.client.sft import batch_metrics, run_train_sft, sft_config, train_result
 from dgrpo.client.train_step import check_trainable, log_skipped, run_train_step
@@ -34,6 +34,19 @@ from dgrpo.types import LocalTrainResult, TrainResult, TrainSFTConfig
 from schemas.config import TaskQueues, TrainConfig
 from schemas.run_state import TrainSFTResult, TrainStepResult
 from schemas.trajectory import Trajectory, TrajectoryGroup
+
+
+def trained_tokens(groups: list[TrajectoryGroup], policy: PolicyNames) -> float:
+    """The sampled tokens of the policy's choices in the groups a step learns from (rewards that differ)."""
+    return float(
+        sum(
+            len(choice.token_ids or [])
+            for group in trainable_groups(groups, policy)
+            if trainable(group)
+            for trajectory in group.trajectories
+            for choice in trajectory.choices()
+        )
+    )
 
 
 class ArtBackend(Backend, Protocol):
@@ -103,6 +116,11 @@ class ArtTraining:
         rows = [m async for m in self._train_model(model, groups, config, {}, verbose)]
         metrics = average_metric_samples(rows)
         metrics.setdefault("time/step_trainer_s", time.monotonic() - started)
+        # ART 0.5.23's inputs of throughput/avg_trainer_tok_per_s: this call's time, the tokens it trained.
+        metrics.setdefault("time/step_backend_train_s", time.monotonic() - started)
+        metrics.setdefault(
+            "data/step_trainable_assistant_tokens", trained_tokens(groups, PolicyNames.of(model))
+        )
         for name, value in group_metrics(groups, "train").items():
             if name.startswith("data/"):
                 metrics.setdefault(name, value)
