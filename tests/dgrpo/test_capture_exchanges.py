@@ -77,20 +77,25 @@ def test_scopes_must_exit_in_the_order_they_were_entered() -> None:
     assert art.current_trajectory() is None
 
 
-async def test_no_capture_hides_the_enclosing_scope_but_not_one_entered_inside(endpoint: Any) -> None:
+async def test_the_innermost_scope_records_and_no_capture_hides_the_enclosing_ones(endpoint: Any) -> None:
     base_url, _ = endpoint
     with art.Trajectory() as outer:
         await chat(base_url)
+        nested = await art.trajectory(chat(base_url))  # the innermost scope records it, only it
         with art.no_capture():
             assert art.current_trajectory() is None
             await chat(base_url)
             inner = await art.trajectory(chat(base_url))
         await chat(base_url)
-    assert [e.response.choices[0].message.content for e in outer.exchanges.chat_completions] == [
-        "reply 1",
-        "reply 4",
-    ]
-    assert [e.response.choices[0].message.content for e in inner.exchanges.chat_completions] == ["reply 3"]
+
+    def replies(trajectory: art.Trajectory) -> list[str | None]:
+        return [e.response.choices[0].message.content for e in trajectory.exchanges.chat_completions]
+
+    assert (replies(outer), replies(nested), replies(inner)) == (
+        ["reply 1", "reply 5"],
+        ["reply 2"],
+        ["reply 4"],
+    )
 
 
 # ---- trajectory_group ----------------------------------------------------------------------------------
