@@ -163,6 +163,22 @@ def lora_from_lora_config(lora_config: Mapping[str, Any]) -> LoraConfig:
     return LoraConfig(**fields)
 
 
+def lora_of(
+    lora: LoraConfig | None, lora_config: Mapping[str, Any] | None, internal: Mapping[str, Any]
+) -> LoraConfig:
+    """A ``TrainableModel``'s LoRA shape: dgrpo's ``lora``, ART's ``lora_config`` or
+    ``_internal_config['peft_args']``, given once (equal when given more than once); else ``LoraConfig()``.
+    A copy: the model's own objects stay its own."""
+    given = [c for c in (lora, lora_from_internal_config(internal)[0]) if c is not None]
+    if lora_config is not None:
+        given.append(lora_from_lora_config(lora_config))
+    if any(c != given[0] for c in given):
+        raise UnsupportedArtOption(
+            "give the LoRA shape once: lora=, lora_config= or _internal_config['peft_args']"
+        )
+    return given[0].model_copy(deep=True) if given else LoraConfig()
+
+
 def importance_sampling(where: str, loss_fn: str) -> str:
     """ART's ``loss_fn`` as ``TrainConfig.importance_sampling``."""
     if loss_fn not in LOSS_FNS:
