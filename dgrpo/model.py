@@ -33,11 +33,12 @@ from activities.rollout_model import (
 )
 from dgrpo.art_compat.options import (
     chat_template_of,
-    lora_from_internal_config,
+    internal_settings,
     lora_of,
     refuse_gpu_ids,
     train_config_fields,
 )
+from dgrpo.art_compat.settings_rule import warn_ignored
 from dgrpo.client.backends import Backend
 from dgrpo.client.model_base import ModelBase, ModelConfig, StateType, check_config, run_id_of
 from dgrpo.client.openai_client import CostRecordingClient, CostRecordingCompletions
@@ -114,8 +115,11 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
 
     ``base_model`` is an HF model (directory or hub id), ``smollm2-135m-instruct``, or a LoRA adapter
     directory to warm-start from (the workers must be able to read it). ART's ``_internal_config`` is
-    mapped where dgrpo has the setting (``peft_args`` -> ``lora``, ``init_args.max_seq_length``) and
-    refused otherwise; ``config`` is the program's own settings object, kept as ``model.config``.
+    mapped where dgrpo has the setting (``peft_args`` -> ``lora``, ``init_args.max_seq_length`` and
+    ``trainer_args.max_grad_norm`` -> the steps' default ``TrainConfig``), accepted with one warning where it
+    only tunes ART's engine or hardware (``gpu_memory_utilization``, ``engine_args``: the workers' operator sets
+    those), and refused otherwise (dgrpo/art_compat/settings_rule.py); ``config`` is the program's own settings
+    object, kept as ``model.config``.
     ``run_name`` (ART 0.5.23) names the run when a ``name`` is trained more than once: records, checkpoints
     and local files go under ``<project>-<run_name>``, and ``model=<name>`` still reaches the served step.
 
@@ -195,6 +199,8 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         except Exception:
             super().__setattr__(name, before)  # the model stays as it was
             raise
+        if name == "_internal_config":
+            warn_ignored(self.name, internal_settings(value or {}).ignored)
 
     def storage_name(self) -> str:
         return self.run_name or self.name
@@ -222,7 +228,13 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
     @property
     def max_seq_len(self) -> int | None:
         """``_internal_config['init_args']['max_seq_length']``: the default ``TrainConfig.max_seq_len``."""
-        return lora_from_internal_config(self._internal_config or {})[1]
+        return self.train_defaults.get("max_seq_len")
+
+    @property
+    def train_defaults(self) -> dict[str, Any]:
+        """The ``TrainConfig`` fields the model's ``_internal_config`` sets for every step that leaves them unset
+        (``init_args.max_seq_length``, ``trainer_args.max_grad_norm``, ...)."""
+        return internal_settings(self._internal_config or {}).train_defaults
 
     @property
     def chat_template_kwargs(self) -> dict[str, Any] | None:
@@ -366,11 +378,11 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
 
     def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
         """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's
-        ``max_seq_length`` (from ``_internal_config``) where the config leaves it unset."""
+        ``train_defaults`` (from ``_internal_config``) where the config leaves them unset."""
         fields = dict(config.model_dump(exclude_unset=True)) if config is not None else {}
         fields.update(overrides)
-        if self.max_seq_len is not None:
-            fields.setdefault("max_seq_len", self.max_seq_len)
+        for key, value in self.train_defaults.items():
+            fields.setdefault(key, value)
         # A plain TrainConfig (not a subclass such as dgrpo.types.TrainConfig) goes into the workflow input.
         return TrainConfig.model_validate(fields)
 

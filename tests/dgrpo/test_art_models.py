@@ -11,7 +11,8 @@ import pytest
 from pydantic import BaseModel
 
 import dgrpo as art
-from dgrpo.errors import ModelConflictError, NotRegisteredError, UnsupportedArtOption
+from dgrpo.art_compat.options import train_config_fields
+from dgrpo.errors import ArtSettingIgnored, ModelConflictError, NotRegisteredError, UnsupportedArtOption
 
 
 class PolicyConfig(BaseModel):
@@ -128,3 +129,69 @@ def test_identity_fields_are_frozen_by_registration() -> None:
     model.lora.rank = 4  # type: ignore[union-attr]  # nested: seen by the next store call
     with pytest.raises(ModelConflictError, match="lora"):
         model.check_identity()
+
+
+# ---- the settings rule: engine and hardware accepted with one warning, what is trained mapped or refused ----
+def test_engine_and_hardware_settings_are_accepted_with_one_warning_naming_the_worker_flag() -> None:
+    internal = art.dev.InternalModelConfig(
+        init_args=art.dev.InitArgs(gpu_memory_utilization=0.775),
+        engine_args=art.dev.EngineArgs(num_scheduler_steps=1, enable_sleep_mode=True),  # type: ignore[typeddict-unknown-key]
+        trainer_args=art.dev.TrainerArgs(gradient_checkpointing=True, logging_steps=5),  # type: ignore[typeddict-unknown-key]
+    )
+    with pytest.warns(ArtSettingIgnored) as warned:
+        model = art.TrainableModel(name="clue", project="p", _internal_config=internal)
+    [warning] = warned  # one for the model, naming each setting and what sets it here
+    assert warning.filename == __file__  # pointed at the program's line
+    for part in (
+        "init_args.gpu_memory_utilization=0.775 (`dgrpo worker inference --gpu-memory-utilization`)",
+        "engine_args.enable_sleep_mode=True (`dgrpo worker inference --sleep-mode`)",
+        "engine_args.num_scheduler_steps=1 (`dgrpo worker inference --help`)",
+        "trainer_args.gradient_checkpointing=True",
+        "trainer_args.logging_steps=5",
+    ):
+        assert part in str(warning.message)
+    assert model.step_config(None, {}) == art.TrainableModel(name="plain").step_config(None, {})  # no effect
+    with pytest.warns(ArtSettingIgnored, match="gpu_memory_utilization=0.5"):
+        model._internal_config = {"init_args": {"gpu_memory_utilization": 0.5}}  # again when set again
+
+
+def test_trainer_args_that_change_training_are_mapped_or_refused_saying_why() -> None:
+    model = art.TrainableModel(
+        name="hn",
+        lora_config=art.LoRAConfig(alpha=8),
+        _internal_config=art.dev.InternalModelConfig(
+            trainer_args=art.dev.TrainerArgs(max_grad_norm=0.1, weight_decay=0.01)
+        ),
+    )
+    config = model.step_config(None, {})
+    assert (config.max_grad_norm, config.weight_decay) == (0.1, 0.01)  # every step's default
+    assert model.step_config(art.TrainConfig(max_grad_norm=0.5), {}).max_grad_norm == 0.5  # a step's own wins
+    for key, value, why in [
+        ("optim", "paged_adamw_8bit", "one AdamW step"),
+        ("gradient_accumulation_steps", 4, "one AdamW step"),
+        ("fp16", True, "fp32 or bf16"),
+    ]:
+        with pytest.raises(UnsupportedArtOption, match=rf"trainer_args'\]: {key}={value!r}.*{why}"):
+            art.TrainableModel(name="hn", _internal_config={"trainer_args": {key: value}})
+    with pytest.raises(UnsupportedArtOption, match=r"engine_args'\]: override_generation_config"):
+        art.TrainableModel(name="m", _internal_config={"engine_args": {"override_generation_config": {}}})
+    with pytest.raises(UnsupportedArtOption, match=r"init_args'\]: trust_remote_code=True.*operator"):
+        art.TrainableModel(name="m", _internal_config={"init_args": {"trust_remote_code": True}})
+
+
+def test_art_0523_train_keywords_follow_the_rule() -> None:
+    fields = train_config_fields(
+        "backend.train",
+        {
+            "learning_rate": 1e-5,
+            "kl_penalty_source": "sample",  # matters only with a KL penalty, which is 0
+            "optimizer_save_interval": 5,  # dgrpo keeps the optimizer state with every checkpoint
+            "final_training_step": 10,
+            "grad_accumulation_sequences": None,
+        },
+    )
+    assert fields == {"learning_rate": 1e-5}
+    with pytest.raises(UnsupportedArtOption, match="kl_penalty_coef"):
+        train_config_fields("backend.train", {"kl_penalty_coef": 0.1, "kl_penalty_source": "sample"})
+    with pytest.raises(UnsupportedArtOption, match=r"grad_accumulation_sequences=4.*one optimizer step"):
+        train_config_fields("backend.train", {"grad_accumulation_sequences": 4})
