@@ -33,6 +33,11 @@ class UnsupportedArtOption(RunSpecError):
     """An ART setting (``_internal_config``, a train option) that dgrpo cannot honour; the message says why."""
 
 
+class ArtSettingIgnored(UserWarning):
+    """An ART setting of its own engine or hardware (``gpu_memory_utilization``, ``engine_args``, ...): accepted,
+    not applied by the model; the worker's operator sets it (the warning names how). It changes no result."""
+
+
 class UnsupportedArtFeature(NotImplementedError):
     """A public ART name whose feature dgrpo does not have (yet); the message names the feature and why."""
 

@@ -188,8 +188,9 @@ class ArtTraining:
             log_skipped(step, groups)
         client = await self.temporal_client()
         record = functools.partial(model.record_step, history=history)
+        run_id, spec = model.check_identity()  # what it registered with: its checkpoints are that model's
         result = await run_train_step(
-            client, store, self.task_queues, model.spec, model.run_id, step, groups, config, record
+            client, store, self.task_queues, spec, run_id, step, groups, config, record
         )
         model.use_served(result.step, result.adapter)
         model.trained_checkpoint = result.checkpoint
@@ -207,13 +208,14 @@ class ArtTraining:
         examples = list(trajectories)
         sft = sft_config(config, len(examples), model.max_seq_len, dev_config)
         self.check_registered(model)
+        run_id, spec = model.check_identity()
         client = await self.temporal_client()
         result = await run_train_sft(
             client,
             self.object_store(),
             self.task_queues,
-            model.spec,
-            model.run_id,
+            spec,
+            run_id,
             model.served_step + 1,
             examples,
             sft,

@@ -198,9 +198,10 @@ class PipelineTrainer(InProcessPipeline):
             raise UnsupportedArtOption(
                 "scenarios given as a path or 'module:function' have no length here: pass max_steps=..."
             )
+        run_id, model = self.model.check_identity()
         return RunSpec(
-            run_id=self.model.run_id,
-            model=self.model.spec,
+            run_id=run_id,
+            model=model,
             task=TaskSpec(
                 rollout=self.rollout_path,
                 scenarios=self.scenarios,

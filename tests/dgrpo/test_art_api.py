@@ -69,9 +69,11 @@ def test_art_05_dedicated_mode_keys_accept_lora_weights_and_refuse_merged() -> N
 
 
 def test_settings_without_an_equivalent_are_refused_saying_why() -> None:
-    with pytest.raises(UnsupportedArtOption, match=r"gpu_memory_utilization.*inference worker's operator"):
-        art.TrainableModel(name="m", _internal_config={"engine_args": {"gpu_memory_utilization": 0.8}})
-    with pytest.raises(UnsupportedArtOption, match=r"run id is always <project>-<name> \('p-m'\)"):
+    with pytest.raises(UnsupportedArtOption, match=r"full_finetuning=True.*trains a LoRA adapter"):
+        art.TrainableModel(name="m", _internal_config={"init_args": {"full_finetuning": True}})
+    with pytest.raises(
+        UnsupportedArtOption, match=r"run id is always <project>-<run_name or name> \(.p-m.\)"
+    ):
         art.TrainableModel(name="m", project="p", run_id="wandb-run-7")
     with pytest.raises(ValidationError, match="same setting"):
         art.TrainConfig(beta=0.1, kl_coef=0.2)
