@@ -88,5 +88,15 @@ async def test_the_0518_files_by_default(tmp_path: Path, monkeypatch: pytest.Mon
 
 async def test_an_unknown_version_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_ART_VERSION, "0.6")
+    model = art.Model(name="agent", project="dialect", base_path=str(tmp_path))
     with pytest.raises(ValueError, match=r"DGRPO_ART_VERSION='0.6': give one of 0.5.18, 0.5.23"):
-        art.Model(name="agent", project="dialect", base_path=str(tmp_path))
+        await model.log(metrics={"loss/train": 1.0}, step=1, split="train")
+
+
+async def test_a_model_that_names_its_run_writes_0523_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ENV_ART_VERSION, raising=False)
+    named = art.TrainableModel(name="agent", run_name="agent-r2", project="dialect", base_path=str(tmp_path))
+    assert named.local_log().dialect.version == "0.5.23"
+    assert art.TrainableModel(name="agent", project="dialect").local_log().dialect.version == "0.5.18"

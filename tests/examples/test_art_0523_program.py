@@ -3,8 +3,8 @@ and sets ``art.current_trajectory(require=True).reward``; ``art.trajectory(...)`
 come from ``art.trajectory_group(...)`` under ``art.gather_trajectory_groups``, each step is
 ``backend.train(model, groups, ...)`` then ``model.log(groups, metrics=result.metrics, step=result.step)``.
 Two real steps of SmolLM2-135M on the examples' shared LocalBackend, read back from the run's metrics Parquet
-and the model's history.jsonl. The CI runs it on Python 3.11 and, client only, on 3.12 (marker
-``art_compat``: .ci/run, docs/art-0523.md)."""
+and the model's history.jsonl (0.5.23's rows: the model names its run). The CI runs it on Python 3.11 and,
+client only, on 3.12 (marker ``art_compat``: .ci/run, docs/art-0523.md)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,11 @@ def group(model: art.TrainableModel, word: str, size: int) -> Awaitable[art.Traj
 async def train(home: Path, steps: int) -> tuple[art.TrainableModel, list[list[art.TrajectoryGroup]]]:
     backend = art.LocalBackend(path=str(home))
     model = art.TrainableModel(
-        name="word-0523", project="art-0523", base_model="smollm2-135m-instruct", base_path=str(home / "art")
+        name="word",
+        run_name="word-0523",
+        project="art-0523",
+        base_model="smollm2-135m-instruct",
+        base_path=str(home / "art"),
     )
     await model.register(backend)
     trained = []
@@ -80,10 +84,13 @@ async def test_a_0523_program_with_captured_rollouts_trains_two_steps(example_ho
             statistics.fmean(t.reward for t in trajectories)
         )
         assert records[step]["data/step_num_trajectories"] == 6
+    # run_name given: model.log wrote ART 0.5.23's history rows, under the run's name
     history = model_history(model)
     assert [row["step"] for row in history if "train/reward" in row] == [1, 2]
+    assert all("time/wall_clock_sec" not in row for row in history)
+    assert all(row["throughput/avg_trainer_tok_per_s"] > 0 for row in history)  # type: ignore[operator]
 
 
 def model_history(model: art.TrainableModel) -> list[dict[str, object]]:
-    path = layout.art_model_dir(model.base_path, model.project, model.name) / layout.ART_HISTORY_FILE
+    path = layout.art_model_dir(model.base_path, model.project, "word-0523") / layout.ART_HISTORY_FILE
     return [json.loads(line) for line in path.read_text().splitlines()]
