@@ -315,8 +315,10 @@ def _hook_aiohttp(aiohttp: ModuleType) -> None:
     url_of = importlib.import_module("yarl").URL  # aiohttp's own URL type
 
     async def request(self: Any, method: str, str_or_url: Any, **kwargs: Any) -> Any:
-        body = kwargs.get("json") if kwargs.get("json") is not None else kwargs.get("data")
-        on_response = recorder(method, url_of(str_or_url).path, body)
+        on_response = None
+        if CAPTURE_SCOPES.get():
+            body = kwargs.get("json") if kwargs.get("json") is not None else kwargs.get("data")
+            on_response = recorder(method, url_of(str_or_url).path, body)
         if on_response is None:
             return await original(self, method, str_or_url, **kwargs)
         token = _SENDING.set(True)
@@ -335,8 +337,10 @@ def _hook_requests(requests: ModuleType) -> None:
     original = requests.Session.send
 
     def send(self: Any, request: Any, **kwargs: Any) -> Any:
-        path = requests.utils.urlparse(request.url or "").path
-        on_response = recorder(request.method or "GET", path, request.body)
+        on_response = None
+        if CAPTURE_SCOPES.get():
+            path = requests.utils.urlparse(request.url or "").path
+            on_response = recorder(request.method or "GET", path, request.body)
         if on_response is None:
             return original(self, request, **kwargs)
         token = _SENDING.set(True)
