@@ -168,8 +168,12 @@ class WandbSink:
     """One W&B run per training run, kept open across steps by the worker process (or the client's model),
     laid out as ART lays out a model's run: ART's ``wandb.init`` arguments and ``define_metric`` calls."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, sections: tuple[str, ...] = WANDB_SECTIONS, clock: bool = True) -> None:
+        """``sections`` plotted against ``training_step``, and whether rows carry ``time/wall_clock_sec``
+        (``clock``): ART 0.5.18's by default; a client writing ART 0.5.23's files gives that release's."""
         self.root = root
+        self.sections = sections
+        self.fixed = {WANDB_STEP, WANDB_CLOCK} if clock else {WANDB_STEP}
         self.runs: dict[str, Any] = {}
         self.configs: dict[str, dict[str, Any]] = {}
         """Run id -> the W&B run config (given to ``wandb.init``, or to the open run when it changes)."""
@@ -207,25 +211,23 @@ class WandbSink:
             mode="online" if os.environ.get("WANDB_API_KEY") else "offline",
             settings=wandb.Settings(silent=True, console="off"),
         )
-        run.define_metric(WANDB_STEP)
-        run.define_metric(WANDB_CLOCK)
-        for section in WANDB_SECTIONS:
+        for fixed in sorted(self.fixed, key=lambda key: key != WANDB_STEP):
+            run.define_metric(fixed)
+        for section in self.sections:
             run.define_metric(f"{section}/*", step_metric=WANDB_STEP)
         if config:
             run.config.update(config)  # a resumed run keeps its old config over init's
         self.runs[run_id] = run
-        self.defined[run_id] = {WANDB_STEP, WANDB_CLOCK}
+        self.defined[run_id] = set(self.fixed)
         return run
 
     def log_row(self, run_id: str, run: Any, row: dict[str, Any]) -> None:
         """``run.log(row)``, ``row`` holding its ``training_step``; a ``costs/`` key (nested, as ART defines them)
         or one outside ART's sections (``offpolicy/...``, a split of the program's) is first given
         ``training_step`` as its x-axis."""
-        defined = self.defined.setdefault(run_id, {WANDB_STEP, WANDB_CLOCK})
+        defined = self.defined.setdefault(run_id, set(self.fixed))
         for key in row:
-            if key not in defined and (
-                key.startswith("costs/") or key.split("/", 1)[0] not in WANDB_SECTIONS
-            ):
+            if key not in defined and (key.startswith("costs/") or key.split("/", 1)[0] not in self.sections):
                 run.define_metric(key, step_metric=WANDB_STEP)
                 defined.add(key)
         run.log(row)

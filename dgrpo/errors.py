@@ -33,6 +33,11 @@ class UnsupportedArtOption(RunSpecError):
     """An ART setting (``_internal_config``, a train option) that dgrpo cannot honour; the message says why."""
 
 
+class ArtSettingIgnored(UserWarning):
+    """An ART setting of its own engine or hardware (``gpu_memory_utilization``, ``engine_args``, ...): accepted,
+    not applied by the model; the worker's operator sets it (the warning names how). It changes no result."""
+
+
 class UnsupportedArtFeature(NotImplementedError):
     """A public ART name whose feature dgrpo does not have (yet); the message names the feature and why."""
 
@@ -40,3 +45,8 @@ class UnsupportedArtFeature(NotImplementedError):
 class UnsupportedArtModule(UnsupportedArtFeature, ImportError):
     """An ART module path dgrpo refuses (dgrpo/art_compat/refusals.py). Also an ``ImportError``, so a program's
     ``except ImportError`` around an optional backend (as ART's own tests skip Tinker and Unsloth) still works."""
+
+
+class LocalServingUnavailableError(DgrpoError, RuntimeError):
+    """ART 0.5.23's error for a local backend that cannot serve; dgrpo never raises it (its server is the
+    inference worker's), so a program's ``except art.LocalServingUnavailableError`` works and catches nothing."""

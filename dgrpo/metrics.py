@@ -67,19 +67,34 @@ class _Shared:
     extractors: dict[str, CostExtractor] = field(default_factory=dict)
     pricing: dict[str, TokenPricing] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    throughputs: dict[str, tuple[str, str]] = field(default_factory=lambda: dict(THROUGHPUTS))
+    idle_totals: dict[str, str] = field(default_factory=lambda: dict(IDLE_TOTALS))
 
 
 class MetricsBuilder:
     """A step's metrics, added as they happen and flushed once per logged step (module doc)."""
 
     def __init__(
-        self, cost_context: str, *, buffer_scope: str | None = None, _shared: _Shared | None = None
+        self,
+        cost_context: str,
+        *,
+        buffer_scope: str | None = None,
+        _shared: _Shared | None = None,
+        throughputs: dict[str, tuple[str, str]] | None = None,
+        idle_totals: bool = True,
     ) -> None:
+        """``throughputs`` (throughput -> running tokens and seconds it divides) and ``idle_totals`` (keep
+        ``throughput/cum/*_idle_s``): ART 0.5.18's by default; ``model.log``'s 0.5.23 files give 0.5.23's
+        (dgrpo/model_log/dialect.py)."""
         if not cost_context.strip():
             raise ValueError("cost_context must be non-empty")
         self.cost_context = cost_context.strip()
         self.buffer_scope = buffer_scope or self.cost_context
         self._shared = _shared or _Shared()
+        if throughputs is not None:
+            self._shared.throughputs = dict(throughputs)
+        if not idle_totals:
+            self._shared.idle_totals = {}
 
     # ---- adding numbers ---------------------------------------------------------------------------------
     def add_metric(self, key: str, value: float) -> None:
@@ -189,10 +204,10 @@ class MetricsBuilder:
                 if key.split("/", 1)[0] in CUMULATIVE_SECTIONS:
                     total = cumulative_key(key)
                     totals[total] = row[total] = totals.get(total, 0.0) + value
-            for key, total in IDLE_TOTALS.items():
+            for key, total in self._shared.idle_totals.items():
                 if key in row:
                     totals[total] = row[total] = totals.get(total, 0.0) + row[key]
-            for key, (tokens, seconds) in THROUGHPUTS.items():
+            for key, (tokens, seconds) in self._shared.throughputs.items():
                 if (tokens in row or seconds in row) and totals.get(seconds, 0.0) > 0 and tokens in totals:
                     row[key] = totals[tokens] / totals[seconds]
             if pending.scenario_ids:

@@ -1,6 +1,8 @@
 """ART's ``art.model``: ``Model``, a model the client runs but does not train (a baseline, a judge), and
 ``TrainableModel``, the policy being trained, each ``model.train`` a durable ``TrainStep`` workflow.
 
+Both are pydantic models, as ART's are (``TrainableModel[Config]``, ``model_copy``, a field of the program's
+own models), whose derived values (``spec``, ``run_id``, the client) follow their fields when read.
 A model's records live under ``runs/<project>-<name>/`` in the object store (``Model.run_id``), like a
 ``TrainingRun``'s, once it is registered; ART's local files of its ``log`` calls under ``base_path``
 (dgrpo/model_log/) in any case. As in ART, a model asks its backend to train it (``backend.train_step``,
@@ -17,27 +19,37 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Generic, cast
 
 from openai import AsyncOpenAI
+from pydantic import BaseModel, PrivateAttr
 
 from activities.retention import delete_checkpoints, select_checkpoints_to_delete
 from activities.rollout_model import (
+    DEFAULT_API_KEY,
     discover_base_model,
     own_server_api_key,
     routed_http_client,
 )
 from dgrpo.art_compat.options import (
     chat_template_of,
-    lora_from_internal_config,
-    lora_from_lora_config,
+    internal_settings,
+    lora_of,
     refuse_gpu_ids,
     train_config_fields,
 )
+from dgrpo.art_compat.settings_rule import warn_ignored
+from dgrpo.capture.exchange_training import PolicyNames
 from dgrpo.client.backends import Backend
-from dgrpo.client.model_base import ModelBase, check_config, run_id_of
+from dgrpo.client.model_base import ModelBase, ModelConfig, StateType, check_config, run_id_of
 from dgrpo.client.openai_client import CostRecordingClient, CostRecordingCompletions
-from dgrpo.client.registration import await_earlier_train, check_record, newest_step, serve_newest
+from dgrpo.client.registration import (
+    await_earlier_train,
+    changed_since_register,
+    check_record,
+    newest_step,
+    serve_newest,
+)
 from dgrpo.client.train_step import (
     check_trainable,
     train_workflow_id,
@@ -60,45 +72,81 @@ _OpenAIChatCompletionsProxy = CostRecordingCompletions
 """ART's name for ``client.chat.completions`` of ``openai_client()``."""
 
 
-class Model(ModelBase):
+class Model(ModelBase[ModelConfig, StateType], Generic[ModelConfig, StateType]):
     """A model the client only runs (no training): ART's ``art.Model``, e.g. a baseline or a judge
     behind any OpenAI-compatible endpoint (``inference_base_url``, ``inference_api_key``,
     ``inference_model_name``). ``register`` adds its run's metrics Parquet to what ``log`` writes.
     """
 
     def openai_client(self) -> AsyncOpenAI:
-        """An ``AsyncOpenAI`` (one per model) whose ``model=self.name`` goes to ``get_inference_name()``, wrapped
-        as ART wraps it (dgrpo/client/openai_client.py): its chat completions send the model's default ``extra_body``
-        and record their cost under the active metrics context (``set_cost_calculator``)."""
-        if self._client is None:
-            if self.inference_base_url is None:
-                raise NotRegisteredError(
-                    f"model {self.name!r} has no inference server yet: call `await model.register(backend)` "
-                    "first (or give inference_base_url=...)"
-                )
+        """An ``AsyncOpenAI`` whose ``model=self.name`` goes to ``get_inference_name()``, wrapped as ART wraps
+        it (dgrpo/client/openai_client.py): its chat completions send the model's default ``extra_body`` and
+        record their cost under the active metrics context (``set_cost_calculator``). One per model, made again
+        when the URL, key, name or those defaults changed since."""
+        if self.inference_base_url is None:
+            raise NotRegisteredError(
+                f"model {self.name!r} has no inference server yet: call `await model.register(backend)` "
+                "first (or give inference_base_url=...)"
+            )
+        extra_body = self._default_chat_completion_extra_body()
+        made_for = (self.inference_base_url, self.inference_api_key, self.name, repr(extra_body))
+        if self._client is None or self._client_made_for != made_for:
             client = AsyncOpenAI(
                 base_url=openai_base_url(self.inference_base_url),
-                api_key=self.inference_api_key,
+                api_key=self.inference_api_key or DEFAULT_API_KEY,
                 http_client=routed_http_client(self.name, self.get_inference_name),
                 max_retries=2,
             )
-            wrapped = CostRecordingClient(
-                client, self._record_openai_completion_costs, self._default_chat_completion_extra_body()
-            )
+            wrapped = CostRecordingClient(client, self._record_openai_completion_costs, extra_body)
             self._client = cast(AsyncOpenAI, wrapped)  # an AsyncOpenAI to every caller, as ART's
+            self._client_made_for = made_for
         return self._client
 
+    def safe_model_dump(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """``model_dump`` without ``config`` (ART's: the program's config need not serialize)."""
+        return {**self.model_dump(*args, **kwargs), "config": None}
 
-class TrainableModel(Model):
+
+IDENTITY = frozenset({"name", "project", "base_model", "lora", "lora_config", "run_name", "_internal_config"})
+"""What a ``TrainableModel``'s run id and ``ModelSpec`` follow: checked when set, frozen by ``register``."""
+
+
+class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateType]):
     """The policy being trained: ``name`` within ``project``, a LoRA on ``base_model``.
 
     ``base_model`` is an HF model (directory or hub id), ``smollm2-135m-instruct``, or a LoRA adapter
     directory to warm-start from (the workers must be able to read it). ART's ``_internal_config`` is
-    mapped where dgrpo has the setting (``peft_args`` -> ``lora``, ``init_args.max_seq_length``) and
-    refused otherwise; ``config`` is the program's own settings object, kept as ``model.config``.
+    mapped where dgrpo has the setting (``peft_args`` -> ``lora``, ``init_args.max_seq_length`` and
+    ``trainer_args.max_grad_norm`` -> the steps' default ``TrainConfig``), accepted with one warning where it
+    only tunes ART's engine or hardware (``gpu_memory_utilization``, ``engine_args``: the workers' operator sets
+    those), and refused otherwise (dgrpo/art_compat/settings_rule.py); ``config`` is the program's own settings
+    object, kept as ``model.config``.
+    ``run_name`` (ART 0.5.23) names the run when a ``name`` is trained more than once: records, checkpoints
+    and local files go under ``<project>-<run_name>``, and ``model=<name>`` still reaches the served step.
+
+    What follows from the fields (``spec``, ``run_id``, ``max_seq_len``) is derived when read, so setting
+    ``name``, ``base_model``, ``_internal_config``, ... after construction (on a ``model_copy()``, as ART's
+    programs do) is what trains. Each such assignment is checked as the constructor checks it; after
+    ``register`` one that changes the run id or the spec is refused (``ModelConflictError``): the run's
+    checkpoints belong to them.
     """
 
-    trainable = True
+    base_model: str = "smollm2-135m-instruct"
+    lora: LoraConfig | None = None
+    """dgrpo's LoRA shape (else ``lora_config``, ``_internal_config['peft_args']``, or ``LoraConfig()``)."""
+    lora_config: dict[str, Any] | None = None
+    """ART 0.5's ``art.LoRAConfig`` (``rank``, ``alpha``, ``dropout``, ``target_modules``)."""
+    run_name: str | None = None
+    """ART 0.5.23's run name; None: ``name``."""
+    trainable: bool = True
+
+    _internal_config: dict[str, Any] | None = PrivateAttr(default=None)
+    """ART's ``_internal_config`` as given (its keys that map are mapped when read)."""
+    _served: str | None = PrivateAttr(default=None)
+    _base_served: str | None = PrivateAttr(default=None)
+    _trained_checkpoint: CheckpointRef | None = PrivateAttr(default=None)
+    _registered: tuple[str, ModelSpec] | None = PrivateAttr(default=None)
+    """The run id and spec ``register`` recorded, which the model keeps from then on."""
 
     def __init__(
         self,
@@ -108,53 +156,109 @@ class TrainableModel(Model):
         *,
         lora: LoraConfig | None = None,
         lora_config: Mapping[str, Any] | None = None,
+        run_name: str | None = None,
         entity: str | None = None,
         id: str | None = None,
         run_id: str | None = None,
-        config: Any = None,
+        config: ModelConfig | None = None,
         base_path: str = layout.ART_BASE_PATH,
         report_metrics: list[str] | None = None,
         _internal_config: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(
-            name,
-            project,
+        BaseModel.__init__(
+            self,
+            name=name,
+            project=project,
+            base_model=base_model,
+            lora=lora,
+            lora_config=None if lora_config is None else dict(lora_config),
+            run_name=run_name,
             entity=entity,
             id=id,
             config=config,
             base_path=base_path,
             report_metrics=report_metrics,
         )
+        # Checked as it is set (__setattr__), as every later assignment is.
+        self._internal_config = None if _internal_config is None else dict(_internal_config)
         if run_id is not None and run_id != self.run_id:
             raise UnsupportedArtOption(
-                f"run_id={run_id!r}: a dgrpo model's run id is always <project>-<name> ({self.run_id!r}), "
-                "the prefix its checkpoints and metrics live under; leave run_id out"
+                f"run_id={run_id!r}: a dgrpo model's run id is always <project>-<run_name or name> "
+                f"({self.run_id!r}), the prefix its checkpoints and metrics live under; leave run_id out"
             )
-        internal_lora, self.max_seq_len = lora_from_internal_config(_internal_config or {})
-        self._internal_config = None if _internal_config is None else dict(_internal_config)
-        """ART's ``_internal_config`` as given (its keys that map are mapped above)."""
-        given = [c for c in (lora, internal_lora) if c is not None]
-        if lora_config is not None:
-            given.append(lora_from_lora_config(lora_config))
-        if any(c != given[0] for c in given):
-            raise UnsupportedArtOption(
-                "give the LoRA shape once: lora=, lora_config= or _internal_config['peft_args']"
-            )
-        self.base_model = base_model
-        self.spec = ModelSpec(
-            name=name,
-            project=project,
-            base_model=base_model,
-            lora=given[0] if given else LoraConfig(),
-            chat_template=chat_template_of(_internal_config or {}),
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in IDENTITY:
+            super().__setattr__(name, value)
+            return
+        if name == "_internal_config" and value is not None:
+            value = dict(value)
+        before = getattr(self, name)
+        super().__setattr__(name, value)
+        try:
+            self.check_identity()
+        except Exception:
+            super().__setattr__(name, before)  # the model stays as it was
+            raise
+        if name == "_internal_config":
+            warn_ignored(self.name, internal_settings(value or {}).ignored)
+
+    def storage_name(self) -> str:
+        return self.run_name or self.name
+
+    def names_its_run(self) -> bool:
+        return self.run_name is not None
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The ``ModelSpec`` the workers train and serve, from the model's fields as they are now."""
+        internal = self._internal_config or {}
+        return ModelSpec(
+            name=self.name,
+            project=self.project,
+            base_model=self.base_model,
+            lora=lora_of(self.lora, self.lora_config, internal),
+            chat_template=chat_template_of(internal),
         )
-        self._served: str | None = None
-        self.trained_checkpoint: CheckpointRef | None = None  # the newest TrainStep's (backend.train's path)
-        self._base_served: str | None = None
-        template_kwargs = (_internal_config or {}).get("chat_template_kwargs")
-        self.chat_template_kwargs = None if template_kwargs is None else dict(template_kwargs)
+
+    def check_identity(self) -> tuple[str, ModelSpec]:
+        """The model's run id and spec, checked: after ``register`` they must be the ones it registered with
+        (``ModelConflictError`` naming what changed otherwise)."""
+        run_id, spec = self.run_id, self.spec
+        if self._registered is None or self._registered == (run_id, spec):
+            return run_id, spec
+        raise changed_since_register(*self._registered, run_id, spec)
+
+    @property
+    def max_seq_len(self) -> int | None:
+        """``_internal_config['init_args']['max_seq_length']``: the default ``TrainConfig.max_seq_len``."""
+        return self.train_defaults.get("max_seq_len")
+
+    @property
+    def train_defaults(self) -> dict[str, Any]:
+        """The ``TrainConfig`` fields the model's ``_internal_config`` sets for every step that leaves them unset
+        (``init_args.max_seq_length``, ``trainer_args.max_grad_norm``, ...)."""
+        return internal_settings(self._internal_config or {}).train_defaults
+
+    @property
+    def chat_template_kwargs(self) -> dict[str, Any] | None:
         """ART's ``_internal_config["chat_template_kwargs"]`` (``enable_thinking``, ...): the server renders
         each chat completion of ``openai_client()`` with them."""
+        kwargs = (self._internal_config or {}).get("chat_template_kwargs")
+        return None if kwargs is None else dict(kwargs)
+
+    @property
+    def trained_checkpoint(self) -> CheckpointRef | None:
+        """The checkpoint of the newest ``TrainStep`` (``backend.train``'s ``checkpoint_path``)."""
+        return self._trained_checkpoint
+
+    @trained_checkpoint.setter
+    def trained_checkpoint(self, checkpoint: CheckpointRef | None) -> None:
+        self._trained_checkpoint = checkpoint
+
+    def model_dump(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The fields, and ``_internal_config`` (ART's)."""
+        return {**super().model_dump(*args, **kwargs), "_internal_config": self._internal_config}
 
     # ---- registration and serving ----------------------------------------------------------------
     async def register(self, backend: Backend) -> None:
@@ -162,11 +266,14 @@ class TrainableModel(Model):
         (dgrpo/client/registration.py)."""
         check_config(self.config)
         refuse_gpu_ids(self._internal_config or {})
+        self._registered = None  # registering again (with another backend) records what the model is now
+        run_id, spec = self.check_identity()
         await backend.start()
         store = backend.object_store()
         await asyncio.to_thread(store.ensure_bucket)
-        await asyncio.to_thread(check_record, store, self.run_id, self.spec)
+        await asyncio.to_thread(check_record, store, run_id, spec)
         self._backend, self._store = backend, store
+        self._registered = (run_id, spec)
         self.inference_base_url = backend.inference_url()
         self.inference_api_key = own_server_api_key()  # the server's key (DGRPO_SERVE_API_KEY), if it has one
         self._client = None
@@ -178,8 +285,8 @@ class TrainableModel(Model):
             client,
             store,
             backend.task_queues,
-            self.run_id,
-            self.spec,
+            run_id,
+            spec,
             url,
             self._base_served,
             self.warm_start,
@@ -242,7 +349,8 @@ class TrainableModel(Model):
         log each stage).
         """
         config = self.step_config(config, train_config_fields("model.train(_config=...)", _config or {}))
-        groups = check_trainable(list(trajectory_groups))  # refused as given, registered or not
+        # Refused as given, registered or not.
+        groups = check_trainable(list(trajectory_groups), PolicyNames.of(self))
         # The step's numbers also as history.jsonl rows and W&B, as ART 0.3's model.train logged them.
         return await self.backend().train_step(self, groups, config, history=True)
 
@@ -275,11 +383,11 @@ class TrainableModel(Model):
 
     def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
         """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's
-        ``max_seq_length`` (from ``_internal_config``) where the config leaves it unset."""
+        ``train_defaults`` (from ``_internal_config``) where the config leaves them unset."""
         fields = dict(config.model_dump(exclude_unset=True)) if config is not None else {}
         fields.update(overrides)
-        if self.max_seq_len is not None:
-            fields.setdefault("max_seq_len", self.max_seq_len)
+        for key, value in self.train_defaults.items():
+            fields.setdefault(key, value)
         # A plain TrainConfig (not a subclass such as dgrpo.types.TrainConfig) goes into the workflow input.
         return TrainConfig.model_validate(fields)
 
@@ -289,10 +397,11 @@ class TrainableModel(Model):
     ) -> list[int]:
         """Delete checkpoints except the newest ``keep_last`` and the best by ``best_checkpoint_metric``."""
         store = self._require_backend().object_store()
+        run_id, _ = self.check_identity()
         doomed = await asyncio.to_thread(
-            select_checkpoints_to_delete, store, self.run_id, best_checkpoint_metric, keep_last
+            select_checkpoints_to_delete, store, run_id, best_checkpoint_metric, keep_last
         )
-        await asyncio.to_thread(delete_checkpoints, store, self.run_id, doomed)
+        await asyncio.to_thread(delete_checkpoints, store, run_id, doomed)
         return doomed
 
     # ---- helpers ----------------------------------------------------------------------------------
@@ -302,8 +411,9 @@ class TrainableModel(Model):
         body: dict[str, Any] = {}
         if self.chat_template_kwargs is not None:
             body["chat_template_kwargs"] = dict(self.chat_template_kwargs)
-        if self.spec.chat_template is not None:
-            body["chat_template"] = self.spec.chat_template
+        chat_template = chat_template_of(self._internal_config or {})
+        if chat_template is not None:
+            body["chat_template"] = chat_template
         return body or None
 
     def record_step(

@@ -53,6 +53,10 @@ ENV_WORKER_GRACE_S = "DGRPO_WORKER_GRACE_S"
 """Seconds a worker's running activities get to finish after SIGTERM (``dgrpo worker --grace-s``)."""
 ENV_TEMPORAL_WAIT_S = "DGRPO_TEMPORAL_WAIT_S"
 """Seconds a starting worker keeps trying to reach Temporal (``dgrpo worker --temporal-wait-s``)."""
+ENV_WORKER_PYTHON = "DGRPO_WORKER_PYTHON"
+"""The Python a client starts ``dgrpo worker`` with (``LocalBackend``, the demo; default: its own): a client in an
+environment without the workers' packages (Python 3.12 without torch, as ART >= 0.5.20 programs run) uses the
+workers' environment, e.g. ``DGRPO_WORKER_PYTHON=/opt/dgrpo/.venv/bin/python``."""
 ENV_ADAPTER_ROOT = "DGRPO_ADAPTER_ROOT"
 """The only directory our CPU server loads runtime adapters from (its ``--adapter-root`` default;
 else ``$DGRPO_HOME/adapters``, where the reload activity downloads checkpoints)."""

@@ -10,22 +10,27 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback as tb
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any
+from types import TracebackType
+from typing import Annotated, Any, Self
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     PlainValidator,
     PrivateAttr,
     field_serializer,
     model_validator,
 )
+
+from schemas.exchanges import PROTOCOLS, TrajectoryExchanges
 
 SCHEMA_VERSION = 1
 """Version of the trajectory record; written into every Parquet file's metadata."""
@@ -200,6 +205,26 @@ class _Conversation(_Strict):
         return _entries_choices(self.messages_and_choices)
 
 
+def _comparable(message: Any) -> Any:
+    # The same message as the trajectory lists it and as a client sends it back (None fields dropped).
+    if isinstance(message, BaseModel):
+        message = message.model_dump(exclude_none=True)
+    if isinstance(message, dict):
+        return {k: _comparable(v) for k, v in message.items() if v is not None and v != []}
+    if isinstance(message, list):
+        return [_comparable(v) for v in message]
+    return message
+
+
+def _continues(conversation: _Conversation, messages: list[Any], tools: Any) -> bool:
+    seen = conversation.messages()
+    if not seen:
+        return conversation.tools is None or conversation.tools == tools
+    return conversation.tools == tools and [_comparable(m) for m in messages[: len(seen)]] == [
+        _comparable(m) for m in seen
+    ]
+
+
 class History(_Conversation):
     """Another conversation of the same rollout (a sub-agent, a summariser), as ART's ``History``."""
 
@@ -213,8 +238,8 @@ class Trajectory(_Conversation):
     """The scalar reward GRPO optimises."""
     metrics: dict[str, float | int | bool] = Field(default_factory=dict)
     """Numbers worth logging per trajectory (averaged per step)."""
-    metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
-    """Small labels: scenario id, difficulty, anything to slice results by."""
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    """Small labels: scenario id, difficulty, anything to slice results by (any JSON value, as ART 0.5.23's)."""
     logs: list[str] = Field(default_factory=list)
     """Free-text notes the rollout wants to keep."""
     policy_step: int | None = Field(None, ge=0)
@@ -225,6 +250,87 @@ class Trajectory(_Conversation):
     """ART's: the policy version (step) when the rollout ended, as the program set it; stored, not read."""
     start_time: datetime = Field(default_factory=datetime.now, exclude=True)
     """When the rollout began (``finish()`` measures from here); not stored."""
+    exchanges: TrajectoryExchanges = Field(default_factory=TrajectoryExchanges, exclude_if=lambda e: not e)
+    """ART 0.5.23's record: the calls ``with trajectory:`` (``art.trajectory(...)``) captured, by protocol
+    (schemas/exchanges.py); never together with ``messages_and_choices``. Written only when it holds one."""
+
+    @model_validator(mode="after")
+    def _one_representation(self) -> Trajectory:
+        if self.exchanges and (
+            self.messages_and_choices or self.tools is not None or self.additional_histories
+        ):
+            raise ValueError(
+                "a trajectory holds either captured exchanges or messages_and_choices (with tools and "
+                "additional_histories), not both"
+            )
+        return self
+
+    def model_copy(  # type: ignore[override]
+        self,
+        *,
+        include_models: str | Iterable[str] | None = None,
+        exclude_models: str | Iterable[str] | None = None,
+        update: Mapping[str, Any] | None = None,
+        deep: bool = False,
+    ) -> Self:
+        """A copy whose exchanges are those of the models ``include_models`` selects and ``exclude_models``
+        does not (an exact captured name first, else a shell pattern: ``TrajectoryExchanges.model_copy``);
+        every other field copied as pydantic copies; an ``update`` wins as given."""
+        exchanges = (
+            TrajectoryExchanges()
+            if update is not None and "exchanges" in update
+            else self.exchanges.model_copy(include_models=include_models, exclude_models=exclude_models)
+        )
+        filtered = super().model_copy(update={"exchanges": exchanges})
+        return super(Trajectory, filtered).model_copy(update=update, deep=deep)
+
+    # ---- ART 0.5.23's capture scope: ``with trajectory:`` records the calls begun inside it ----------
+    def __enter__(self) -> Trajectory:
+        CAPTURE_SCOPES.set((*CAPTURE_SCOPES.get(), CaptureScope(self)))
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        scopes = CAPTURE_SCOPES.get()
+        if not scopes or scopes[-1].trajectory is not self:
+            raise RuntimeError("trajectory capture scopes must exit in the order they were entered")
+        CAPTURE_SCOPES.set(scopes[:-1])
+        self.finish()
+
+    def add_turn(self, messages: list[Any], tools: list[dict[str, Any]] | None, choice: Any) -> None:
+        """Record one chat completion: the request's ``messages`` not yet recorded, then the returned
+        ``choice``, in the conversation they continue (with the same ``tools``): this one, one of its
+        ``additional_histories``, or a new one of those (as ART 0.5.18's capture)."""
+        conversations: list[_Conversation] = [self, *self.additional_histories]
+        conversation = next((c for c in conversations if _continues(c, messages, tools)), None)
+        if conversation is None:
+            conversation = History()
+            self.additional_histories.append(conversation)
+        conversation.messages_and_choices.extend(messages[len(conversation.messages_and_choices) :])
+        conversation.messages_and_choices.append(choice)
+        conversation.tools = tools
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The plain OpenAI message list: choices replaced by their assistant message. For captured
+        exchanges, the one conversation their Chat Completions make (an error if they make several)."""
+        if not self.exchanges:
+            return super().messages()
+        folded = Trajectory()
+        for exchange in sorted(self.exchanges.chat_completions, key=lambda e: e.start_time):
+            choices = getattr(exchange.response, "choices", None) or []
+            if choices:
+                folded.add_turn(
+                    list(exchange.request.get("messages") or []), exchange.request.get("tools"), choices[0]
+                )
+        others = [name for name in PROTOCOLS[1:] if getattr(self.exchanges, name)]
+        if folded.additional_histories or others:
+            raise ValueError(
+                "this trajectory's exchanges are not one Chat Completions conversation"
+                + (f" (it also holds {', '.join(others)} exchanges)" if others else "")
+                + ": read trajectory.exchanges, or copy one model's with trajectory.model_copy(include_models=...)"
+            )
+        return folded.messages()
 
     def log(self, message: str) -> None:
         """Keep a free-text note with the trajectory."""
@@ -246,7 +352,10 @@ class Trajectory(_Conversation):
             self.metrics[key] = float(self.metrics.get(key, 0.0)) + time.monotonic() - started
 
     def for_logging(self) -> dict[str, Any]:
-        """A plain dict for printing or logging: each message marked ``trainable`` or not."""
+        """A plain dict for printing or logging: each message marked ``trainable`` or not (a trajectory of
+        captured exchanges: its JSON dump, as ART 0.5.23's)."""
+        if self.exchanges:
+            return self.model_dump(mode="json")
         messages = []
         for entry in map(as_entry, self.messages_and_choices):
             if isinstance(entry, Choice):
@@ -277,8 +386,8 @@ class TrajectoryGroup(_Strict):
     """The finished rollouts."""
     exceptions: list[ExceptionRecord] = Field(default_factory=list)
     """Rollouts that raised, kept for the record."""
-    metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
-    """Labels shared by the group (scenario id, ...)."""
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    """Labels shared by the group (scenario id, ...; any JSON value, as ART 0.5.23's)."""
     metrics: dict[str, float | int | bool] = Field(default_factory=dict)
     """Numbers about the group as a whole (logged once per group)."""
     logs: list[str] = Field(default_factory=list)
@@ -370,3 +479,17 @@ async def _report(rollout: Awaitable[Trajectory]) -> Trajectory:
     if (done := ROLLOUT_DONE.get()) is not None:
         done(result)
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureScope:
+    """A trajectory the calls begun in this context are recorded into: as exchanges (ART 0.5.23's
+    ``with trajectory:``), or, ``legacy``, as messages and choices (ART 0.5.18's ``capture_auto_trajectory``)."""
+
+    trajectory: Trajectory
+    legacy: bool = False
+
+
+CAPTURE_SCOPES: ContextVar[tuple[CaptureScope, ...]] = ContextVar("dgrpo_capture_scopes", default=())
+"""The capture scopes of this context, innermost last; a call is recorded into the innermost when it begins.
+Tasks copy it, so concurrent rollouts record only their own calls."""

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from host.processes import ChildProcess, ProcessInfo
 from schemas.config import TaskQueues
+from schemas.settings import ENV_WORKER_PYTHON
 
 READY_TIMEOUT_S = 600.0
 
@@ -15,7 +16,8 @@ READY_TIMEOUT_S = 600.0
 class WorkerProcess:
     """One ``dgrpo worker`` subprocess; its log goes to ``log_path``; ``stop()`` sends SIGTERM (graceful).
 
-    It writes ``log_path`` with the suffix ``.ready`` once every worker polls. ``die_with_parent``: it gets
+    It runs on ``$DGRPO_WORKER_PYTHON`` when set (the workers' environment), else on this Python. It writes
+    ``log_path`` with the suffix ``.ready`` once every worker polls. ``die_with_parent``: it gets
     SIGTERM when the spawning thread ends. ``new_session``: it outlives the client that started it.
     """
 
@@ -36,7 +38,8 @@ class WorkerProcess:
         self.role = role
         self.log_path = log_path
         self.ready_file = log_path.with_suffix(".ready")
-        args = [sys.executable, "-m", "dgrpo.cli", "worker", role, "--ready-file", str(self.ready_file)]
+        python = os.environ.get(ENV_WORKER_PYTHON) or sys.executable
+        args = [python, "-m", "dgrpo.cli", "worker", role, "--ready-file", str(self.ready_file)]
         queues = task_queues or TaskQueues()
         args += ["--control-queue", queues.control, "--inference-queue", queues.inference]
         args += ["--trainer-queue", queues.trainer]

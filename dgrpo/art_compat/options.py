@@ -1,5 +1,6 @@
 """ART's configuration dicts (``_internal_config``, ``model.train(_config=...)``, ``backend.train(**options)``)
-translated to ours: each key that has an equivalent is mapped, and any other is refused, saying why.
+translated to ours: each key that has an equivalent is mapped; a setting of ART's own engine or hardware is
+accepted with one warning naming what sets it here (settings_rule.py); any other is refused, saying why.
 
 Refusing is deliberate: a setting ART would honour and dgrpo silently ignored would train differently
 from what the program says.
@@ -11,6 +12,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dgrpo.art_compat.settings_rule import (
+    InternalSettings,
+    check_engine_args,
+    check_init_args,
+    check_trainer_args,
+)
 from dgrpo.errors import UnsupportedArtOption
 from schemas.config import LoraConfig
 
@@ -58,11 +65,13 @@ ART_TRAIN_DEFAULTS: dict[str, Any] = {
     "kl_penalty_coef": 0.0,
     "kl_penalty_reference_step": None,
     "kl_ref_adapter_path": None,
-    "kl_penalty_source": "current_learner",
     "packed_sequence_length": None,
     "megatron_topology": None,
 }
 """ART ``backend.train`` options with no dgrpo equivalent: accepted at ART's default value only."""
+
+CHECKPOINT_CADENCE = ("optimizer_save_interval", "final_training_step")
+"""ART 0.5.23 ``backend.train`` keywords that say when ART saves the optimizer state with a checkpoint."""
 
 GPU_IDS_WHY = (
     "which GPUs train and which serve is the workers' operator's, per process (e.g. `CUDA_VISIBLE_DEVICES=0 dgrpo "
@@ -71,20 +80,20 @@ GPU_IDS_WHY = (
 )
 
 WHY_NOT = {
-    "engine_args": "engine settings belong to the inference worker's operator (`dgrpo worker --max-lora-rank "
-    "--max-loras --sleep-mode --dtype`); a model cannot change a shared server",
     "save_checkpoint": "every dgrpo step publishes its checkpoint: the next step and a resumed run start from it",
     "ppo": "say loss_fn='ppo' (TrainConfig.importance_sampling 'ppo_clip')",
     "loss_fn": "dgrpo trains with loss_fn='cispo' or 'ppo'",
     "allow_training_without_logprobs": "the trainer needs the sampled token ids and logprobs of every choice",
+    "kl_penalty_source": "it matters only with kl_penalty_coef > 0, a KL penalty dgrpo does not have (its KL "
+    "term is backend.train(beta=...))",
+    "grad_accumulation_sequences": "dgrpo takes one optimizer step per TrainConfig.epochs over the step's batch "
+    "(TrainConfig.micro_batch_size only splits it for memory)",
     "trainer_gpu_ids": GPU_IDS_WHY,
     "inference_gpu_ids": GPU_IDS_WHY,
     "chat_template_content_format": "dgrpo's servers render message content as the template receives it "
     "(text, with content parts joined); vLLM's content format is its operator's",
     "chat_template_tool_schema_format": "tools go to the chat template as the request gives them (vLLM's "
     "OpenAI schema)",
-    "trainer_args": "dgrpo's trainer takes a TrainConfig per step (learning_rate, max_grad_norm, ...: "
-    "backend.train's keywords), not Hugging Face trainer arguments",
     "tinker_args": "Tinker is a hosted training service; dgrpo trains on your own workers",
     "tinker_native_args": "Tinker is a hosted training service; dgrpo trains on your own workers",
     "rollout_weights_mode": "dgrpo serves each step as a LoRA adapter (ART's 'lora', which may be given); it "
@@ -125,21 +134,22 @@ def _refuse(where: str, key: str, value: Any) -> UnsupportedArtOption:
     )
 
 
-def lora_from_internal_config(internal: Mapping[str, Any]) -> tuple[LoraConfig | None, int | None]:
-    """The ``LoraConfig`` and default ``max_seq_len`` an ART ``_internal_config`` asks for."""
-    lora: dict[str, Any] = {}
-    max_seq_len = None
+def internal_settings(internal: Mapping[str, Any]) -> InternalSettings:
+    """What an ART ``_internal_config`` asks for, checked: its LoRA, default ``TrainConfig`` fields and the
+    engine and hardware settings accepted but not applied (settings_rule.py); anything else is refused."""
+    settings = InternalSettings()
     for section, values in internal.items():
         if section == "peft_args":
             for key, value in dict(values).items():
                 if key not in PEFT_ARGS:
                     raise _refuse("_internal_config['peft_args']", key, value)
-                lora[PEFT_ARGS[key]] = value
+                settings.peft_args[PEFT_ARGS[key]] = value
         elif section == "init_args":
-            for key, value in dict(values).items():
-                if key != "max_seq_length":
-                    raise _refuse("_internal_config['init_args']", key, value)
-                max_seq_len = int(value)
+            check_init_args(dict(values), settings)
+        elif section == "engine_args":
+            check_engine_args(dict(values), settings)
+        elif section == "trainer_args":
+            check_trainer_args(dict(values), settings)
         elif section == "rollout_weights_mode" and values == "lora":
             continue  # ART's default, and what dgrpo does
         elif section == "chat_template_kwargs":
@@ -150,7 +160,14 @@ def lora_from_internal_config(internal: Mapping[str, Any]) -> tuple[LoraConfig |
             continue  # kept on the model: refused by register (refuse_gpu_ids), as ART checks them there
         else:
             raise _refuse("_internal_config", section, values)
-    return (LoraConfig(**lora) if lora else None), max_seq_len
+    return settings
+
+
+def lora_from_internal_config(internal: Mapping[str, Any]) -> tuple[LoraConfig | None, int | None]:
+    """The ``LoraConfig`` and default ``max_seq_len`` an ART ``_internal_config`` asks for."""
+    settings = internal_settings(internal)
+    lora = LoraConfig(**settings.peft_args) if settings.peft_args else None
+    return lora, settings.train_defaults.get("max_seq_len")
 
 
 def lora_from_lora_config(lora_config: Mapping[str, Any]) -> LoraConfig:
@@ -161,6 +178,22 @@ def lora_from_lora_config(lora_config: Mapping[str, Any]) -> LoraConfig:
             raise _refuse("lora_config", key, value)
         fields[LORA_CONFIG[key]] = value
     return LoraConfig(**fields)
+
+
+def lora_of(
+    lora: LoraConfig | None, lora_config: Mapping[str, Any] | None, internal: Mapping[str, Any]
+) -> LoraConfig:
+    """A ``TrainableModel``'s LoRA shape: dgrpo's ``lora``, ART's ``lora_config`` or
+    ``_internal_config['peft_args']``, given once (equal when given more than once); else ``LoraConfig()``.
+    A copy: the model's own objects stay its own."""
+    given = [c for c in (lora, lora_from_internal_config(internal)[0]) if c is not None]
+    if lora_config is not None:
+        given.append(lora_from_lora_config(lora_config))
+    if any(c != given[0] for c in given):
+        raise UnsupportedArtOption(
+            "give the LoRA shape once: lora=, lora_config= or _internal_config['peft_args']"
+        )
+    return given[0].model_copy(deep=True) if given else LoraConfig()
 
 
 def importance_sampling(where: str, loss_fn: str) -> str:
@@ -184,6 +217,12 @@ def train_config_fields(where: str, options: Mapping[str, Any]) -> dict[str, Any
         elif key in TRAIN_OPTIONS:
             if value is not None:
                 fields[TRAIN_OPTIONS[key]] = value
+        elif key in CHECKPOINT_CADENCE:
+            continue  # dgrpo keeps the optimizer state with every checkpoint: any cadence is met
+        elif key == "kl_penalty_source" and not options.get("kl_penalty_coef"):
+            continue  # where the KL reference comes from matters only with a KL penalty (refused below)
+        elif key == "grad_accumulation_sequences" and value is None:
+            continue  # ART's default: one optimizer step for the batch, as dgrpo takes
         elif key in ART_TRAIN_DEFAULTS:
             if value != ART_TRAIN_DEFAULTS[key] and key != "verbose":
                 raise _refuse(where, key, value)

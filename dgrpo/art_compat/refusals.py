@@ -19,16 +19,14 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import NoReturn
 
-CAPTURE = (
-    "this capture helper is not in ART 0.5.18, so its behaviour is not known and it is not supported: "
-    "capture a rollout's calls with `await art.capture_auto_trajectory(rollout(...))` and read the "
-    "trajectory inside it with `art.auto_trajectory()`"
-)
 HOSTED = (
     "hosted training services are not supported: use dgrpo.LocalBackend, or TemporalBackend on your cluster"
 )
 TOKENIZING = (
-    "ART's client-side tokenizing is not supported: dgrpo's trainer tokenizes the stored trajectories itself"
+    "ART 0.5.23's client-side tokenizing (TokenizedTrajectory: token ids with ART's token flags, rendered with "
+    "ART's chat-template reconciliation) is not supported: dgrpo trains the exact token ids its server returned "
+    "with each choice (choice.prompt_token_ids and choice.token_ids, kept in trajectory.choices() and stored "
+    "with the trajectory), and its trainer builds the tensors itself"
 )
 MEGATRON = "Megatron training is not supported: dgrpo trains LoRA adapters with torch + peft"
 CHECKPOINTS_IN_STORE = (

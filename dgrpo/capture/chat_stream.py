@@ -27,14 +27,14 @@ def sse_events(content: bytes) -> Iterator[Any]:
             yield json.loads(data)
 
 
-def streamed_choice(content: bytes) -> OpenAIChoice | None:
-    """The choice with index 0 of a streamed chat completion's body, or None when it holds none."""
+def streamed_choice(content: bytes, index: int = 0) -> OpenAIChoice | None:
+    """The choice with ``index`` of a streamed chat completion's body, or None when it holds none."""
     choice: _Choice | None = None
     for chunk in sse_events(content):
         for delta_choice in chunk.get("choices") or []:
-            if delta_choice.get("index", 0) != 0:
+            if delta_choice.get("index", 0) != index:
                 continue
-            choice = choice or _Choice()
+            choice = choice or _Choice(index)
             choice.add(delta_choice, chunk)
     return None if choice is None else OpenAIChoice.model_validate(choice.as_dict())
 
@@ -42,7 +42,8 @@ def streamed_choice(content: bytes) -> OpenAIChoice | None:
 class _Choice:
     """One choice as its chunks arrive."""
 
-    def __init__(self) -> None:
+    def __init__(self, index: int = 0) -> None:
+        self.index = index
         self.finish_reason: str | None = None
         self.text: dict[str, str] = {}
         self.tool_calls: list[dict[str, Any]] = []
@@ -88,7 +89,11 @@ class _Choice:
             message["tool_calls"] = self.tool_calls
         if self.function_call is not None:
             message["function_call"] = self.function_call
-        out: dict[str, Any] = {"index": 0, "finish_reason": self.finish_reason or "stop", "message": message}
+        out: dict[str, Any] = {
+            "index": self.index,
+            "finish_reason": self.finish_reason or "stop",
+            "message": message,
+        }
         out["logprobs"] = None if self.logprobs is None else {k: v or None for k, v in self.logprobs.items()}
         if self.token_ids is not None:
             out["token_ids"] = self.token_ids

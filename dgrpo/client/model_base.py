@@ -8,6 +8,7 @@ ART's tests replace ``art.model.AsyncOpenAI``.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import os
 import re
@@ -15,20 +16,20 @@ import time
 from collections.abc import Iterable
 from contextvars import Token
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Self
 
 from openai import AsyncOpenAI
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, PrivateAttr, ValidatorFunctionWrapHandler
+from pydantic_core import CoreSchema, core_schema
+from typing_extensions import TypeVar
 
 from activities.metrics import WandbSink
 from activities.object_store import ObjectStore
-from activities.rollout_model import (
-    DEFAULT_API_KEY,
-)
 from dgrpo.client.backends import Backend
 from dgrpo.costs import CostCalculator, CostRecorder, sampled_tokens
 from dgrpo.errors import NotRegisteredError
 from dgrpo.metrics import MetricsBuilder
+from dgrpo.model_log.dialect import log_dialect
 from dgrpo.model_log.local_files import LocalModelLog
 from dgrpo.model_log.run_metrics import group_metrics, qualified, record_metrics
 from schemas import layout
@@ -52,13 +53,58 @@ def run_id_of(project: str, name: str) -> str:
     return f"{project.replace('-', '--')}-{name}"
 
 
-class ModelBase:
+ModelConfig = TypeVar("ModelConfig", default=Any)
+"""The type of a model's ``config`` (``art.TrainableModel[MyConfig]``); any object when not given."""
+StateType = TypeVar("StateType", bound=dict[str, Any], default=dict[str, Any])
+"""ART's second type parameter (``Model[Config, State]``): accepted for annotations, unused."""
+
+COPIED_PRIVATE = frozenset({"_cost_calculator", "_wandb_config", "_internal_config"})
+"""Private attributes a copy takes along (the model's settings); every other one is runtime state (the backend,
+clients, step, W&B run, metrics builders), which a copy starts afresh: a copy is a new, unregistered model."""
+
+
+class ModelBase(BaseModel, Generic[ModelConfig, StateType]):
     """What every model has (``dgrpo.model.Model`` adds its OpenAI client): its name and run id, its
     backend once registered, its ``log`` (ART's local files, the run's metrics Parquet, W&B), its metrics
-    builders and cost calculator."""
+    builders and cost calculator.
 
-    trainable = False
+    A pydantic model, as ART's: ``Model[Config]`` subscripts, ``model_copy(deep=True)`` copies, and a model is
+    a field of the program's own pydantic models. Fields are plain attributes (set them freely, as in ART);
+    what follows from them (the run id, the local log's directory, the OpenAI client) is derived when used,
+    so nothing goes stale after an assignment."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    name: str
+    project: str = "default"
+    entity: str | None = None
+    id: str | None = None
+    config: ModelConfig | None = None
+    """The program's own settings object (ART's ``model.config``), kept as given."""
+    trainable: bool = False
     """ART's discriminator: True for a ``TrainableModel``."""
+    inference_api_key: str | None = None
+    inference_base_url: str | None = None
+    inference_model_name: str | None = None
+    """The endpoint's name for the model, when not ``name`` (read when used: it follows ``name`` until set)."""
+    base_path: str = layout.ART_BASE_PATH
+    report_metrics: list[str] | None = None
+
+    _cost_calculator: CostCalculator | None = PrivateAttr(default=None)
+    _wandb_config: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _client: AsyncOpenAI | None = PrivateAttr(default=None)
+    _client_made_for: tuple[Any, ...] | None = PrivateAttr(default=None)
+    """What ``_client`` was made for (URL, key, names, request defaults): another value makes a new one."""
+    _backend: Backend | None = PrivateAttr(default=None)
+    _store: ObjectStore | None = PrivateAttr(default=None)
+    """The object store of the dgrpo backend ``register`` bound, where ``log`` also records the run's metrics
+    Parquet; None for a backend set otherwise (ART's tests set ``model._backend``)."""
+    _step: int = PrivateAttr(default=0)
+    _wandb: WandbSink | None = PrivateAttr(default=None)
+    _metrics: MetricsBuilder = PrivateAttr(default_factory=lambda: MetricsBuilder("train"))
+    _local_log: LocalModelLog | None = PrivateAttr(default=None)
+    _last_train_log_at: float = PrivateAttr(default_factory=lambda: time.monotonic())  # looked up when made
+    _last_train_log_step: int | None = PrivateAttr(default=None)
 
     def __init__(
         self,
@@ -67,37 +113,72 @@ class ModelBase:
         *,
         entity: str | None = None,
         id: str | None = None,
-        config: Any = None,
+        config: ModelConfig | None = None,
         inference_base_url: str | None = None,
         inference_model_name: str | None = None,
         inference_api_key: str | None = None,
         base_path: str = layout.ART_BASE_PATH,
         report_metrics: list[str] | None = None,
     ) -> None:
-        self.name = name
-        self.project = project
-        self.entity = entity
-        self.id = id
-        self.config = config
-        """The program's own settings object (ART's ``model.config``), kept as given."""
-        self.inference_base_url = inference_base_url
-        self.inference_model_name = inference_model_name or name
-        self.inference_api_key = inference_api_key or DEFAULT_API_KEY
-        self.base_path = base_path
-        self.report_metrics = report_metrics
-        self._client: AsyncOpenAI | None = None
-        self._cost_calculator: CostCalculator | None = None
-        self._backend: Backend | None = None
-        self._store: ObjectStore | None = None
-        """The object store of the dgrpo backend ``register`` bound, where ``log`` also records the run's
-        metrics Parquet; None for a backend set otherwise (ART's tests set ``model._backend``)."""
-        self._step = 0
-        self._wandb: WandbSink | None = None
-        self._wandb_config: dict[str, Any] = {}
-        self._metrics = MetricsBuilder("train")
-        self._local_log = LocalModelLog(base_path, project, name)
-        self._last_train_log_at = time.monotonic()
-        self._last_train_log_step: int | None = None
+        super().__init__(
+            name=name,
+            project=project,
+            entity=entity,
+            id=id,
+            config=config,
+            inference_base_url=inference_base_url,
+            inference_model_name=inference_model_name,
+            inference_api_key=inference_api_key,
+            base_path=base_path,
+            report_metrics=report_metrics,
+        )
+
+    # ---- copies: the settings go along, the runtime state starts afresh --------------------------------
+    def __copy__(self) -> Self:
+        copied = super().__copy__()
+        copied._start_fresh()
+        return copied
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Self:
+        memo = {} if memo is None else memo
+        copied = self.__copy__()  # fresh runtime state, so no backend, client or W&B run is deep-copied
+        memo[id(self)] = copied
+        object.__setattr__(copied, "__dict__", copy.deepcopy(self.__dict__, memo))
+        private = copied.__pydantic_private__ or {}
+        for key in COPIED_PRIVATE & private.keys():
+            private[key] = copy.deepcopy(private[key], memo)
+        return copied
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        """A model given to a field of a model type (``teacher: art.Model[Config]``) is that object, as a model
+        given to ``art.Model`` is: a live model (its backend, client, step) is never rebuilt from its fields."""
+        origin = cls.__pydantic_generic_metadata__["origin"] or cls
+
+        def same_model(value: Any, validate: ValidatorFunctionWrapHandler) -> Any:
+            return value if isinstance(value, origin) else validate(value)
+
+        return core_schema.no_info_wrap_validator_function(same_model, handler(source))
+
+    def _start_fresh(self) -> None:
+        """Every private attribute outside ``COPIED_PRIVATE`` back to its default (a copy's runtime state)."""
+        fresh = {
+            key: attr.get_default(call_default_factory=True, validated_data=None)
+            for key, attr in self.__private_attributes__.items()
+            if key not in COPIED_PRIVATE
+        }
+        kept = {k: v for k, v in (self.__pydantic_private__ or {}).items() if k in COPIED_PRIVATE}
+        object.__setattr__(self, "__pydantic_private__", {**fresh, **kept})
+
+    def names_its_run(self) -> bool:
+        """The program gave the run a name of its own (ART 0.5.23's ``TrainableModel(run_name=...)``): its
+        ``log`` then writes 0.5.23's files (dgrpo/model_log/dialect.py)."""
+        return False
+
+    def storage_name(self) -> str:
+        """The name the model's records are kept under (ART 0.5.23's ``_storage_name()``): its ``name``; a
+        ``TrainableModel``'s ``run_name`` when given."""
+        return self.name
 
     @property
     def run_id(self) -> str:
@@ -105,8 +186,8 @@ class ModelBase:
         project doubled, so no two (project, name) pairs share one: ``rl``/``math-agent`` is ``rl-math-agent``,
         ``rl-math``/``agent`` is ``rl--math-agent`` (the first lone ``-`` ends the project; a name starts with
         a letter or digit)."""
-        run_id = run_id_of(self.project, self.name)
-        if not re.fullmatch(NAME_PATTERN, run_id) or not re.fullmatch(NAME_PATTERN, self.name):
+        run_id = run_id_of(self.project, self.storage_name())
+        if not re.fullmatch(NAME_PATTERN, run_id) or not re.fullmatch(NAME_PATTERN, self.storage_name()):
             raise RunSpecError(
                 f"model name {self.name!r} in project {self.project!r} cannot name a run ({run_id!r} must match "
                 f"{NAME_PATTERN}); give the endpoint's model id as inference_model_name= and a plain name="
@@ -126,8 +207,10 @@ class ModelBase:
         return self._require_backend()
 
     def get_inference_name(self, step: int | None = None) -> str:
-        """The name the endpoint answers this model under (``<name>@<step>`` for a given step)."""
-        return self.inference_model_name if step is None else f"{self.inference_model_name}@{step}"
+        """The name the endpoint answers this model under: ``inference_model_name``, else ``name``
+        (``<that>@<step>`` for a given step)."""
+        served = self.inference_model_name or self.name
+        return served if step is None else f"{served}@{step}"
 
     async def get_step(self) -> int:
         """0: a model that is not trained has no steps (as in ART)."""
@@ -205,7 +288,7 @@ class ModelBase:
         row.update(await builder.flush())
         if not row:
             raise ValueError("model.log got neither trajectories nor metrics; nothing to record")
-        history_row = await self._local_log.log(groups, split, at, dict(metrics or {}), builder_numbers)
+        history_row = await self.local_log().log(groups, split, at, dict(metrics or {}), builder_numbers)
         if history_row:
             self._log_metrics(history_row, split, at)  # a line of a local file, and W&B's own queue (ART's)
         if self._store is not None:
@@ -247,7 +330,7 @@ class ModelBase:
     def _log_metrics(self, metrics: dict[str, float], split: str, step: int) -> None:
         """ART's one row of a log call: appended to ``history.jsonl`` under ART's keys (dgrpo/model_log/local_files.py), and
         the same row sent to the model's W&B run when ``report_metrics`` asks for it (ART's rule)."""
-        row = self._local_log.append(metrics, split, step)
+        row = self.local_log().append(metrics, split, step)
         try:
             run = self._get_wandb_run()
             if run is not None and self._wandb is not None:
@@ -257,10 +340,19 @@ class ModelBase:
                 "W&B logging for %s step %d failed: %s: %s", self._wandb_id, step, type(err).__name__, err
             )
 
+    def local_log(self) -> LocalModelLog:
+        """ART's local files of the model's ``log`` calls, under ``<base_path>/<project>/models/<storage name>``
+        as they are now (a new directory after ``project`` or ``name`` changed: its own files and totals)."""
+        directory = layout.art_model_dir(self.base_path, self.project, self.storage_name())
+        dialect = log_dialect(run_name_given=self.names_its_run())
+        if self._local_log is None or (self._local_log.dir, self._local_log.dialect) != (directory, dialect):
+            self._local_log = LocalModelLog(self.base_path, self.project, self.storage_name(), dialect)
+        return self._local_log
+
     @property
     def _wandb_id(self) -> str:
         """The W&B run's id: the model's run id, the one a ``TrainingRun`` of this model logs to as well."""
-        return run_id_of(self.project, self.name)
+        return run_id_of(self.project, self.storage_name())
 
     def _get_wandb_run(self) -> Any:
         """The model's W&B run, opened on first use (and again once finished) with ART's ``wandb.init``
@@ -269,9 +361,12 @@ class ModelBase:
         if not self.reports_to_wandb():
             return None
         if self._wandb is None:
-            self._wandb = WandbSink(Path(self.base_path) / "wandb")
+            dialect = self.local_log().dialect
+            self._wandb = WandbSink(
+                Path(self.base_path) / "wandb", sections=dialect.wandb_sections, clock=dialect.wall_clock
+            )
             self._wandb.update_config(self._wandb_id, self._wandb_config)
-        return self._wandb.run(self._wandb_id, self.project, self.name)
+        return self._wandb.run(self._wandb_id, self.project, self.storage_name())
 
     def reports_to_wandb(self) -> bool:
         """As in ART: ``report_metrics`` names ``"wandb"``, or is None and ``WANDB_API_KEY`` is set (without a

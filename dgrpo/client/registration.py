@@ -41,10 +41,24 @@ def check_record(store: ObjectStore, run_id: str, model: ModelSpec) -> None:
         if getattr(recorded, field) != getattr(model, field):
             raise ModelConflictError(
                 f"model {model.name!r} of project {model.project!r} is already registered with "
-                f"{field}={_show(getattr(recorded, field))}, not {_show(getattr(model, field))}; "
+                f"{field}={shown(getattr(recorded, field))}, not {shown(getattr(model, field))}; "
                 f"its checkpoints belong to that {field}. Use another name (or project) for this one, "
-                f"or pass {field}={_show(getattr(recorded, field))}"
+                f"or pass {field}={shown(getattr(recorded, field))}"
             )
+
+
+def changed_since_register(was_id: str, was: ModelSpec, run_id: str, spec: ModelSpec) -> ModelConflictError:
+    """The error for a registered model whose run id or spec (``was_id``, ``was``) became ``run_id``, ``spec``."""
+    changed = [f"run id {was_id!r} -> {run_id!r}"] if run_id != was_id else []
+    for field in ("name", "project", "base_model", "lora", "chat_template"):
+        old, new = getattr(was, field), getattr(spec, field)
+        if old != new:
+            changed.append(f"{field} {shown(old)} -> {shown(new)}")
+    return ModelConflictError(
+        f"model {was.name!r} was registered as run {was_id!r}; changed since: {'; '.join(changed)}. Its "
+        "checkpoints belong to what it registered with: set name/project/run_name/base_model/LoRA before "
+        "`register`, or `model_copy()` it and register the copy"
+    )
 
 
 async def newest_step(store: ObjectStore, run_id: str) -> int:
@@ -107,5 +121,5 @@ async def _served_models(url: str) -> set[str]:
     return {str(m.get("id")) for m in await ServingClient(url, timeout_s=10.0).models()}
 
 
-def _show(value: Any) -> str:
+def shown(value: Any) -> str:
     return repr(value.model_dump()) if isinstance(value, BaseModel) else repr(value)

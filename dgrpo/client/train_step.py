@@ -20,6 +20,7 @@ from temporalio.exceptions import FailureError
 
 from activities.object_store import ObjectStore
 from activities.trajectory_store import upload_groups
+from dgrpo.capture.exchange_training import PolicyNames, trainable_groups
 from dgrpo.client.attach import check_train_step, workflow_status
 from dgrpo.errors import EmptyGroupsError, NoTrainableChoiceError
 from dgrpo.model_log.run_metrics import group_metrics, train_result_metrics, zero_variance_groups
@@ -129,8 +130,10 @@ def innermost_failure(err: BaseException) -> str:
     return str(err)
 
 
-def check_trainable(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
-    """Refuse input that cannot train, saying what to fix (where ART would silently train on nothing).
+def check_trainable(groups: list[TrajectoryGroup], policy: PolicyNames) -> list[TrajectoryGroup]:
+    """The groups as dgrpo trains them (trajectories of captured exchanges as the ``policy``'s conversation,
+    dgrpo/capture/exchange_training.py); refuse input that cannot train, saying what to fix (where ART would
+    silently train on nothing).
 
     No groups, or groups whose rollouts all failed, pass: ``train`` skips them, as ART does.
     """
@@ -142,6 +145,7 @@ def check_trainable(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
                 f"group {i} still has {group.pending} rollout(s) to run: await it, or use "
                 "`await dgrpo.gather_trajectory_groups(...)`, before model.train"
             )
+    groups = trainable_groups(groups, policy)
     if any(h.choices() for g in groups for t in g.trajectories for h in t.additional_histories):
         raise NoTrainableChoiceError(
             "a trajectory's additional_histories hold sampled choices, which dgrpo does not train yet "

@@ -22,6 +22,7 @@ from temporalio.client import Client
 
 from activities.object_store import ObjectStore
 from dgrpo.art_compat.options import train_config_fields
+from dgrpo.capture.exchange_training import PolicyNames, trainable_groups
 from dgrpo.client.backends import Backend
 from dgrpo.client.sft import batch_metrics, run_train_sft, sft_config, train_result
 from dgrpo.client.train_step import check_trainable, log_skipped, run_train_step
@@ -33,6 +34,19 @@ from dgrpo.types import LocalTrainResult, TrainResult, TrainSFTConfig
 from schemas.config import TaskQueues, TrainConfig
 from schemas.run_state import TrainSFTResult, TrainStepResult
 from schemas.trajectory import Trajectory, TrajectoryGroup
+
+
+def trained_tokens(groups: list[TrajectoryGroup], policy: PolicyNames) -> float:
+    """The sampled tokens of the policy's choices in the groups a step learns from (rewards that differ)."""
+    return float(
+        sum(
+            len(choice.token_ids or [])
+            for group in trainable_groups(groups, policy)
+            if trainable(group)
+            for trajectory in group.trajectories
+            for choice in trajectory.choices()
+        )
+    )
 
 
 class ArtBackend(Backend, Protocol):
@@ -102,6 +116,11 @@ class ArtTraining:
         rows = [m async for m in self._train_model(model, groups, config, {}, verbose)]
         metrics = average_metric_samples(rows)
         metrics.setdefault("time/step_trainer_s", time.monotonic() - started)
+        # ART 0.5.23's inputs of throughput/avg_trainer_tok_per_s: this call's time, the tokens it trained.
+        metrics.setdefault("time/step_backend_train_s", time.monotonic() - started)
+        metrics.setdefault(
+            "data/step_trainable_assistant_tokens", trained_tokens(groups, PolicyNames.of(model))
+        )
         for name, value in group_metrics(groups, "train").items():
             if name.startswith("data/"):
                 metrics.setdefault(name, value)
@@ -162,15 +181,16 @@ class ArtTraining:
         As in ART >= 0.4.4, a batch with nothing to learn from (no groups, every rollout failed, or every
         group's rewards equal) trains nothing but still advances the step."""
         self.check_registered(model)
-        groups = check_trainable(list(trajectory_groups))
+        groups = check_trainable(list(trajectory_groups), PolicyNames.of(model))
         store = self.object_store()
         step = model.served_step + 1
         if not any(trainable(g) for g in groups):
             log_skipped(step, groups)
         client = await self.temporal_client()
         record = functools.partial(model.record_step, history=history)
+        run_id, spec = model.check_identity()  # what it registered with: its checkpoints are that model's
         result = await run_train_step(
-            client, store, self.task_queues, model.spec, model.run_id, step, groups, config, record
+            client, store, self.task_queues, spec, run_id, step, groups, config, record
         )
         model.use_served(result.step, result.adapter)
         model.trained_checkpoint = result.checkpoint
@@ -188,13 +208,14 @@ class ArtTraining:
         examples = list(trajectories)
         sft = sft_config(config, len(examples), model.max_seq_len, dev_config)
         self.check_registered(model)
+        run_id, spec = model.check_identity()
         client = await self.temporal_client()
         result = await run_train_sft(
             client,
             self.object_store(),
             self.task_queues,
-            model.spec,
-            model.run_id,
+            spec,
+            run_id,
             model.served_step + 1,
             examples,
             sft,

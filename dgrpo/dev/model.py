@@ -11,9 +11,17 @@ from dgrpo.dev.engine import EngineArgs
 
 
 class InitArgs(TypedDict, total=False):
-    """Model loading options; dgrpo maps ``max_seq_length`` (the default ``TrainConfig.max_seq_len``)."""
+    """Model loading options; dgrpo maps ``max_seq_length`` (the default ``TrainConfig.max_seq_len``), accepts
+    the engine and hardware ones with one warning (``gpu_memory_utilization``, ``load_in_4bit``, ...) and
+    refuses those that change what is trained (dgrpo/art_compat/settings_rule.py)."""
 
     max_seq_length: int
+    gpu_memory_utilization: float
+    load_in_4bit: bool
+    load_in_8bit: bool
+    fast_inference: bool
+    max_lora_rank: int
+    enable_prefix_caching: bool
 
 
 class PeftArgs(TypedDict, total=False):
@@ -77,8 +85,10 @@ class TinkerNativeArgs(TinkerArgs, total=False):
 
 
 class TrainerArgs(TypedDict, total=False):
-    """ART's Hugging Face trainer arguments (``_internal_config["trainer_args"]``): refused on a model, since
-    dgrpo's trainer takes a ``TrainConfig`` (``learning_rate``, ``max_grad_norm``, ...) per step."""
+    """ART's Hugging Face trainer arguments (``_internal_config["trainer_args"]``): ``max_grad_norm``,
+    ``weight_decay``, ``seed`` and ``bf16`` become the steps' default ``TrainConfig``; those that only tune speed,
+    memory or output are accepted with one warning; the optimizer's and schedule's are refused
+    (dgrpo/art_compat/settings_rule.py)."""
 
     learning_rate: float
     max_grad_norm: float

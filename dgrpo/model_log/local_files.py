@@ -22,14 +22,15 @@ from typing import Any
 from activities.metrics import WANDB_CLOCK, WANDB_STEP
 from dgrpo.metrics import MetricsBuilder
 from dgrpo.metrics_taxonomy import build_data_metrics_from_summary, summarize_trajectory_groups
+from dgrpo.model_log.dialect import ART_0_5_18, LogDialect
 from dgrpo.model_log.run_metrics import reward_std_dev
 from dgrpo.utils.trajectory_logging import write_trajectory_groups_parquet
 from host.files import write_json_atomic
 from schemas import layout
 from schemas.trajectory import TrajectoryGroup
 
-SECTIONS = frozenset({"reward", "loss", "offpolicy", "pipeline", "throughput", "costs", "time", "data"})
-"""ART's metric sections: under a split of ``SPLITS``, a ``<section>/...`` key is kept as it is."""
+SECTIONS = ART_0_5_18.sections
+"""ART 0.5.18's metric sections: under a split of ``SPLITS``, a ``<section>/...`` key is kept as it is."""
 SPLITS = frozenset({"train", "val", "test"})
 BUILDER_PREFIXES = ("costs/", "time/step_", "data/step_", "throughput/step_")
 """Numbers ART sums in the metrics builder (so they get roll-ups and ``/cum/`` totals) rather than averages."""
@@ -37,11 +38,11 @@ BUILDER_STATE_KEY = "_metrics_builder_state"
 """The key of ``state.json`` that holds the running totals (ART's)."""
 
 
-def history_key(name: str, split: str) -> str:
+def history_key(name: str, split: str, sections: frozenset[str] = SECTIONS) -> str:
     """``name`` as ART writes it in history.jsonl under ``split``: kept when it starts with a section or a split
     (``loss/train``, ``val/reward``) and the split is ``train``/``val``/``test``, else ``<split>/<name>``."""
     first, has_section = name.split("/", 1)[0], "/" in name
-    if split in SPLITS and has_section and (first in SECTIONS or first in SPLITS):
+    if split in SPLITS and has_section and (first in sections or first in SPLITS):
         return name
     return f"{split}/{name}"
 
@@ -49,10 +50,18 @@ def history_key(name: str, split: str) -> str:
 class LocalModelLog:
     """One model's ART-style local files and the running totals behind their ``/cum/`` numbers."""
 
-    def __init__(self, base_path: str | Path, project: str, name: str) -> None:
+    def __init__(
+        self, base_path: str | Path, project: str, name: str, dialect: LogDialect = ART_0_5_18
+    ) -> None:
         self.dir = layout.art_model_dir(base_path, project, name)
+        self.dialect = dialect
+        """Which ART release's files these are (dgrpo/model_log/dialect.py)."""
         self._started = time.time()
-        self._builder = MetricsBuilder("train")
+        self._builder = MetricsBuilder(
+            "train",
+            throughputs={key: (tokens, seconds) for key, tokens, seconds in dialect.throughputs},
+            idle_totals=dialect.idle_totals,
+        )
         self._loaded = False
 
     def _scoped(self, split: str) -> MetricsBuilder:
@@ -101,7 +110,7 @@ class LocalModelLog:
             averages = self._group_numbers(builder, groups, split, set(metrics))
             path = layout.art_trajectories_path(self.dir, split, step)
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_trajectory_groups_parquet(groups, path)
+            write_trajectory_groups_parquet(groups, path, format_version=self.dialect.parquet_version)
         averages.update(self._route(builder, metrics))
         row = {**averages, **await builder.flush()}
         self._write_state()
@@ -133,16 +142,21 @@ class LocalModelLog:
                 for name, value in self._route(builder, dict(trajectory.metrics)).items():
                     values[name].append(value)
         out = {name: statistics.fmean(vs) for name, vs in values.items() if vs}
-        out.update({f"group_{name}": statistics.fmean(vs) for name, vs in per_group.items()})
+        prefix = self.dialect.group_prefix
+        out.update({f"{prefix}{name}": statistics.fmean(vs) for name, vs in per_group.items()})
         out["reward_std_dev"] = reward_std_dev(groups)
         return out
 
     def append(self, row: dict[str, float], split: str, step: int) -> dict[str, Any]:
-        """Append ``row`` to ``history.jsonl`` under ART's keys (``history_key``), with ``training_step`` and
-        ``time/wall_clock_sec``; NaNs are left out of the file. Returns the keyed row (what ART sends W&B)."""
-        keyed: dict[str, Any] = {history_key(name, split): value for name, value in row.items()}
+        """Append ``row`` to ``history.jsonl`` under ART's keys (``history_key``), with ``training_step`` (and
+        0.5.18's ``time/wall_clock_sec``); NaNs are left out of the file. Returns the keyed row (what ART sends
+        W&B)."""
+        keyed: dict[str, Any] = {
+            history_key(name, split, self.dialect.sections): value for name, value in row.items()
+        }
         keyed[WANDB_STEP] = step
-        keyed[WANDB_CLOCK] = time.time() - self._started
+        if self.dialect.wall_clock:
+            keyed[WANDB_CLOCK] = time.time() - self._started
         line = {k: v for k, v in keyed.items() if not (isinstance(v, float) and math.isnan(v))}
         line |= {"step": step, "recorded_at": datetime.now().isoformat()}
         self.dir.mkdir(parents=True, exist_ok=True)

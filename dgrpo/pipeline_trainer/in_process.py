@@ -56,6 +56,9 @@ class PipelineSettings:
     """None: ten times ``min_batch_size`` in this process (ART's); ``min_batch_size`` in a ``TrainingRun``."""
     max_steps_off_policy: int | None = 4
     """How many steps a group's policy may lag the step it trains; None: no limit."""
+    limit_mean_steps_off_policy: float | None = None
+    """ART 0.5.23's: how many steps its trajectories' policies may lag on average (each trajectory counted
+    once; ART weighs them by their tokens); None: no limit."""
     queue_maxsize: int | None = None
     max_steps: int | None = None
     eval_every_n_steps: int = 20
@@ -258,7 +261,11 @@ class InProcessPipeline:
     def _is_stale(self, group: TrajectoryGroup, current_step: int) -> bool:
         lag = self.settings.max_steps_off_policy
         version = policy_version_of(group)
-        return lag is not None and version is not None and version < current_step - lag
+        if lag is not None and version is not None and version < current_step - lag:
+            return True
+        mean_limit = self.settings.limit_mean_steps_off_policy
+        ages = [current_step - v for t in group.trajectories if (v := t.initial_policy_version) is not None]
+        return mean_limit is not None and bool(ages) and sum(ages) / len(ages) > mean_limit
 
     def _stop_for_collapse(self) -> None:
         log.error(

@@ -40,6 +40,8 @@ from dgrpo.errors import UnsupportedArtOption
 from dgrpo.model import TrainableModel
 from dgrpo.pipeline_trainer.checkpoint_retention import CheckpointRetentionStrategy, KeepRecentAndTop
 from dgrpo.pipeline_trainer.in_process import EvalFn, GroupRollout, InProcessPipeline, PipelineSettings
+from dgrpo.pipeline_trainer.runtime_options import ACCEPTED_AS_NONE, check_training_options, pipeline_sizes
+from dgrpo.pipeline_tuner.config import PipelineAutotuneConfig, PipelineRuntimeConfig
 from schemas.config import CheckpointsSpec, RunSpec, TaskSpec, TrainConfig
 from schemas.history_bounds import MAX_INLINE_SCENARIOS_BYTES
 from schemas.run_state import RunStatus
@@ -99,11 +101,17 @@ class PipelineTrainer(InProcessPipeline):
         config: Any,
         eval_fn: EvalFn | None = None,
         *,
-        num_rollout_workers: int = 16,
-        min_batch_size: int = 4,
+        num_rollout_workers: int | None = None,
+        min_batch_size: int | None = None,
         max_batch_size: int | None = None,
         max_steps_off_policy: int | None = 4,
         queue_maxsize: int | None = None,
+        pipeline: PipelineRuntimeConfig | None = None,
+        autotune: PipelineAutotuneConfig | None = None,
+        limit_mean_steps_off_policy: float | None = None,
+        kl_penalty_coef: float = 0.0,
+        kl_penalty_step_lag: int | None = None,
+        optimizer_save_interval: int = 5,
         learning_rate: float = 1e-5,
         loss_fn: str | None = None,
         normalize_advantages: bool = True,
@@ -118,13 +126,31 @@ class PipelineTrainer(InProcessPipeline):
         durable: bool | None = None,
         **art_options: Any,
     ) -> None:
+        sizes = pipeline_sizes(
+            pipeline,
+            autotune,
+            {
+                "num_rollout_workers": num_rollout_workers,
+                "min_batch_size": min_batch_size,
+                "max_batch_size": max_batch_size,
+                "queue_maxsize": queue_maxsize,
+            },
+        )
+        check_training_options(
+            kl_penalty_coef=kl_penalty_coef,
+            kl_penalty_step_lag=kl_penalty_step_lag,
+            optimizer_save_interval=optimizer_save_interval,
+            limit_mean_steps_off_policy=limit_mean_steps_off_policy,
+            **{k: art_options.pop(k) for k in ACCEPTED_AS_NONE if k in art_options},
+        )
         refuse_unsupported(save_checkpoint=save_checkpoint, resume=resume, **art_options)
         settings = PipelineSettings(
-            num_rollout_workers=num_rollout_workers,
-            min_batch_size=min_batch_size,
-            max_batch_size=max_batch_size,
+            num_rollout_workers=sizes.num_rollout_workers,
+            min_batch_size=sizes.min_batch_size,
+            max_batch_size=sizes.max_batch_size,
             max_steps_off_policy=max_steps_off_policy,
-            queue_maxsize=queue_maxsize,
+            limit_mean_steps_off_policy=limit_mean_steps_off_policy,
+            queue_maxsize=sizes.queue_maxsize,
             max_steps=max_steps,
             eval_every_n_steps=eval_every_n_steps,
             eval_at_start=eval_at_start,
@@ -134,6 +160,7 @@ class PipelineTrainer(InProcessPipeline):
         self.durable = durable is not False
         if self.durable:
             try:
+                refuse_in_a_run(limit_mean_steps_off_policy)
                 self.rollout_path, scenarios = durable_task(rollout_fn, scenarios, config)
             except UnsupportedArtOption as why:
                 if durable:
@@ -151,7 +178,7 @@ class PipelineTrainer(InProcessPipeline):
             train_options["normalize_advantages"] = False
         super().__init__(model, backend, rollout_fn, scenarios, config, eval_fn, settings, train_options)
         self.scenarios = scenarios
-        self.groups_per_step = max_batch_size or min_batch_size
+        self.groups_per_step = sizes.max_batch_size or sizes.min_batch_size
         self.max_staleness = max_steps_off_policy if max_steps_off_policy is not None else 1_000_000
         self.train_config = TrainConfig(**train_config_fields("PipelineTrainer", train_options))
 
@@ -171,9 +198,10 @@ class PipelineTrainer(InProcessPipeline):
             raise UnsupportedArtOption(
                 "scenarios given as a path or 'module:function' have no length here: pass max_steps=..."
             )
+        run_id, model = self.model.check_identity()
         return RunSpec(
-            run_id=self.model.run_id,
-            model=self.model.spec,
+            run_id=run_id,
+            model=model,
             task=TaskSpec(
                 rollout=self.rollout_path,
                 scenarios=self.scenarios,
@@ -243,6 +271,15 @@ class PipelineTrainer(InProcessPipeline):
         evaluated.add(step)
         self.model.use_served(step, status.adapter)
         await self.evaluate(step)
+
+
+def refuse_in_a_run(limit_mean_steps_off_policy: float | None) -> None:
+    """What a ``TrainingRun`` cannot do of ART 0.5.23's keywords (the loop in this process can)."""
+    if limit_mean_steps_off_policy is not None:
+        raise UnsupportedArtOption(
+            f"limit_mean_steps_off_policy={limit_mean_steps_off_policy}: a TrainingRun drops a group by its oldest "
+            "rollout's policy (max_steps_off_policy); the mean rule runs only in this process"
+        )
 
 
 def durable_task(
@@ -357,7 +394,13 @@ def refuse_unsupported(*, save_checkpoint: bool, resume: bool, **art_options: An
             "resume=False: a run always continues after its newest checkpoint; start fresh under another "
             "model name, or delete the old run's checkpoints"
         )
-    harmless = {"log_interval_seconds", "status_ewa_alpha", "total_scenarios", "queue_maxsize"}
+    harmless = {
+        "log_interval_seconds",
+        "status_ewa_alpha",
+        "total_scenarios",
+        "score_reference_groups_per_step",
+        "score_reference_rollouts_per_group",
+    }
     unknown = sorted(set(art_options) - harmless)
     if unknown:
         raise UnsupportedArtOption(

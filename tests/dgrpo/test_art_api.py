@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 import dgrpo as art
+from dgrpo.capture.exchange_training import PolicyNames
 from dgrpo.client.train_step import check_trainable
 from dgrpo.errors import (
     NoTrainableChoiceError,
@@ -26,6 +27,9 @@ from dgrpo.utils import iterate_dataset
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "activities"))
 from openai_stub import MODEL, USAGE, StubServer, openai_stub
+
+POLICY = PolicyNames("agent", "agent", ("agent",))
+"""The policy as the model named ``agent`` sends it (no exchanges here: not read)."""
 
 
 @pytest.fixture
@@ -65,9 +69,11 @@ def test_art_05_dedicated_mode_keys_accept_lora_weights_and_refuse_merged() -> N
 
 
 def test_settings_without_an_equivalent_are_refused_saying_why() -> None:
-    with pytest.raises(UnsupportedArtOption, match=r"gpu_memory_utilization.*inference worker's operator"):
-        art.TrainableModel(name="m", _internal_config={"engine_args": {"gpu_memory_utilization": 0.8}})
-    with pytest.raises(UnsupportedArtOption, match=r"run id is always <project>-<name> \('p-m'\)"):
+    with pytest.raises(UnsupportedArtOption, match=r"full_finetuning=True.*trains a LoRA adapter"):
+        art.TrainableModel(name="m", _internal_config={"init_args": {"full_finetuning": True}})
+    with pytest.raises(
+        UnsupportedArtOption, match=r"run id is always <project>-<run_name or name> \(.p-m.\)"
+    ):
         art.TrainableModel(name="m", project="p", run_id="wandb-run-7")
     with pytest.raises(ValidationError, match="same setting"):
         art.TrainConfig(beta=0.1, kl_coef=0.2)
@@ -122,10 +128,10 @@ def test_model_train_finds_appended_choices_and_refuses_history_choices() -> Non
     )
     traj = art.Trajectory(messages_and_choices=[{"role": "user", "content": "2+2?"}], reward=1)
     traj.messages_and_choices.append(sampled)
-    assert check_trainable([art.TrajectoryGroup([traj, traj])])
+    assert check_trainable([art.TrajectoryGroup([traj, traj])], POLICY)
     traj.additional_histories.append(art.History(messages_and_choices=[sampled]))
     with pytest.raises(NoTrainableChoiceError, match="additional_histories"):
-        check_trainable([art.TrajectoryGroup([traj, traj])])
+        check_trainable([art.TrajectoryGroup([traj, traj])], POLICY)
 
 
 # ---- art.Model: a baseline behind any OpenAI-compatible endpoint ------------------------------------

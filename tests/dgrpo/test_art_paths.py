@@ -45,8 +45,8 @@ def test_every_public_art_name_works_or_says_why_not(name: str) -> None:
 
 
 def test_refused_names_are_refused_by_from_imports_too() -> None:
-    with pytest.raises(NotImplementedError, match=r"not in ART 0.5.18.* art.capture_auto_trajectory"):
-        from dgrpo import current_trajectory  # noqa: F401
+    with pytest.raises(NotImplementedError, match=r"exact token ids its server returned"):
+        from dgrpo import tokenize  # noqa: F401
     with pytest.raises(NotImplementedError, match=r"call model.train_sft\(trajectories"):
         from dgrpo import train_sft  # noqa: F401
     from dgrpo import TrainSFTConfig
@@ -165,7 +165,7 @@ REFUSED_PATHS = [
     ("unsloth", "unsloth.service", "torch + peft"),
     ("vllm_runtime", "vllm_runtime", "one server for all runs"),
     ("weight_transfer", "weight_transfer.nccl", "reloads the LoRA adapter"),
-    ("preprocessing", "preprocessing.tokenize", "trainer tokenizes the stored trajectories"),
+    ("preprocessing", "preprocessing.tokenize", "its trainer builds the tensors itself"),
     ("loss", "loss", "TrainConfig.importance_sampling"),
     ("tau_bench", "tau_bench.client", "no benchmark environments"),
     ("langgraph", "langgraph", "capture_auto_trajectory"),

@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 
 import dgrpo
+from dgrpo.capture.exchange_training import PolicyNames
 
 ASSISTANT = {"role": "assistant", "content": "5"}
+
+POLICY = PolicyNames("agent", "agent", ("agent",))
+"""The policy as the model named ``agent`` sends it (no exchanges here: not read)."""
 
 
 def trained_on(*items: dgrpo.Choice | dict[str, str]) -> dgrpo.TrajectoryGroup:
@@ -35,7 +39,7 @@ def test_empty_and_all_failed_batches_are_left_for_train_to_skip() -> None:
     from dgrpo.client.train_step import check_trainable
 
     failed = [dgrpo.TrajectoryGroup([ValueError("every rollout raised")])]
-    assert check_trainable([]) == [] and check_trainable(failed) == failed
+    assert check_trainable([], POLICY) == [] and check_trainable(failed, POLICY) == failed
 
 
 async def test_groups_not_yet_awaited() -> None:
