@@ -224,11 +224,12 @@ class CpuServerProcess(ServerProcess):
 
     def __init__(
         self, model: str, settings: EngineSettings | None = None, *, max_batch: int = 32,
-        threads: int | None = None, **kwargs: object,
+        threads: int | None = None, extra_args: list[str] | None = None, **kwargs: object,
     ) -> None:  # fmt: skip
         super().__init__(model, settings, **kwargs)  # type: ignore[arg-type]
         self.max_batch = max_batch
         self.threads = threads
+        self.extra_args = list(extra_args or [])
 
     def command(self) -> list[str]:
         dtype = "fp32" if self.settings.dtype == "auto" else self.settings.dtype
@@ -243,7 +244,7 @@ class CpuServerProcess(ServerProcess):
             argv += ["--threads", str(self.threads)]
         if self.settings.trust_request_chat_template:
             argv.append("--trust-request-chat-template")
-        return [*argv, "--prefix-cache-mb", str(self.settings.prefix_cache_mb)]
+        return [*argv, "--prefix-cache-mb", str(self.settings.prefix_cache_mb), *self.extra_args]
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -170,6 +170,8 @@ def build_app(
         engine.max_model_len,
         options.default_max_tokens,
         options.trust_request_chat_template,
+        vocab_size=engine.vocab_size,
+        render_bound_s=options.render_timeout_s,
     )
     app = FastAPI(title="durable-grpo CPU serving engine")
     app.state.adapters = adapters
@@ -216,7 +218,9 @@ def build_app(
     async def chat_completions(request: Request) -> dict[str, Any]:
         req: ChatCompletionRequest = _validate(ChatCompletionRequest, await _json_body(request))
         adapter = None if req.model == served_name else req.model
-        prompt_ids, params = renderer.prepare(req)
+        # Rendering and tokenizing are CPU work (a request's own template can be slow): off the event loop,
+        # which answers /health and every other request meanwhile, and bounded (--render-timeout-s).
+        prompt_ids, params = await asyncio.to_thread(renderer.prepare, req)
         if adapter is not None:
             adapters.acquire(adapter)
         try:
@@ -228,7 +232,7 @@ def build_app(
         finally:
             if adapter is not None:
                 await adapters.release(adapter)
-        return renderer.response(req, prompt_ids, completions, parse_tool_calls)
+        return await asyncio.to_thread(renderer.response, req, prompt_ids, completions, parse_tool_calls)
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> PlainTextResponse:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import torch
@@ -313,3 +314,61 @@ async def test_a_chat_with_tools_is_answered_on_both_engines(
     if isinstance(engine, VllmServerProcess):
         argv = engine.command()
         assert argv[argv.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in argv
+
+
+async def test_out_of_range_parameters_get_a_400_naming_them(client: ServingClient) -> None:
+    """What a batch cannot sample is refused before it joins one, on both engines, with the parameter named."""
+    hi = {"model": BASE, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    bad = [
+        ("seed", {"seed": 2**64}),
+        ("stop_token_ids", {"stop_token_ids": [10**6], "min_tokens": 2}),
+        ("logit_bias", {"logit_bias": {"999999": -100}}),
+    ]
+    async with httpx.AsyncClient(base_url=client.openai_base_url, timeout=SDK_TIMEOUT_S) as http:
+        for param, body in bad:
+            r = await http.post("/chat/completions", json={**hi, **body})
+            assert r.status_code == 400 and param in r.text, (param, r.text)
+        assert (await http.post("/chat/completions", json=hi)).status_code == 200
+
+
+async def test_logit_bias_bans_and_forces_tokens_and_logprobs_stay_raw(
+    sdk: openai.AsyncOpenAI, tokenizer: Any
+) -> None:
+    """vLLM's ``logit_bias``: -100 keeps a token from being drawn, +100 draws it; the logprob returned is the
+    raw distribution's (vLLM's default ``raw_logprobs``), so a forced unlikely token shows as unlikely."""
+
+    async def first_token(bias: dict[str, float] | None) -> tuple[int, float]:
+        r = await sdk.chat.completions.create(
+            model=BASE, messages=chat("Name a colour."), max_tokens=1, temperature=0, logprobs=True,  # type: ignore[arg-type]
+            logit_bias=bias, extra_body=RETURN_IDS,
+        )  # fmt: skip
+        choice = recorded_choice(r)
+        logprobs = choice.sampled_logprobs()
+        assert choice.token_ids and logprobs
+        return choice.token_ids[0], logprobs[0]
+
+    free, free_logprob = await first_token(None)
+    banned, _ = await first_token({str(free): -100})
+    assert banned != free
+    forced_id = tokenizer(" zebra", add_special_tokens=False)["input_ids"][0]
+    forced, forced_logprob = await first_token({str(forced_id): 100})
+    assert forced == forced_id and forced_logprob < free_logprob - 3
+
+
+async def test_a_json_response_format_is_honoured_or_refused_never_ignored(
+    client: ServingClient, engine: ServerProcess
+) -> None:
+    """vLLM constrains sampling to JSON; our engine cannot, so it refuses the request (400 naming
+    ``response_format``) rather than answering free text the caller would take for JSON."""
+    body = {
+        "model": BASE, "messages": chat("Give a JSON object with a key 'colour'."), "max_tokens": 48,
+        "temperature": 0, "response_format": {"type": "json_object"},
+    }  # fmt: skip
+    async with httpx.AsyncClient(base_url=client.openai_base_url, timeout=SDK_TIMEOUT_S) as http:
+        r = await http.post("/chat/completions", json=body)
+    if isinstance(engine, VllmServerProcess):
+        assert r.status_code == 200, r.text
+        content = r.json()["choices"][0]["message"]["content"]
+        assert isinstance(json.loads(content), dict), content
+    else:
+        assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
