@@ -214,17 +214,20 @@ class ServingActivities:
                 shutil.rmtree(self.local_dir(*parsed), ignore_errors=True)
 
     async def ensure_adapter(self, run_id: str, step: int) -> str:
-        """Serve ``<run id>@<step>`` on every server, loading the run's published checkpoint where it is
-        missing: the step's reload ran on another inference worker, or this one's server was restarted."""
+        """Serve the run's published checkpoint of ``step`` as ``<run id>@<step>`` on every server: loaded where
+        it is missing (the step's reload ran on another inference worker, or this one's server was restarted)
+        and loaded again where the name holds other content than the published manifest (a run id reused with
+        new weights, reloaded on another worker): the decision is by content, never by name."""
         name = adapter_name(run_id, step)
         async with self._ensuring:
-            missing = [c for c in self.clients if name not in await c.adapters()]
+            prefix = layout.checkpoint_prefix(run_id, step)
+            try:
+                _, sha = await asyncio.to_thread(self.store.read_manifest, prefix)
+            except DgrpoError as err:
+                raise application_error(err) from err
+            stale = self.contents.get(name) != sha
+            missing = [c for c in self.clients if stale or name not in await c.adapters()]
             if missing:
-                prefix = layout.checkpoint_prefix(run_id, step)
-                try:
-                    _, sha = await asyncio.to_thread(self.store.read_manifest, prefix)
-                except DgrpoError as err:
-                    raise application_error(err) from err
                 ref = CheckpointRef(run_id=run_id, step=step, uri=self.store.uri(prefix), manifest_sha256=sha)
                 self.served[name] = await self._download_and_load(missing, name, ref)
                 self._forget(await self._cap(current=name))
