@@ -36,6 +36,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import progress
 from activities.checkpoints import download_checkpoint
 from activities.engine_liveness import EngineLiveness
 from activities.errors import application_error
@@ -240,8 +241,9 @@ class ServingActivities:
         local = self.local_dir(ref.run_id, ref.step)
         _heartbeat("download", name)
         try:
-            await asyncio.to_thread(download_checkpoint, self.store, ref, local)
-            manifest, _ = await asyncio.to_thread(self.store.read_manifest, self.store.key(ref.uri))
+            with progress.stage("download"):  # a download that hangs stops the heartbeats
+                await asyncio.to_thread(download_checkpoint, self.store, ref, local)
+                manifest, _ = await asyncio.to_thread(self.store.read_manifest, self.store.key(ref.uri))
         except DgrpoError as err:  # a corrupt or overwritten checkpoint, an unreachable or refusing store
             raise application_error(err) from err
         sha256 = {e.path: e.sha256 for e in manifest.files if e.path.startswith(ADAPTER_FILE_PREFIX)}
@@ -260,7 +262,8 @@ class ServingActivities:
                             client.base_url, loaded_from, str(self.contents.get(name))[:12], local,
                             ref.manifest_sha256[:12])  # fmt: skip
             try:
-                loaded = await client.load_adapter(name, str(local), sha256, replace=replace)
+                with progress.stage("load"):
+                    loaded = await client.load_adapter(name, str(local), sha256, replace=replace)
             except ServingError as err:
                 if err.status >= 500:
                     raise  # the server is in trouble: retried

@@ -236,8 +236,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     worker.add_argument(
         "--trust-request-chat-template",
         action="store_true",
-        help="render a run's own chat template (model.chat_template), sent with its requests; without it "
-        "such runs are refused",
+        help="render a run's own chat template (model.chat_template): the inference engine with its requests, "
+        "the trainer with its SFT examples; without it such runs are refused",
     )
     worker.add_argument(
         "--probe-timeout-s",

@@ -59,7 +59,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 INTERCEPTORS: list[Interceptor] = [ErrorContract(), HeartbeatTicker()]
-"""On every worker: the one error contract, and heartbeats that do not wait for the work."""
+"""On every worker: the one error contract, and heartbeats that do not wait for the work but stop when it
+stalls (a worker's own stage bounds: ``interceptors``)."""
+
+
+def worker_interceptors(
+    lifecycle: WorkerLifecycle, vouches: Callable[[], bool] | None = None
+) -> list[Interceptor]:
+    """``INTERCEPTORS`` with the worker's stage bounds (and, for the inference worker, its engine's vouching)."""
+    return [ErrorContract(), HeartbeatTicker(vouches, lifecycle.stage_bounds_s)]
+
 
 Role = Literal["control", "inference", "trainer", "all"]
 ROLES: tuple[Role, ...] = ("control", "inference", "trainer", "all")
@@ -170,7 +179,7 @@ async def build_workers(
         activities: Sequence[Callable[..., Any]],
         workflows: Sequence[type] = (),
         max_concurrent_activities: int | None = None,
-        interceptors: Sequence[Interceptor] = INTERCEPTORS,
+        interceptors: Sequence[Interceptor] = worker_interceptors(opts.lifecycle),
     ) -> Worker:
         return Worker(
             client,
@@ -198,14 +207,19 @@ async def build_workers(
                 inference_activities(store, server_urls, opts, serving),
                 max_concurrent_activities=opts.max_concurrent_activities,
                 # no heartbeat vouches for work whose engine leaves its probes unanswered
-                interceptors=[ErrorContract(), HeartbeatTicker(serving.liveness.vouches)],
+                interceptors=worker_interceptors(opts.lifecycle, serving.liveness.vouches),
             )
         )
     if "trainer" in roles:
         from activities.training import TrainerActivities
 
         staging = opts.staging_root or Path(dgrpo_home()) / "staging"
-        trainer = TrainerActivities(store, staging, worker_id=opts.worker_id)
+        trainer = TrainerActivities(
+            store,
+            staging,
+            worker_id=opts.worker_id,
+            trust_chat_template=opts.engine.trust_request_chat_template,
+        )
         own_queue = worker_task_queue(queues.trainer, trainer.worker_id)
         log.info("trainer %s polls %s and %s", trainer.worker_id, queues.trainer, own_queue)
         workers += [worker(queue, trainer.all()) for queue in (queues.trainer, own_queue)]
@@ -329,6 +343,7 @@ def _trainer_child(opts: WorkerOptions) -> WorkerProcess:
         "--temporal-wait-s",
         str(opts.lifecycle.temporal_wait_s),
     ]
+    extra += ["--trust-request-chat-template"] if opts.engine.trust_request_chat_template else []
     return WorkerProcess(
         "trainer",
         log_dir / f"trainer-{os.getpid()}.log",
