@@ -66,6 +66,7 @@ from activities.checkpoints import (
 )
 from activities.errors import application_error
 from activities.object_store import ObjectStore
+from activities.run_texts import read_run_text
 from activities.tokenize import TrainSequence, build_sequences, run_tokenizer
 from activities.trainer import StepStats, Trainer, check_finite_adapter
 from host.files import write_json_atomic
@@ -219,7 +220,7 @@ class TrainerActivities:
     @activity.defn(name=ActivityName.TRAIN)
     async def train(self, inp: TrainInput) -> TrainResult:
         """Train one GRPO step from ``start_from`` and stage it on this worker (publish it next)."""
-        self._check_chat_template(inp.model)
+        self._check_chat_template(inp.model, inp.chat_template_ref is not None)
         return await self._attempt(
             inp.run_id, inp.step, inp.train.micro_batch_size,
             lambda micro_batch, progress, stop: self.train_sync(inp, micro_batch, progress, stop),
@@ -235,9 +236,10 @@ class TrainerActivities:
             lambda micro_batch, progress, stop: self.train_sft_sync(inp, micro_batch, progress, stop),
         )  # fmt: skip
 
-    def _check_chat_template(self, model: ModelSpec) -> None:
-        """Refuse a run whose own chat template this trainer's operator does not trust to render here."""
-        if model.chat_template is not None and not self.trust_chat_template:
+    def _check_chat_template(self, model: ModelSpec, stored: bool = False) -> None:
+        """Refuse a run whose own chat template (inline, or ``stored`` once for the run) this trainer's operator
+        does not trust to render here."""
+        if (model.chat_template is not None or stored) and not self.trust_chat_template:
             raise config_error(
                 "the run renders its chats with a template of its own (model.chat_template), which this trainer "
                 "renders only when started with --trust-request-chat-template (as the inference worker: the "
@@ -394,7 +396,7 @@ class TrainerActivities:
         ]
         with self._lock:
             trainer = self.trainer_for(inp.model, inp.train.precision)
-            tokenizer = run_tokenizer(trainer.tokenizer, inp.model.chat_template)
+            tokenizer = run_tokenizer(trainer.tokenizer, self._chat_template(inp))
             with stage_progress.stage("tokenize"):
                 tokenized = build_sequences(
                     [t for t, _ in pairs], [a for _, a in pairs], inp.train.max_seq_len, tokenizer
@@ -431,6 +433,13 @@ class TrainerActivities:
             micro_batch_size=micro_batch,
             seconds=time.monotonic() - started,
         )
+
+    def _chat_template(self, inp: TrainInput) -> str | None:
+        """The run's own chat template: as stored once for the run, or as the input carries it."""
+        if inp.chat_template_ref is None:
+            return inp.model.chat_template
+        with stage_progress.stage("download"):
+            return read_run_text(self.store, inp.run_id, "chat_template", inp.chat_template_ref)
 
     def train_sft_sync(
         self,

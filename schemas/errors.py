@@ -110,6 +110,11 @@ class StoredScenariosError(DgrpoError, ValueError):
     """A run's stored scenario list is missing, at another key than the run's, or not the bytes it stored."""
 
 
+class StoredRunTextError(DgrpoError, ValueError):
+    """A run's stored chat template or rubric is missing, at another key than the run's, or not the bytes it
+    stored."""
+
+
 class TaskImportError(DgrpoError, ImportError):
     """A task's rollout or scenarios path does not import, or is outside the worker's allowed modules."""
 

@@ -134,6 +134,7 @@ def control_activities(
     from activities.metrics import MetricsActivities
     from activities.retention import RetentionActivities
     from activities.rollout_shards import ShardActivities
+    from activities.run_texts import RunTextActivities
     from activities.scenario_store import ScenarioActivities
 
     env = JudgeEndpoints.from_env()  # a flag replaces its variable
@@ -146,6 +147,7 @@ def control_activities(
         JudgeActivities(store, judge_url, endpoints).judge,
         ShardActivities(store).merge_rollouts,
         ScenarioActivities(store).store_scenarios,
+        RunTextActivities(store).store_run_texts,
         *MetricsActivities(store).all(),
         *RetentionActivities(store).all(),
     ]
