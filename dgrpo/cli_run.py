@@ -14,6 +14,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError
 
 from dgrpo import run_control
+from dgrpo.cli_stack import port_number
 from dgrpo.progress import RunProgress, status_summary, status_view
 from schemas.config import TaskQueues, load_run_spec
 from schemas.errors import DgrpoError, EngineSetupError
@@ -256,7 +257,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="--engine vllm: the Python of vLLM's environment (default $DGRPO_VLLM_PYTHON, else .venv-vllm)",
     )
     worker.add_argument(
-        "--serve-port", type=int, help="port of the CPU server (default $DGRPO_SERVE_PORT or free)"
+        "--serve-port", type=port_number, help="port of the CPU server (default $DGRPO_SERVE_PORT or free)"
     )
     worker.add_argument(
         "--serve-host",
@@ -336,7 +337,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         p.set_defaults(func=_run_async(_steer))
 
     demo = sub.add_parser("demo", help="train SmolLM2-135M on an example task, on this machine")
-    demo.add_argument("--steps", type=int, default=None, help="training steps (default per task)")
+    demo.add_argument("--steps", type=at_least_one, default=None, help="training steps (default per task)")
     demo.add_argument("--task", choices=("arithmetic", "tool_agent"), default="arithmetic")
     demo.add_argument("--home", help="stack state directory (default $DGRPO_HOME, else ./.dgrpo)")
     demo.add_argument("--run-id", help="run id (default demo-<task>-<time>)")

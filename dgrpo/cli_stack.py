@@ -18,6 +18,17 @@ from workers.stack import (
 )
 
 
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (0 to 65535)")
+    return value
+
+
 def _home(args: argparse.Namespace) -> Path:
     return Path(args.home or dgrpo_home())
 
@@ -78,13 +89,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     up.add_argument("--home", help=home_help)
     up.add_argument(
         "--temporal-port",
-        type=int,
+        type=port_number,
         help=f"Temporal gRPC port (default {DEFAULT_TEMPORAL_PORT}, or a free one)",
     )
     up.add_argument(
-        "--ui-port", type=int, help=f"Temporal UI port (default {DEFAULT_UI_PORT}, or a free one)"
+        "--ui-port", type=port_number, help=f"Temporal UI port (default {DEFAULT_UI_PORT}, or a free one)"
     )
-    up.add_argument("--s3-port", type=int, help=f"S3 port (default {DEFAULT_S3_PORT}, or a free one)")
+    up.add_argument("--s3-port", type=port_number, help=f"S3 port (default {DEFAULT_S3_PORT}, or a free one)")
     up.add_argument("--headless", action="store_true", help="no Temporal web UI")
     up.set_defaults(func=cmd_up)
 

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from schemas.errors import DgrpoError
 from schemas.settings import ENV_ADAPTER_ROOT, ENV_SERVE_API_KEY, dgrpo_home
 
 DEFAULT_RENDER_TIMEOUT_S = 10.0
@@ -85,6 +86,10 @@ class ServerOptions(BaseModel):
         return self
 
 
+FLAGS = {"batch_window_s": "--batch-window"}
+"""The options whose flag is not ``--`` and their name with dashes."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The server's command-line options (shared by ``dgrpo serve`` and ``python -m serving.server``)."""
     parser.add_argument(
@@ -142,7 +147,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     for item in args.lora_modules:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            raise SystemExit(f"--lora-modules takes NAME=PATH, got {item!r}")
+            raise DgrpoError(f"--lora-modules takes NAME=PATH, got {item!r}")
         modules[name] = path
     api_key = args.api_key or os.environ.get(ENV_SERVE_API_KEY) or None
     try:
@@ -167,5 +172,10 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
             render_timeout_s=args.render_timeout_s,
         )
     except ValidationError as err:
-        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in err.errors())
-        raise SystemExit(f"refusing to start the server: {problems}") from None
+        problems = []
+        for e in err.errors(include_url=False):
+            message = str(e["msg"]).removeprefix("Value error, ")
+            field = str(e["loc"][0]) if e["loc"] else None
+            flag = FLAGS.get(field, f"--{field.replace('_', '-')}") if field else None
+            problems.append(f"{flag} {e.get('input')!r}: {message}" if flag else message)
+        raise DgrpoError(f"refusing to start the server: {'; '.join(problems)}") from None

@@ -343,10 +343,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m serving.server", description=__doc__.splitlines()[0])
     add_arguments(parser)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    options = options_from_args(parser.parse_args(argv))
     try:
-        serve(options)
-    except DgrpoError as err:  # a model it cannot load or run: the reason, not a traceback
+        serve(options_from_args(parser.parse_args(argv)))
+    except DgrpoError as err:  # bad options, a model it cannot load or run: the reason, not a traceback
         log.error("%s", err)
         raise SystemExit(2) from None
 

@@ -495,12 +495,13 @@ async def test_adapters_load_only_from_under_the_adapter_root(
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10"])
 def test_the_server_refuses_to_bind_beyond_loopback_without_an_api_key(
-    host: str, monkeypatch: pytest.MonkeyPatch
+    host: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.delenv(ENV_SERVE_API_KEY, raising=False)
     with pytest.raises(SystemExit) as refused:
         server_main(["--model", BASE, "--host", host, "--port", "1"])
-    message = str(refused.value)
+    assert refused.value.code == 2
+    message = caplog.text
     assert f"--host {host} serves beyond this machine" in message
     assert "--api-key" in message and ENV_SERVE_API_KEY in message
 
