@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import hmac
 import json
 import logging
 import time
@@ -44,6 +43,7 @@ from serving.batcher import GenerationEngine, GenerationRequest
 from serving.chat import ChatRenderer
 from serving.options import ServerOptions, add_arguments, options_from_args
 from serving.tool_calls import parse_tool_calls
+from serving.vllm_plugin.dgrpo_key_guard import OPEN_PATHS, authorized, refusal
 
 log = logging.getLogger(__name__)
 
@@ -117,16 +117,6 @@ def check_rank(path: str, max_rank: int | None) -> None:
         )
 
 
-OPEN_PATHS = frozenset({"/health"})
-"""The only paths a server with an API key answers without it (launchers and probes poll ``/health``)."""
-
-
-def authorized(request: Request, api_key: str) -> bool:
-    """True when the request carries ``Authorization: Bearer <api_key>`` (compared in constant time)."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
-
-
 def check_under_root(path: str, root: str) -> None:
     """Refuse (400) an adapter path that is not inside ``root`` once links and ``..`` are resolved."""
     resolved, base = Path(path).resolve(), Path(root).resolve()
@@ -192,10 +182,10 @@ def build_app(
         async def _require_api_key(
             request: Request, call_next: Callable[[Request], Awaitable[Response]]
         ) -> Response:
-            if request.url.path not in OPEN_PATHS and not authorized(request, api_key):
-                body = error_body(401, "missing or wrong API key: send 'Authorization: Bearer <--api-key>'")
-                body["error"]["type"] = "AuthenticationError"
-                return JSONResponse(body, status_code=401)
+            if request.url.path not in OPEN_PATHS and not authorized(
+                request.headers.get("authorization", ""), api_key
+            ):
+                return JSONResponse(refusal(), status_code=401)
             return await call_next(request)
 
     @app.get("/health")
