@@ -42,6 +42,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.object_store import ObjectStore
 from activities.rollout_model import DEFAULT_API_KEY, discover_base_model, own_server_api_key
+from activities.run_texts import read_run_text
 from activities.trajectory_store import read_ref_groups, upload_groups
 from schemas import layout
 from schemas.activities import ActivityName, JudgeInput
@@ -434,6 +435,11 @@ class JudgeActivities:
         if config.kind == "rollout":
             return input.trajectories
         base_url, api_key = self.endpoint(config)
+        rubric = config.rubric
+        if input.rubric_ref is not None:  # stored once for the run (activities/run_texts.py)
+            rubric = await asyncio.to_thread(
+                read_run_text, self.store, input.run_id, "rubric", input.rubric_ref
+            )
         groups = await asyncio.to_thread(read_ref_groups, self.store, input.trajectories.ref)
         client = AsyncOpenAI(base_url=openai_base_url(base_url), api_key=api_key)
         judge_model = await self._judge_model(config, base_url, api_key, input.base_model_name)
@@ -448,7 +454,7 @@ class JudgeActivities:
                     group,
                     judge_model,
                     client=client,
-                    rubric=config.rubric,
+                    rubric=rubric,
                     max_tokens=config.max_tokens,
                     cache=cache,
                     keep_original=config.kind == "both",

@@ -1,6 +1,7 @@
 """The object store: S3 (MinIO, SeaweedFS, AWS) through the ``minio`` client, with checkpoint manifests.
 
-Methods are synchronous; async callers wrap them in ``asyncio.to_thread``. Errors are typed:
+Methods are synchronous; async callers wrap them in ``asyncio.to_thread``. Transfers report each MiB moved to
+the activity's current stage (activities/progress.py), so a transfer that hangs is seen. Errors are typed:
 refused credentials raise ``StoreAuthError``, an unreachable endpoint ``StoreError`` (within seconds),
 a missing manifest or a sha256/size mismatch ``CorruptCheckpointError``.
 """
@@ -17,13 +18,14 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import urllib3
 from minio import Minio
 from minio.deleteobjects import DeleteObject
 from minio.error import S3Error
 
+from activities import progress
 from schemas import layout
 from schemas import settings as env_names
 from schemas.errors import CorruptCheckpointError, ForeignObjectError, StoreAuthError, StoreError
@@ -83,6 +85,24 @@ def _http_client(outage_s: float) -> urllib3.PoolManager:
         raise_on_status=False,
     )
     return urllib3.PoolManager(timeout=urllib3.Timeout(connect=3.0, read=120.0), retries=retries, maxsize=16)
+
+
+class _Advancing:
+    """A stream whose every read reports progress (an upload that hangs stops advancing)."""
+
+    def __init__(self, data: BinaryIO) -> None:
+        self.data = data
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self.data.read(size)
+        progress.advance()
+        return chunk
+
+
+def _advancing(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    for chunk in chunks:
+        progress.advance()
+        yield chunk
 
 
 class ObjectStore:
@@ -161,7 +181,9 @@ class ObjectStore:
 
     def _put_stream(self, key: str, data: BinaryIO, size: int, sha256: str) -> ObjectRef:
         with self._errors(f"upload {self.uri(key)}"):
-            self.client.put_object(self.bucket, key, data, size, metadata={"sha256": sha256})
+            self.client.put_object(
+                self.bucket, key, cast(BinaryIO, _Advancing(data)), size, metadata={"sha256": sha256}
+            )
         return ObjectRef(uri=self.uri(key), size=size, sha256=sha256)
 
     def put_bytes(self, key: str, data: bytes) -> ObjectRef:
@@ -179,7 +201,7 @@ class ObjectStore:
         with self._errors(f"download {self.uri(key)}"):
             response = self.client.get_object(self.bucket, key)
             try:
-                return response.read()
+                return b"".join(_advancing(response.stream(_CHUNK)))
             finally:
                 response.close()
                 response.release_conn()
@@ -193,7 +215,14 @@ class ObjectStore:
         os.close(fd)
         try:
             with self._errors(f"download {self.uri(key)}"):
-                self.client.fget_object(self.bucket, key, tmp)
+                response = self.client.get_object(self.bucket, key)
+                try:
+                    with open(tmp, "wb") as f:
+                        for chunk in _advancing(response.stream(_CHUNK)):
+                            f.write(chunk)
+                finally:
+                    response.close()
+                    response.release_conn()
             os.replace(tmp, target)
         finally:
             Path(tmp).unlink(missing_ok=True)

@@ -36,6 +36,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import progress
 from activities.checkpoints import download_checkpoint
 from activities.engine_liveness import EngineLiveness
 from activities.errors import application_error
@@ -216,17 +217,20 @@ class ServingActivities:
                 shutil.rmtree(self.local_dir(*parsed), ignore_errors=True)
 
     async def ensure_adapter(self, run_id: str, step: int) -> str:
-        """Serve ``<run id>@<step>`` on every server, loading the run's published checkpoint where it is
-        missing: the step's reload ran on another inference worker, or this one's server was restarted."""
+        """Serve the run's published checkpoint of ``step`` as ``<run id>@<step>`` on every server: loaded where
+        it is missing (the step's reload ran on another inference worker, or this one's server was restarted)
+        and loaded again where the name holds other content than the published manifest (a run id reused with
+        new weights, reloaded on another worker): the decision is by content, never by name."""
         name = adapter_name(run_id, step)
         async with self._ensuring:
-            missing = [c for c in self.clients if name not in await c.adapters()]
+            prefix = layout.checkpoint_prefix(run_id, step)
+            try:
+                _, sha = await asyncio.to_thread(self.store.read_manifest, prefix)
+            except DgrpoError as err:
+                raise application_error(err) from err
+            stale = self.contents.get(name) != sha
+            missing = [c for c in self.clients if stale or name not in await c.adapters()]
             if missing:
-                prefix = layout.checkpoint_prefix(run_id, step)
-                try:
-                    _, sha = await asyncio.to_thread(self.store.read_manifest, prefix)
-                except DgrpoError as err:
-                    raise application_error(err) from err
                 ref = CheckpointRef(run_id=run_id, step=step, uri=self.store.uri(prefix), manifest_sha256=sha)
                 self.served[name] = await self._download_and_load(missing, name, ref)
                 self._forget(await self._cap(current=name))
@@ -239,8 +243,9 @@ class ServingActivities:
         local = self.local_dir(ref.run_id, ref.step)
         _heartbeat("download", name)
         try:
-            await asyncio.to_thread(download_checkpoint, self.store, ref, local)
-            manifest, _ = await asyncio.to_thread(self.store.read_manifest, self.store.key(ref.uri))
+            with progress.stage("download"):  # a download that hangs stops the heartbeats
+                await asyncio.to_thread(download_checkpoint, self.store, ref, local)
+                manifest, _ = await asyncio.to_thread(self.store.read_manifest, self.store.key(ref.uri))
         except DgrpoError as err:  # a corrupt or overwritten checkpoint, an unreachable or refusing store
             raise application_error(err) from err
         sha256 = {e.path: e.sha256 for e in manifest.files if e.path.startswith(ADAPTER_FILE_PREFIX)}
@@ -259,7 +264,8 @@ class ServingActivities:
                             client.base_url, loaded_from, str(self.contents.get(name))[:12], local,
                             ref.manifest_sha256[:12])  # fmt: skip
             try:
-                loaded = await client.load_adapter(name, str(local), sha256, replace=replace)
+                with progress.stage("load"):
+                    loaded = await client.load_adapter(name, str(local), sha256, replace=replace)
             except ServingError as err:
                 if err.status >= 500:
                     raise  # the server is in trouble: retried

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from activities import progress as stage_progress
 from activities.tokenize import ChatTokenizer, TrainSequence, build_sequences
 from activities.trainer import Trainer, check_finite_update
 from base_models.resolve import pad_token_id
@@ -122,6 +123,7 @@ def sft_update(
         loss = -trainer.target_logprobs(ids, attn, target)[target].sum() / n_tokens
         loss.backward()
         loss_sum += float(loss.detach())
+        stage_progress.advance()
     grad_norm = float(torch.nn.utils.clip_grad_norm_(trainer.params, config.max_grad_norm))
     check_finite_update(step, loss_sum, grad_norm)
     trainer.optimizer.step()
@@ -142,14 +144,16 @@ def train_examples(
     """Fine-tune ``trainer``'s adapter on ``examples``, one optimizer step per batch; the chats are rendered
     by ``tokenizer`` (the run's: its own chat template, if any), else by the trainer's."""
     stats = SftStats()
-    batches = sft_batches(examples, tokenizer or trainer.tokenizer, config, stats)
+    with stage_progress.stage("tokenize"):
+        batches = sft_batches(examples, tokenizer or trainer.tokenizer, config, stats)
     if not batches:
         raise RunSpecError(
             f"step {step}: no assistant tokens to train on in {len(examples)} example(s) "
             f"({stats.n_dropped_overlength} over max_seq_len={config.max_seq_len})"
         )
     torch.manual_seed(config.seed * 1_000_003 + step)  # LoRA dropout, if any
-    with trainer.cpu_share.busy() if trainer.cpu_share else contextlib.nullcontext():
+    busy = trainer.cpu_share.busy() if trainer.cpu_share else contextlib.nullcontext()
+    with busy, stage_progress.stage("micro_batch"):
         for index, (learning_rate, sequences) in enumerate(batches):
             loss, grad_norm = sft_update(trainer, sequences, learning_rate, config, step, micro_batch_size,
                                          should_stop)  # fmt: skip

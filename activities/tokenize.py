@@ -25,6 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from activities import progress
+from host.time_bound import TimeBoundExceeded, within
+from schemas.errors import StalledError
 from schemas.trajectory import Choice, Trajectory
 
 log = logging.getLogger(__name__)
@@ -94,8 +97,24 @@ def run_tokenizer(tokenizer: Any, chat_template: str | None) -> ChatTokenizer:
 
 
 def _render(tokenizer: ChatTokenizer, messages: list[dict[str, Any]], tools: Any, gen_prompt: bool) -> str:
+    """One chat rendered, stopped at the render stage's bound (a run's own template may run on: it is Jinja)."""
     clean = [{**m, "content": m.get("content") or ""} for m in messages]
-    text = tokenizer.apply_chat_template(clean, tools=tools, add_generation_prompt=gen_prompt, tokenize=False)
+    try:
+        with progress.stage("render"):
+            text = within(
+                progress.bound("render"),
+                lambda: tokenizer.apply_chat_template(
+                    clean, tools=tools, add_generation_prompt=gen_prompt, tokenize=False
+                ),
+            )
+    except TimeBoundExceeded as err:
+        whose = "the run's chat template (model.chat_template)" if isinstance(tokenizer, TemplatedTokenizer) else (
+            "the base model's chat template"
+        )  # fmt: skip
+        raise StalledError(
+            f"rendering one chat with {whose} ran past the render stage's bound of {err.seconds:g} s and was "
+            f"stopped: simplify the template (a worker's operator may raise the bound: DGRPO_STAGE_BOUNDS)"
+        ) from None
     return str(text)
 
 
@@ -188,6 +207,7 @@ def build_sequences(
         raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages")
     step = TokenizedStep()
     for index, (trajectory, advantage) in enumerate(zip(trajectories, advantages, strict=True)):
+        progress.advance()
         for seq in trajectory_sequences(trajectory, advantage, index, tokenizer, step):
             if len(seq.tokens) > max_seq_len:
                 step.n_dropped_overlength += 1

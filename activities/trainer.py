@@ -36,6 +36,7 @@ from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from activities import progress as stage_progress
 from activities import shared_prefix
 from activities.device import default_device, free_memory_bytes, resolve_precision
 from activities.grpo_loss import LossOutput, LossParams, grpo_loss, token_logprobs
@@ -398,6 +399,7 @@ class Trainer:
                     sums["kl"] += out.kl_sum
                     sums["ratio"] += out.ratio_sum
                     sums["clipped"] += out.clipped_tokens
+                    stage_progress.advance()
                     if progress is not None:
                         progress(index + 1, len(micro_batches), micro_batch_size)
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm))

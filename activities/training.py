@@ -1,12 +1,19 @@
 """The trainer queue's activities: train a GRPO step, publish it, publish step 0, find the newest checkpoint.
 
-``TrainerActivities(store, staging_root, worker_id=None)`` is built once per trainer worker process:
+``TrainerActivities(store, staging_root, worker_id=None, trust_chat_template=False)`` is built once per trainer
+worker process:
 
 - ``store``: the worker's ``ObjectStore`` (checkpoints and the step's advantages Parquet).
 - ``staging_root``: a local directory; a trained step is staged in ``<root>/<run_id>/<step:06d>/``.
 - ``worker_id``: names this worker; default ``<host>-<pid>-<random>``. The worker must ALSO poll
   ``worker_task_queue(trainer_queue, worker_id)``: ``publish`` is sent there, to the worker holding the
   staged files. Register ``activities.all()`` on both queues.
+- ``trust_chat_template``: the operator trusts run specs' Jinja (``--trust-request-chat-template``, the
+  inference worker's flag); without it a run with a template of its own (``model.chat_template``) is refused.
+
+Each stage of the work says when it advances (activities/progress.py: downloads, tokenizing, every chat
+render, every micro-batch, uploads), so a stage that hangs stops the heartbeats and Temporal retries the
+attempt; a render is stopped at its bound and fails as retryable (``Stalled``).
 
 The ``Trainer`` (base model + adapter) stays warm across steps; when ``start_from`` is the checkpoint
 this worker itself just trained and published, it is not downloaded again.
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import gc
 import logging
 import os
@@ -41,6 +49,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import progress as stage_progress
 from activities import sft, trajectory_store
 from activities.advantages import read_step_table
 from activities.checkpoints import (
@@ -61,6 +70,7 @@ from activities.device import default_device, resolve_precision
 from activities.errors import application_error
 from activities.fleet_metrics import fleet_metrics
 from activities.object_store import ObjectStore
+from activities.run_texts import read_run_text
 from activities.tokenize import TrainSequence, build_sequences, run_tokenizer
 from activities.trainer import StepStats, Trainer, check_finite_adapter
 from host.files import write_json_atomic
@@ -179,8 +189,15 @@ def died_training(heartbeat: Any) -> bool:
 class TrainerActivities:
     """Activities ``train``, ``train_sft``, ``publish``, ``publish_initial``, ``republish``, ``latest_checkpoint``."""
 
-    def __init__(self, store: ObjectStore, staging_root: str | Path, worker_id: str | None = None) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        staging_root: str | Path,
+        worker_id: str | None = None,
+        trust_chat_template: bool = False,
+    ) -> None:
         self.store = store
+        self.trust_chat_template = trust_chat_template
         self.staging_root = Path(staging_root).absolute()
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.trainer: Trainer | None = None
@@ -207,6 +224,7 @@ class TrainerActivities:
     @activity.defn(name=ActivityName.TRAIN)
     async def train(self, inp: TrainInput) -> TrainResult:
         """Train one GRPO step from ``start_from`` and stage it on this worker (publish it next)."""
+        self._check_chat_template(inp.model, inp.chat_template_ref is not None)
         trained = await self._attempt(
             inp.run_id, inp.step, inp.train.micro_batch_size,
             lambda micro_batch, progress, stop: self.train_sync(inp, micro_batch, progress, stop),
@@ -218,12 +236,23 @@ class TrainerActivities:
     async def train_sft(self, inp: SftInput) -> SftResult:
         """Fine-tune on ``inp.examples`` from ``start_from`` and stage the result on this worker (publish it
         next); out of memory halves the micro-batch as in ``train``."""
+        self._check_chat_template(inp.model)
         trained = await self._attempt(
             inp.run_id, inp.step, inp.sft.micro_batch_size,
             lambda micro_batch, progress, stop: self.train_sft_sync(inp, micro_batch, progress, stop),
         )  # fmt: skip
         fleet_metrics().trained_tokens.add(trained.n_trainable_tokens)
         return trained
+
+    def _check_chat_template(self, model: ModelSpec, stored: bool = False) -> None:
+        """Refuse a run whose own chat template (inline, or ``stored`` once for the run) this trainer's operator
+        does not trust to render here."""
+        if (model.chat_template is not None or stored) and not self.trust_chat_template:
+            raise config_error(
+                "the run renders its chats with a template of its own (model.chat_template), which this trainer "
+                "renders only when started with --trust-request-chat-template (as the inference worker: the "
+                "operator then trusts run specs' Jinja): restart it so, or leave model.chat_template out"
+            )
 
     async def _attempt(
         self,
@@ -249,6 +278,7 @@ class TrainerActivities:
 
         def on_progress(i: int, n: int, m: int) -> None:
             progress.update(micro_batch=i, of=n, micro_batch_size=m)
+            stage_progress.advance()
 
         try:
             return await self._in_thread(
@@ -317,7 +347,8 @@ class TrainerActivities:
         """Run ``fn`` off the event loop (on ``executor``, default the loop's), heartbeating ``progress``;
         typed errors become ApplicationErrors."""
         stop = threading.Event()
-        task = asyncio.get_running_loop().run_in_executor(executor, fn, stop.is_set)
+        context = contextvars.copy_context()  # the attempt's progress (activities/progress.py) goes along
+        task = asyncio.get_running_loop().run_in_executor(executor, context.run, fn, stop.is_set)
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_INTERVAL_S)
@@ -350,7 +381,8 @@ class TrainerActivities:
         if self._memory == (ref.run_id, ref.step) and self._memory_sha == ref.manifest_sha256:
             return  # the warm trainer holds exactly this checkpoint (it trained and published it)
         local = run_dir(self.staging_root, run_id) / ".inputs" / layout.step_name(ref.step)
-        download_checkpoint(self.store, ref, local)
+        with stage_progress.stage("download"):
+            download_checkpoint(self.store, ref, local)
         check_checkpoint_fits(read_trainer_state(local), model, ref.uri)
         trainer.load_state(local)
 
@@ -362,7 +394,8 @@ class TrainerActivities:
         should_stop: Callable[[], bool] | None = None,
     ) -> TrainResult:
         started = time.monotonic()
-        table = read_step_table(self.store, inp.advantages)
+        with stage_progress.stage("download"):
+            table = read_step_table(self.store, inp.advantages)
         groups = trajectory_store.table_to_groups(table, inp.advantages.uri)
         advantages = trajectory_store.advantages_of(table, inp.advantages.uri)
         pairs = [
@@ -373,10 +406,11 @@ class TrainerActivities:
         ]
         with self._lock:
             trainer = self.trainer_for(inp.model, inp.train.precision)
-            tokenizer = run_tokenizer(trainer.tokenizer, inp.model.chat_template)
-            tokenized = build_sequences(
-                [t for t, _ in pairs], [a for _, a in pairs], inp.train.max_seq_len, tokenizer
-            )
+            tokenizer = run_tokenizer(trainer.tokenizer, self._chat_template(inp))
+            with stage_progress.stage("tokenize"):
+                tokenized = build_sequences(
+                    [t for t, _ in pairs], [a for _, a in pairs], inp.train.max_seq_len, tokenizer
+                )
             if not tokenized.sequences:
                 raise config_error(
                     f"step {inp.step}: no trainable tokens ({len(pairs)} trajectories with advantages, "
@@ -389,9 +423,10 @@ class TrainerActivities:
                 log.info("step %d: %s (asked for micro-batch %d)", inp.step, plan, micro_batch)
             micro_batch = plan.micro_batch
             trainer.use_gradient_checkpointing(plan.gradient_checkpointing)
-            stats = train_step_or_oom(
-                trainer, tokenized.sequences, inp.train, inp.step, micro_batch, progress, should_stop
-            )
+            with stage_progress.stage("micro_batch"):
+                stats = train_step_or_oom(
+                    trainer, tokenized.sequences, inp.train, inp.step, micro_batch, progress, should_stop
+                )
             metrics = {k: float(v) for k, v in vars(stats).items()}
             metrics["n_dropped_overlength"] = float(tokenized.n_dropped_overlength)
             metrics["n_template_choices"] = float(tokenized.n_template_choices)
@@ -421,6 +456,13 @@ class TrainerActivities:
             },
         )
 
+    def _chat_template(self, inp: TrainInput) -> str | None:
+        """The run's own chat template: as stored once for the run, or as the input carries it."""
+        if inp.chat_template_ref is None:
+            return inp.model.chat_template
+        with stage_progress.stage("download"):
+            return read_run_text(self.store, inp.run_id, "chat_template", inp.chat_template_ref)
+
     def train_sft_sync(
         self,
         inp: SftInput,
@@ -429,9 +471,9 @@ class TrainerActivities:
         should_stop: Callable[[], bool] | None = None,
     ) -> SftResult:
         started = time.monotonic()
-        examples = sft.parse_examples(
-            trajectory_store.verified_bytes(self.store, inp.examples), inp.examples.uri
-        )
+        with stage_progress.stage("download"):
+            data = trajectory_store.verified_bytes(self.store, inp.examples)
+        examples = sft.parse_examples(data, inp.examples.uri)
         with self._lock:
             trainer = self.trainer_for(inp.model, inp.sft.precision)
             self._restore(trainer, inp.run_id, inp.model, inp.start_from, inp.sft.seed)
@@ -526,7 +568,10 @@ class TrainerActivities:
             )
         state = read_trainer_state(staged)
         check_finite_adapter(staged)
-        ref = publish_staged(self.store, staged, inp.run_id, inp.step, {**state.model_dump(), **inp.metrics})
+        with stage_progress.stage("upload"):
+            ref = publish_staged(
+                self.store, staged, inp.run_id, inp.step, {**state.model_dump(), **inp.metrics}
+            )
         with self._lock:
             if self._memory == (inp.run_id, inp.step):
                 self._memory_sha = ref.manifest_sha256

@@ -225,9 +225,9 @@ def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f"dgrpo.{name}")
     if name in UNSUPPORTED:
-        from dgrpo.errors import UnsupportedArtFeature  # here: `import dgrpo` stays light
+        from dgrpo.errors import UnsupportedArtAttribute  # here: `import dgrpo` stays light
 
-        raise UnsupportedArtFeature(f"art.{name}: {UNSUPPORTED[name]}")
+        raise UnsupportedArtAttribute(f"art.{name}: {UNSUPPORTED[name]}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'dgrpo' has no attribute {name!r}")

@@ -42,6 +42,12 @@ class UnsupportedArtFeature(NotImplementedError):
     """A public ART name whose feature dgrpo does not have (yet); the message names the feature and why."""
 
 
+class UnsupportedArtAttribute(UnsupportedArtFeature, AttributeError):
+    """A public ART name dgrpo refuses, read as ``art.<name>``. Also an ``AttributeError``, so feature detection
+    works as on ART without it: ``hasattr(art, "ServerlessBackend")`` is False and ``getattr(art, name, None)`` is
+    None; reading it says why."""
+
+
 class UnsupportedArtModule(UnsupportedArtFeature, ImportError):
     """An ART module path dgrpo refuses (dgrpo/art_compat/refusals.py). Also an ``ImportError``, so a program's
     ``except ImportError`` around an optional backend (as ART's own tests skip Tinker and Unsloth) still works."""

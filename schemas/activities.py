@@ -7,11 +7,12 @@ field with a default never breaks a caller or a recorded workflow history.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.config import JudgeConfig, ModelSpec, ServingSpec, TaskSpec, TrainConfig
+from schemas.numbers import RUN_SEED_MAX, SEED_MAX
 from schemas.refs import AdapterName, CheckpointRef, Name, ObjectRef, TrajectoriesRef
 
 
@@ -25,6 +26,7 @@ class ActivityName(StrEnum):
     ROLLOUTS = "rollouts"
     MERGE_ROLLOUTS = "merge_rollouts"
     STORE_SCENARIOS = "store_scenarios"
+    STORE_RUN_TEXTS = "store_run_texts"
     RELOAD = "reload"
     SERVING_CONTROL = "serving_control"
     JUDGE = "judge"
@@ -62,14 +64,18 @@ class RolloutsInput(_Strict):
     group_size: int = Field(ge=1)
     scenario_offset: int = Field(0, ge=0)
     """Index of this activity's first scenario in the (cycled, seeded-shuffled) scenario list."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=SEED_MAX)
+    """The run's seed, or one derived from it (a resample's)."""
     shard: int = Field(0, ge=0)
     """Which part of the step this is; with ``shards`` > 1 it goes to ``layout.rollout_shard_key``."""
     shards: int = Field(1, ge=1)
     """Parts the step's rollouts are split into; 1 writes the step's ``trajectories.parquet`` itself, unless
     ``merged``."""
     chat_template: str | None = None
-    """The run's own chat template (``ModelSpec.chat_template``), sent with each of its chat requests."""
+    """The run's own chat template (``ModelSpec.chat_template``), sent with each of its chat requests (runs
+    whose history predates ``chat_template_ref``)."""
+    chat_template_ref: ObjectRef | None = None
+    """The run's own chat template as stored once (``store_run_texts``), in place of ``chat_template``."""
     merged: bool = False
     """The workflow merges this activity's table into the step's (as it always does with ``shards`` > 1), so it
     goes to its attempt's own ``layout.rollout_shard_key``: a late attempt never overwrites the recorded one."""
@@ -124,6 +130,26 @@ class StoreScenariosInput(_Strict):
     scenarios: list[dict[str, Any]] = Field(min_length=1)
 
 
+RunTextKind = Literal["chat_template", "rubric"]
+
+
+class StoreRunTextsInput(_Strict):
+    """Store a run's large fixed texts once, each at ``layout.run_text_key`` (by its content hash), so the
+    activities that use them carry an ``ObjectRef`` instead of the text."""
+
+    run_id: Name
+    texts: dict[RunTextKind, str] = Field(min_length=1)
+
+
+class RunTexts(_Strict):
+    """The refs of a run's stored texts (``store_run_texts``'s result, carried in the run's state)."""
+
+    chat_template: ObjectRef | None = None
+    """``model.chat_template`` as stored."""
+    rubric: ObjectRef | None = None
+    """``judge.rubric`` as stored."""
+
+
 class MergeRolloutsInput(_Strict):
     """Concatenate a step's rollout shards, in order, into its ``trajectories.parquet``."""
 
@@ -142,6 +168,8 @@ class JudgeInput(_Strict):
     judge: JudgeConfig
     base_model_name: str
     """What the default judge asks the inference server for (the base model)."""
+    rubric_ref: ObjectRef | None = None
+    """The run's ``judge.rubric`` as stored once (``store_run_texts``), in place of ``judge.rubric``."""
 
 
 class AdvantagesInput(_Strict):
@@ -216,6 +244,8 @@ class TrainInput(_StepToTrain):
 
     advantages: ObjectRef
     train: TrainConfig
+    chat_template_ref: ObjectRef | None = None
+    """The run's own chat template as stored once (``store_run_texts``), in place of ``model.chat_template``."""
 
 
 class TrainResult(_StagedStep):
@@ -253,25 +283,28 @@ class InitialAdapterInput(_Strict):
 
     run_id: Name
     model: ModelSpec
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=RUN_SEED_MAX)
     """Seed of the fresh adapter's initialisation (ignored for a warm start)."""
 
 
 class SftConfig(_Strict):
     """How one supervised fine-tuning call trains: one optimizer step per batch of examples."""
 
-    learning_rates: list[float] = Field(min_length=1, max_length=100_000)
-    """One learning rate per batch (ART's ``TrainSFTConfig.learning_rate``: a value repeated, or a list)."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    learning_rates: list[Annotated[float, Field(ge=0, le=1.0)]] = Field(min_length=1, max_length=100_000)
+    """One learning rate per batch (ART's ``TrainSFTConfig.learning_rate``: a value repeated, or a list), each
+    within [0, 1] (0: a schedule's last step; a negative one would climb the loss)."""
     batch_size: int = Field(2, ge=1, le=4096)
     """Examples per optimizer step (ART's ``"auto"`` is 2, as in ART's local backend)."""
-    max_seq_len: int = Field(2048, ge=16)
+    max_seq_len: int = Field(2048, ge=16, le=1_048_576)
     """Longer examples are dropped and counted, never truncated."""
-    max_grad_norm: float = Field(1.0, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0, le=1e6)
     micro_batch_size: int = Field(8, ge=1, le=4096)
     """Sequences per forward pass within a batch; halved after an out-of-memory failure."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """As ``TrainConfig.precision``: ``auto`` is bf16 on a CUDA GPU that has it, fp32 elsewhere."""
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=RUN_SEED_MAX)
     """Seed of a fresh adapter (a run's first step) and of LoRA dropout."""
 
 

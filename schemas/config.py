@@ -11,9 +11,9 @@ import json
 import tomllib
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 from pydantic_core import to_json
 
 from schemas.errors import RunSpecError
@@ -24,13 +24,16 @@ from schemas.history_bounds import (
     HISTORY_EVENTS_LIMIT,
     MAX_CONTINUE_AS_NEW_EVERY,
     MAX_INLINE_SCENARIOS_BYTES,
+    MAX_RUN_TEXT_CHARS,
     MAX_SHARDS_PER_STEP,
+    MAX_SPEC_BYTES,
     PAYLOAD_BYTES_LIMIT,
     PENDING_ACTIVITIES_LIMIT,
     run_history_bytes,
     run_history_events,
     shards_per_step,
 )
+from schemas.numbers import RUN_SEED_MAX
 from schemas.refs import NAME_PATTERN, ObjectRef
 
 IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
@@ -40,8 +43,26 @@ DEFAULT_INFERENCE_QUEUE = "dgrpo-inference"
 DEFAULT_TRAINER_QUEUE = "dgrpo-trainer"
 
 
+MAX_PATH_CHARS = 1024
+"""A path or a model string in a spec (a scenarios file, a base model), which activity inputs carry."""
+MAX_NAME_CHARS = 256
+"""An import path, a judge model, a variable name, a module name."""
+MAX_URL_CHARS = 2048
+MAX_TARGET_MODULES = 64
+MAX_MODULE_NAME_CHARS = 128
+MAX_TASK_QUEUE_CHARS = 200
+
+Short = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS)]
+ModuleNames = Annotated[
+    list[Annotated[str, StringConstraints(max_length=MAX_MODULE_NAME_CHARS)]],
+    Field(max_length=MAX_TARGET_MODULES),
+]
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # inf and nan refused in every float (pydantic takes them by default): a number a consumer cannot use
+    # fails here, naming its field, not later on a worker (schemas/numbers.py)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class LoraConfig(_Strict):
@@ -49,11 +70,11 @@ class LoraConfig(_Strict):
 
     rank: int = Field(16, ge=1, le=1024)
     """LoRA rank r."""
-    alpha: float = Field(32.0, gt=0)
+    alpha: float = Field(32.0, gt=0, le=65536)
     """LoRA scaling alpha (the update is scaled by alpha / rank)."""
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout on the LoRA input during training."""
-    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    target_modules: ModuleNames | Literal["all-linear"] = "all-linear"
     """Module names to adapt, or ``all-linear`` for every projection."""
 
 
@@ -68,33 +89,35 @@ class TrainConfig(_Strict):
     """Upper PPO clip (1 + epsilon_high); None means the same as epsilon."""
     importance_sampling: Literal["ppo_clip", "cispo"] = "ppo_clip"
     """``ppo_clip``: clipped surrogate. ``cispo``: truncated-IS weight (detached) times logprob."""
-    kl_coef: float = Field(0.0, ge=0)
+    kl_coef: float = Field(0.0, ge=0, le=1000)
     """Weight of the KL penalty to the base policy (adapter disabled); 0 turns it off."""
-    max_grad_norm: float = Field(1.0, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0, le=1e6)
     """Gradients are clipped to this global norm."""
     micro_batch_size: int = Field(8, ge=1, le=4096)
     """Sequences per forward/backward; halved automatically after an out-of-memory failure."""
     epochs: int = Field(1, ge=1, le=16)
     """Passes over the step's data (each with one optimizer step per pass)."""
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, le=10)
     """AdamW weight decay on the LoRA parameters."""
     scale_rewards: bool = True
     """Divide group-centred rewards by the group's std (GRPO); False keeps only the centring (Dr. GRPO)."""
-    advantage_eps: float = Field(1e-6, gt=0)
+    advantage_eps: float = Field(1e-6, gt=0, le=10)
     """Added to the std before dividing."""
     length_weighting: bool = False
     """Weight each trajectory's tokens so every trajectory counts equally, whatever its length."""
-    max_seq_len: int = Field(2048, ge=16)
+    max_seq_len: int = Field(2048, ge=16, le=1_048_576)
     """Longer sequences are dropped (and counted) rather than truncated."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """Trainer precision. ``auto``: bf16 on a CUDA GPU that has it (weights and compute; the LoRA weights stay
     fp32), fp32 elsewhere: on a CPU fp32 keeps the importance ratio exact against fp32 sampling logprobs."""
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=RUN_SEED_MAX)
     """Seed for anything random in the step."""
 
 
-MAX_CHAT_TEMPLATE_CHARS = 65536
-"""A run's own chat template is at most this long (the largest templates of current models are ~20 kB)."""
+MAX_CHAT_TEMPLATE_CHARS = MAX_RUN_TEXT_CHARS
+"""A run's own chat template is at most this long (stored once per run: ``schemas/history_bounds.py``)."""
+MAX_RUBRIC_CHARS = MAX_RUN_TEXT_CHARS
+"""A judge rubric is at most this long (stored once per run, like the chat template)."""
 
 
 class ModelSpec(_Strict):
@@ -104,7 +127,7 @@ class ModelSpec(_Strict):
     """The trainable model's name; ``model=<name>`` requests are routed to the served adapter, ``<run id>@<step>``."""
     project: str = Field("default", pattern=NAME_PATTERN)
     """Groups runs for metrics (W&B project)."""
-    base_model: str = Field(min_length=1)
+    base_model: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
     """An HF model dir, an HF hub id already in the workers' local HF cache (nothing is downloaded), a LoRA
     adapter dir to warm-start from, or ``smollm2-135m-instruct``."""
     lora: LoraConfig = Field(default_factory=LoraConfig)
@@ -119,17 +142,17 @@ class ModelSpec(_Strict):
 class TaskSpec(_Strict):
     """The environment: the user's rollout function and the scenarios it plays."""
 
-    rollout: str = Field(pattern=IMPORT_PATH_PATTERN)
+    rollout: str = Field(pattern=IMPORT_PATH_PATTERN, max_length=MAX_NAME_CHARS)
     """``module:function``, an ``async def rollout(model, scenario) -> Trajectory`` found on PYTHONPATH."""
-    scenarios: str | list[dict[str, Any]] | ObjectRef
+    scenarios: Annotated[str, StringConstraints(max_length=MAX_PATH_CHARS)] | list[dict[str, Any]] | ObjectRef
     """``module:function`` returning a list of dicts, a ``.jsonl``/``.parquet`` path, or the list inline. A run
     stores an inline list once (``layout.scenarios_key``) and passes its rollouts activities that object's
     ``ObjectRef``, which a worker reads only at the run's own key, checked against its sha256."""
-    max_exceptions: int = Field(0, ge=0)
+    max_exceptions: int = Field(0, ge=0, le=100_000_000)
     """Failed rollouts tolerated per step (recorded with their group); one more fails the step."""
-    rollout_timeout_s: float = Field(600.0, gt=0)
+    rollout_timeout_s: float = Field(600.0, gt=0, le=7 * 86400)
     """One rollout taking longer than this counts as a failed rollout."""
-    rollout_concurrency: int = Field(64, ge=1)
+    rollout_concurrency: int = Field(64, ge=1, le=100_000)
     """Rollouts run at once by the inference worker."""
 
     @model_validator(mode="after")
@@ -151,15 +174,15 @@ class JudgeConfig(_Strict):
     kind: Literal["rollout", "ruler", "both"] = "rollout"
     """``rollout``: the reward the rollout set. ``ruler``: an LLM judge ranks each group. ``both``: the
     judge's score, with the rollout's own reward kept in metrics as ``original_reward``."""
-    model: str | None = None
+    model: Short | None = None
     """Judge model name on ``base_url``; None uses the base model on our own server."""
-    base_url: str | None = None
+    base_url: str | None = Field(None, max_length=MAX_URL_CHARS)
     """An OpenAI-compatible endpoint; None uses the inference worker's server."""
-    api_key_env: str | None = None
+    api_key_env: Short | None = None
     """Name of the environment variable holding the judge's API key (never the key itself)."""
-    rubric: str | None = None
+    rubric: str | None = Field(None, max_length=MAX_RUBRIC_CHARS)
     """Extra instructions for the judge; None uses the default RULER rubric."""
-    max_tokens: int = Field(512, ge=16)
+    max_tokens: int = Field(512, ge=16, le=1_048_576)
     """Tokens the judge may write."""
 
 
@@ -177,7 +200,7 @@ class ServingSpec(_Strict):
     engine: Literal["cpu", "vllm"] | None = None
     """The engine the run must be served by; None takes whatever the inference worker runs. A worker
     running another engine refuses the run."""
-    keep_adapters: int = Field(3, ge=1)
+    keep_adapters: int = Field(3, ge=1, le=10_000)
     """This run's newest adapters kept loaded (leased ones are kept as well); the worker refuses more
     than its ``--max-loras`` minus one."""
 
@@ -185,9 +208,9 @@ class ServingSpec(_Strict):
 class TaskQueues(_Strict):
     """Temporal task queues of the three workers."""
 
-    control: str = DEFAULT_CONTROL_QUEUE
-    inference: str = DEFAULT_INFERENCE_QUEUE
-    trainer: str = DEFAULT_TRAINER_QUEUE
+    control: str = Field(DEFAULT_CONTROL_QUEUE, min_length=1, max_length=MAX_TASK_QUEUE_CHARS)
+    inference: str = Field(DEFAULT_INFERENCE_QUEUE, min_length=1, max_length=MAX_TASK_QUEUE_CHARS)
+    trainer: str = Field(DEFAULT_TRAINER_QUEUE, min_length=1, max_length=MAX_TASK_QUEUE_CHARS)
 
 
 class MetricsSpec(_Strict):
@@ -273,7 +296,7 @@ class RunSpec(_Strict):
     mode: Literal["sync", "pipelined", "shared"] = "sync"
     """``sync``: one stage at a time. ``pipelined``: step n+1 rolls out while step n trains.
     ``shared``: one device; inference sleeps while training runs."""
-    max_staleness: int = Field(1, ge=0)
+    max_staleness: int = Field(1, ge=0, le=1_000_000)
     """Pipelined mode: groups sampled more than this many policy steps ago are dropped."""
     shared_device: bool = False
     """Deprecated: say ``mode = "shared"`` instead. True with mode ``pipelined`` is refused."""
@@ -287,10 +310,10 @@ class RunSpec(_Strict):
     """Metrics sinks."""
     checkpoints: CheckpointsSpec = Field(default_factory=CheckpointsSpec)
     """Checkpoint retention (default: keep them all)."""
-    continue_as_new_every: int = Field(5, ge=1)
+    continue_as_new_every: int = Field(5, ge=1, le=1_000_000)
     """Steps per workflow run before continue-as-new keeps history bounded (fewer with many shards per step:
     a run's worst-case history must fit a fifth of Temporal's limits, see ``schemas/history_bounds.py``)."""
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=RUN_SEED_MAX)
     """Seed for scenario order and sampling."""
     priority: int = Field(DEFAULT_PRIORITY, ge=HIGHEST_PRIORITY, le=LOWEST_PRIORITY)
     """On a shared fleet: 1 runs first, 5 last; a run's queued activities wait behind any run's of a higher
@@ -336,6 +359,20 @@ class RunSpec(_Strict):
         scenarios = self.task.scenarios
         return len(to_json(scenarios)) if isinstance(scenarios, list) else 0
 
+    def texts_bytes(self) -> int:
+        """Bytes of JSON the run's own texts (chat template, judge rubric) take where they are carried."""
+        texts = [t for t in (self.model.chat_template, self.judge.rubric) if t is not None]
+        return sum(len(to_json(t)) for t in texts)
+
+    def carried_bytes(self) -> int:
+        """Bytes of JSON of the spec's variable-length strings an activity input may carry (paths, names,
+        endpoints, module lists): what an activity's events hold beyond ``EVENT_BYTES``' refs and counts."""
+        task, model, judge = self.task, self.model, self.judge
+        modules = model.lora.target_modules if isinstance(model.lora.target_modules, list) else []
+        strings = [task.rollout, task.scenarios if isinstance(task.scenarios, str) else "", model.base_model,
+                   judge.model or "", judge.base_url or "", judge.api_key_env or "", *modules]  # fmt: skip
+        return len(to_json(strings))
+
     def history_bounds_error(self) -> str | None:
         """Why this run's shape could outgrow Temporal's limits (None: it fits). Checked where a run starts
         (``parse_run_spec``, ``run_control.start_run`` and a new ``TrainingRun``), not on every decode of a
@@ -355,6 +392,14 @@ class RunSpec(_Strict):
                 f"{shards_per_step(self.groups_per_step, MAX_SHARDS_PER_STEP)}, or lower groups_per_step"
             )
         inline = self.inline_scenarios_bytes()
+        spec_bytes = len(self.model_dump_json())
+        if spec_bytes > MAX_SPEC_BYTES and inline <= MAX_INLINE_SCENARIOS_BYTES:
+            return (
+                f"the run spec is {spec_bytes:,} bytes of JSON (task.scenarios {inline:,}, model.chat_template "
+                f"{len(to_json(self.model.chat_template)):,}, judge.rubric {len(to_json(self.judge.rubric)):,}); "
+                f"at most {MAX_SPEC_BYTES:,} keeps it, with the run's state, under Temporal's "
+                f"{PAYLOAD_BYTES_LIMIT:,}-byte payload limit: shorten the largest"
+            )
         if inline > MAX_INLINE_SCENARIOS_BYTES:
             return (
                 f"task.scenarios: the inline list is {inline:,} bytes of JSON, carried in the run's own input "
@@ -363,15 +408,19 @@ class RunSpec(_Strict):
                 "or return them from a 'module:function'"
             )
         events = run_history_events(shards, self.continue_as_new_every)
-        spec_bytes = len(self.model_dump_json())
-        size = run_history_bytes(shards, self.continue_as_new_every, inline, spec_bytes)
+        texts, carried = self.texts_bytes(), self.carried_bytes()
+
+        def history_bytes(steps_per_run: int) -> int:
+            return run_history_bytes(shards, steps_per_run, inline, spec_bytes, texts, carried)
+
+        size = history_bytes(self.continue_as_new_every)
         if events <= HISTORY_EVENTS_BUDGET and size <= HISTORY_BYTES_BUDGET:
             return None
         fits = [
             n
             for n in range(1, self.continue_as_new_every)
             if run_history_events(shards, n) <= HISTORY_EVENTS_BUDGET
-            and run_history_bytes(shards, n, inline, spec_bytes) <= HISTORY_BYTES_BUDGET
+            and history_bytes(n) <= HISTORY_BYTES_BUDGET
         ]
         if events > HISTORY_EVENTS_BUDGET:
             worst = f"{events:,} events (Temporal's limit is {HISTORY_EVENTS_LIMIT:,}; a run may use {HISTORY_EVENTS_BUDGET:,})"
@@ -432,7 +481,12 @@ def load_run_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> 
     p = Path(path)
     if not p.is_file():
         raise RunSpecError(f"{p}: no such run spec file")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise RunSpecError(
+            f"{p}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); save it as UTF-8"
+        ) from None
     try:
         if p.suffix == ".toml":
             data: Any = tomllib.loads(text)
@@ -445,7 +499,13 @@ def load_run_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> 
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
-        for key in parents:
+        for depth, key in enumerate(parents):
             node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                table = ".".join(parents[: depth + 1])
+                raise RunSpecError(
+                    f"{p}: --set {dotted}: {table} is {node!r}, not a table of fields; set {table} itself, or "
+                    "a field of a table (see `dgrpo schema`)"
+                )
         node[leaf] = value
     return parse_run_spec(data, str(p))

@@ -34,6 +34,8 @@ NON_FINITE_UPDATE = "NonFiniteUpdate"
 """A step's loss, gradient norm or adapter weights are NaN or infinite: the update is refused, never published."""
 ENGINE_RESTARTED = "EngineRestarted"
 """The inference server stopped answering (or died) and was restarted; the work that used it is retried."""
+STALLED = "Stalled"
+"""A stage of the work did not advance within its bound (a chat render that ran on) and was stopped; retried."""
 
 RETRYABLE: dict[str, bool] = {
     CONFIG_ERROR: False,
@@ -48,6 +50,7 @@ RETRYABLE: dict[str, bool] = {
     BAD_LOGPROB: False,
     NON_FINITE_UPDATE: False,
     ENGINE_RESTARTED: True,
+    STALLED: True,
 }
 """Every failure type, and whether another attempt can help."""
 NON_RETRYABLE: tuple[str, ...] = tuple(name for name, retry in RETRYABLE.items() if not retry)
@@ -107,6 +110,11 @@ class StoredScenariosError(DgrpoError, ValueError):
     """A run's stored scenario list is missing, at another key than the run's, or not the bytes it stored."""
 
 
+class StoredRunTextError(DgrpoError, ValueError):
+    """A run's stored chat template or rubric is missing, at another key than the run's, or not the bytes it
+    stored."""
+
+
 class TaskImportError(DgrpoError, ImportError):
     """A task's rollout or scenarios path does not import, or is outside the worker's allowed modules."""
 
@@ -131,6 +139,12 @@ class BadLogprobError(DgrpoError, ValueError):
     """A trajectory's sampling logprob is not finite or outside ``[MIN_SAMPLING_LOGPROB, 0]``."""
 
     failure_type = BAD_LOGPROB
+
+
+class StalledError(DgrpoError):
+    """A stage of an activity's work ran past its bound without advancing and was stopped (activities/progress.py)."""
+
+    failure_type = STALLED
 
 
 class NonFiniteUpdateError(DgrpoError, ArithmeticError):

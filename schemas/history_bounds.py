@@ -20,6 +20,9 @@ PAYLOAD_BYTES_LIMIT = 2 * 2**20
 """Temporal's hard limit on one payload (an activity's input, a workflow's input)."""
 PENDING_ACTIVITIES_LIMIT = 2_000
 """Temporal's hard limit on the activities one workflow has scheduled and not yet closed."""
+GRPC_MESSAGE_BYTES_LIMIT = 4 * 2**20
+"""Temporal's limit on one gRPC message: a workflow task's completion carries every command it made together
+(all of a step's shards are scheduled in one), so their inputs share it."""
 
 HISTORY_EVENTS_BUDGET = HISTORY_EVENTS_LIMIT // 5
 """10,240 events: what a run's worst case may use (Temporal warns there); the rest is margin."""
@@ -54,6 +57,21 @@ pending activities, and 128 shard inputs of refs are a small part of what one wo
 At ``continue_as_new_every = 1`` a step of 128 shards at its worst is about 4,100 events."""
 MAX_CONTINUE_AS_NEW_EVERY = 50
 """At one shard a step at its worst is 33 activities (about 200 events): 50 steps use the event budget."""
+MAX_RUN_TEXT_CHARS = 65536
+"""A run's own chat template and its judge rubric, each (the largest templates of current models are ~20 kB).
+Each is stored once per run (``store_run_texts``) and the activities carry its ref, so a run's history holds
+it only in the spec (at the start and at each continue-as-new), in the storing activity's input and in the
+start's ``ServeModelInput``."""
+JSON_BYTES_PER_CHAR = 6
+"""The most bytes one character of text takes in a JSON payload (a control character, escaped ``\u001f``)."""
+MAX_SPEC_BYTES = PAYLOAD_BYTES_LIMIT - RUN_STATE_BYTES - 64 * 1024
+"""A spec's JSON: continue-as-new sends it with the run state as one payload, under the 2 MiB payload limit
+with 64 KiB of envelope to spare. An inline scenario list at its cap and both texts at theirs in plain ASCII
+(1 MiB + 2 x 64 KiB) fit; texts that escape to 6 bytes a character may not, and are refused naming the spec."""
+MAX_ACTIVITY_INPUT_BYTES = 16 * 1024
+"""The largest input a spec within its bounds makes for one activity (names, paths, endpoints, refs, small
+configs; never a list or a text): ``tests/workflows/test_history_bounds.py`` builds the largest and checks.
+A step's ``MAX_SHARDS_PER_STEP`` shards, scheduled in one workflow task, then carry at most half of gRPC's limit."""
 MAX_INLINE_SCENARIOS_BYTES = 1024 * 1024
 """An inline scenario list travels in the run's input (the spec, at its start and at each continue-as-new) and
 once in the activity that stores it (``layout.scenarios_key``); the rollouts activities carry its ref. 1 MiB
@@ -79,12 +97,23 @@ def run_history_events(shards: int, steps_per_run: int) -> int:
     return steps_per_run * step_activities(shards) * EVENTS_PER_ACTIVITY + RUN_OVERHEAD_EVENTS
 
 
-def run_history_bytes(shards: int, steps_per_run: int, inline_scenarios_bytes: int, spec_bytes: int) -> int:
+def run_history_bytes(
+    shards: int,
+    steps_per_run: int,
+    inline_scenarios_bytes: int,
+    spec_bytes: int,
+    texts_bytes: int = 0,
+    carried_bytes: int = 0,
+) -> int:
     """The most bytes one run of ``TrainingRun`` records: its events, the inline scenarios the activity that
-    stores them carries (once per run; the rollouts activities carry a ref), and the spec (inline scenarios
-    included) and run state it starts with and continues as new with."""
+    stores them carries and the texts (chat template, rubric) the storing activity and the start's serve carry
+    (once per run; the activities that use them carry refs), the spec's strings every activity input may carry
+    (``carried_bytes``: paths, names, endpoints), and the spec (inline scenarios and texts included) and run
+    state it starts with and continues as new with."""
     return (
         run_history_events(shards, steps_per_run) * EVENT_BYTES
+        + steps_per_run * step_activities(shards) * carried_bytes
         + inline_scenarios_bytes
+        + 2 * texts_bytes
         + 2 * (spec_bytes + RUN_STATE_BYTES)
     )

@@ -93,6 +93,12 @@ def scenarios_key(run_id: str, sha256: str) -> str:
     return f"runs/{run_id}/scenarios/{sha256}.json"
 
 
+def run_text_key(run_id: str, kind: str, sha256: str) -> str:
+    """A run's own chat template or judge rubric (UTF-8), stored once by the content hash of its bytes: the
+    activities that use it get its ref, not the text."""
+    return f"runs/{run_id}/texts/{kind}-{sha256}.txt"
+
+
 def spec_key(run_id: str) -> str:
     """The RunSpec a run was started with (``dgrpo resume`` restarts from it)."""
     return f"runs/{run_id}/spec.json"

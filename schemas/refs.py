@@ -28,7 +28,7 @@ class ObjectRef(_Strict):
     """``s3://bucket/key``, or ``file:///abs/path`` for a local copy a client wrote and reads itself
     (``trajectory_store.write_groups``): a worker reads only its own store's ``s3://`` objects and refuses any
     other URI with a ``ForeignObjectError`` (non-retryable), before it opens anything."""
-    size: int = Field(ge=0)
+    size: int = Field(ge=0, le=5 * 2**40)  # S3's largest object
     """Size in bytes."""
     sha256: str = Field(pattern=SHA256_PATTERN)
     """Hex sha256 of the content."""
@@ -37,7 +37,7 @@ class ObjectRef(_Strict):
 class ManifestEntry(_Strict):
     path: str
     """Path relative to the checkpoint prefix."""
-    size: int = Field(ge=0)
+    size: int = Field(ge=0, le=5 * 2**40)  # S3's largest object
     sha256: str = Field(pattern=SHA256_PATTERN)
 
 

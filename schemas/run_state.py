@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.activities import SftConfig, SftResult
+from schemas.activities import RunTexts, SftConfig, SftResult
 from schemas.config import ModelSpec, Scheduling, ServingSpec, TaskQueues, TrainConfig
 from schemas.refs import CheckpointRef, Name, ObjectRef, TrajectoriesRef
 
@@ -75,6 +75,9 @@ class RunState(_Strict):
     scenarios: ObjectRef | None = None
     """The spec's inline scenario list as stored once for the run (``layout.scenarios_key``); None until it
     is, or when the spec names a file or a ``module:function``."""
+    texts: RunTexts | None = None
+    """The spec's chat template and judge rubric as stored once for the run (``layout.run_text_key``); None
+    until they are, or when it has neither."""
     paused: bool = False
     stopping: bool = False
 
@@ -119,6 +122,8 @@ class TrainStepInput(_Strict):
     task_queues: TaskQueues = Field(default_factory=TaskQueues)
     shared_device: bool = False
     """Sleep the inference engine while training (one device)."""
+    chat_template_ref: ObjectRef | None = None
+    """The run's own chat template as stored once, in place of ``model.chat_template`` (``TrainingRun``)."""
     advance_without_signal: bool = False
     """When no group's rewards differ, publish checkpoint ``step - 1`` again as ``step`` and serve it (the
     step advances and nothing is trained, as in ART >= 0.4.4) instead of failing with ``NoLearningSignal``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -57,6 +57,8 @@ ENV_WORKER_PYTHON = "DGRPO_WORKER_PYTHON"
 """The Python a client starts ``dgrpo worker`` with (``LocalBackend``, the demo; default: its own): a client in an
 environment without the workers' packages (Python 3.12 without torch, as ART >= 0.5.20 programs run) uses the
 workers' environment, e.g. ``DGRPO_WORKER_PYTHON=/opt/dgrpo/.venv/bin/python``."""
+ENV_STAGE_BOUNDS = "DGRPO_STAGE_BOUNDS"
+"""``STAGE=SECONDS,...``: how long a stage of a worker's activities may go without advancing."""
 ENV_ADAPTER_ROOT = "DGRPO_ADAPTER_ROOT"
 """The only directory our CPU server loads runtime adapters from (its ``--adapter-root`` default;
 else ``$DGRPO_HOME/adapters``, where the reload activity downloads checkpoints)."""
@@ -159,7 +161,9 @@ class EngineSettings(BaseModel):
     trust_request_chat_template: bool = False
     """Render a request with the chat template it brings (vLLM's ``--trust-request-chat-template``), which a run
     with a template of its own (``model.chat_template``) needs: the operator trusts run specs with Jinja that
-    the engine renders (in transformers' sandbox). Without it such a run is refused."""
+    the engine renders (in transformers' sandbox, each render time-bounded). The trainer worker honours the same
+    flag (it renders SFT examples and token-less choices with the run's template). Without it such a run is
+    refused by either worker."""
     prefix_cache_mb: int = Field(1024, ge=0)
     """CPU server: keys and values of finished sequences kept for prompts that extend them (multi-turn
     agents, a group's shared prompt); 0 turns prefix caching off (on vLLM too)."""
@@ -174,6 +178,43 @@ class EngineSettings(BaseModel):
         return self.engine == "cpu" or self.sleep_mode
 
 
+Stage = Literal["download", "upload", "render", "tokenize", "micro_batch", "load"]
+"""The long stages of an activity's work that say when they advance (activities/progress.py)."""
+DEFAULT_STAGE_BOUNDS_S: dict[Stage, float] = {
+    "download": 300.0,
+    "upload": 300.0,
+    "render": 30.0,
+    "tokenize": 300.0,
+    "micro_batch": 1800.0,
+    "load": 900.0,
+}
+"""The longest each stage may go without advancing: a download or an upload without a MiB moved, one chat's
+render, tokenizing one trajectory or example, one micro-batch's forward and backward, loading a model or an
+adapter. Far above the slowest healthy case on a CPU; an operator whose hardware is slower raises one with
+``$DGRPO_STAGE_BOUNDS``."""
+MAX_STAGE_BOUND_S = 86400.0
+
+
+def parse_stage_bounds(text: str) -> dict[Stage, float]:
+    """``micro_batch=3600,download=600`` (``$DGRPO_STAGE_BOUNDS``) as {stage: seconds}; other names refused."""
+    bounds: dict[Stage, float] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        try:
+            seconds = float(value) if sep else float("nan")
+        except ValueError:
+            seconds = float("nan")
+        if name.strip() not in DEFAULT_STAGE_BOUNDS_S or not 0 < seconds <= MAX_STAGE_BOUND_S:
+            raise ValueError(
+                f"{ENV_STAGE_BOUNDS}: {item!r} is not STAGE=SECONDS with a stage among "
+                f"{', '.join(DEFAULT_STAGE_BOUNDS_S)} and 0 < SECONDS <= {MAX_STAGE_BOUND_S:g}"
+            )
+        bounds[cast(Stage, name.strip())] = seconds
+    return bounds
+
+
 class WorkerLifecycle(BaseModel):
     """How a worker starts while Temporal is away and how it stops on SIGTERM (a spot-preemption notice)."""
 
@@ -184,11 +225,19 @@ class WorkerLifecycle(BaseModel):
     failed so Temporal retries them on another worker at once (not after a heartbeat timeout)."""
     temporal_wait_s: float = Field(600.0, ge=0)
     """A worker started before Temporal (or during its restart) keeps trying to connect this long."""
+    stage_bounds_s: dict[Stage, float] = Field(default_factory=lambda: dict(DEFAULT_STAGE_BOUNDS_S))
+    """How long each stage of an activity may go without advancing; past it the activity's heartbeats stop,
+    so Temporal retries it (``$DGRPO_STAGE_BOUNDS``, ``STAGE=SECONDS,...``, over ``DEFAULT_STAGE_BOUNDS_S``)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerLifecycle:
         e = os.environ if env is None else env
-        given = {"grace_s": e.get(ENV_WORKER_GRACE_S), "temporal_wait_s": e.get(ENV_TEMPORAL_WAIT_S)}
+        given: dict[str, object] = {
+            "grace_s": e.get(ENV_WORKER_GRACE_S),
+            "temporal_wait_s": e.get(ENV_TEMPORAL_WAIT_S),
+        }
+        if e.get(ENV_STAGE_BOUNDS):
+            given["stage_bounds_s"] = {**DEFAULT_STAGE_BOUNDS_S, **parse_stage_bounds(e[ENV_STAGE_BOUNDS])}
         return cls.model_validate({name: value for name, value in given.items() if value})
 
 

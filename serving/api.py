@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.config import MAX_CHAT_TEMPLATE_CHARS
+from schemas.numbers import SEED_MAX, SEED_MIN
 from schemas.refs import SHA256_PATTERN
 from schemas.trajectory import MESSAGE_ROLES
 
@@ -31,6 +32,38 @@ class ChatMessage(BaseModel):
             raise ValueError(f"role must be one of {', '.join(MESSAGE_ROLES)}, got {self.role!r}")
         return self
 
+
+NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (None, 0, 0.0),
+    "presence_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "min_p": (None, 0, 0.0),
+    "use_beam_search": (None, False),
+    "best_of": (None, 1),
+    "length_penalty": (None, 1, 1.0),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True),
+    "allowed_token_ids": (None, []),
+    "bad_words": (None, []),
+    "prompt_logprobs": (None, 0),
+    "logprob_token_ids": (None,),
+    "echo": (None, False),
+    "continue_final_message": (None, False),
+    "add_generation_prompt": (None, True),
+    "truncate_prompt_tokens": (None,),
+    "structured_outputs": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "logits_processors": (None,),
+}
+"""vLLM request fields this server does not implement, each with the values that ask for nothing (vLLM's
+defaults): a request setting any other value is refused (400) rather than served as if it had not."""
+
+RESPONSE_FORMATS = ("text",)
+"""``response_format`` types this server honours; JSON modes need a grammar-constrained sampler (vLLM's)."""
 
 RENDERER_ARGUMENTS = frozenset(
     {"chat_template", "conversation", "tools", "add_generation_prompt", "tokenize"}
@@ -56,7 +89,12 @@ class ChatCompletionRequest(BaseModel):
     n: int = Field(1, ge=1, le=128)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    """vLLM's range: a signed 64-bit integer."""
+    logit_bias: dict[str, float] | None = None
+    """Token id (as a string) -> bias added to its logit before a token is drawn, clamped to [-100, 100]."""
+    response_format: dict[str, Any] | None = None
+    """Only ``{"type": "text"}``: a JSON mode is refused (400), never answered with free text."""
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     ignore_eos: bool = False
@@ -86,6 +124,24 @@ class ChatCompletionRequest(BaseModel):
                 f"chat_template_kwargs may not set {', '.join(reserved)}: this server renders them"
             )
         return self
+
+    def not_implemented(self) -> tuple[str, str] | None:
+        """``(parameter, why it is refused)`` for a field this server would otherwise ignore; else None."""
+        if self.response_format is not None:
+            kind = self.response_format.get("type")
+            if kind not in RESPONSE_FORMATS:
+                return "response_format", (
+                    f"response_format type {kind!r} is not supported by this server (only 'text'): it does "
+                    "not constrain sampling to JSON; leave response_format out or serve the model with vLLM"
+                )
+        extra = self.model_extra or {}
+        for name, neutral in NOT_IMPLEMENTED.items():
+            if name in extra and not any(extra[name] == v and type(extra[name]) is type(v) for v in neutral):
+                return name, (
+                    f"{name}={extra[name]!r} is not supported by this server: leave it out (or at its default) "
+                    "or serve the model with vLLM"
+                )
+        return None
 
     @property
     def stops(self) -> tuple[str, ...]:

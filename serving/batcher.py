@@ -37,7 +37,7 @@ from serving.packed_linear import pack_linears
 from serving.prefix_cache import BLOCK, CachedSequence, PrefixCache
 from serving.ragged import Feed
 from serving.running_batch import Hit, Joining, RunningBatch
-from serving.sampling import RowSampler, SamplingParams, sample_step
+from serving.sampling import RowSampler, SamplingParams, sample_rows_alone, sample_step
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,8 @@ class GenerationEngine:
         if self.tokenizer.eos_token_id is not None:
             eos_ids.add(self.tokenizer.eos_token_id)
         self.eos_ids = sorted(int(i) for i in eos_ids)
+        self.vocab_size = int(self.base.config.vocab_size)
+        """Logits per position: token ids a request names (stop ids, a logit bias) must be below it."""
         self.adapter_paths: dict[str, str] = {}
         """Loaded adapters (name -> directory); changed on the engine thread only."""
         self.sleeping = False
@@ -328,8 +330,13 @@ class GenerationEngine:
         while self._waiting and len(admitted) < free:
             if admitted and len(self._waiting[0].request.prompt_ids) > budget:
                 break
-            admitted.append(self._waiting.pop(0))
-            budget -= len(admitted[-1].request.prompt_ids)
+            row = self._waiting.pop(0)
+            problem = row.request.params.problem(self.vocab_size)
+            if problem is not None:  # a row that cannot be sampled fails alone, before it joins
+                row.future.set_exception(ValueError(f"{problem[0]}: {problem[1]}"))
+                continue
+            admitted.append(row)
+            budget -= len(row.request.prompt_ids)
         if not admitted:
             return
         try:
@@ -434,17 +441,32 @@ class GenerationEngine:
     def _step(self, batch: RunningBatch[_Row], logits: torch.Tensor) -> None:
         """Sample one token per row of ``batch``, record it, resolve the rows that finished and drop them from
         the batch (the cache moves only the rows that take their places, ``GrowingLayer.keep_rows``)."""
-        step = sample_step(logits, batch.sampler, [len(r.tokens) for r in batch.rows])
+        n_generated = [len(r.tokens) for r in batch.rows]
+        failed: dict[int, BaseException] = {}
+        try:
+            step = sample_step(logits, batch.sampler, n_generated)
+        except Exception:  # one row's parameters broke the step: each row samples alone, only its own fails
+            log.exception("sampling a batch of %d rows failed; sampling each row alone", len(batch.rows))
+            step, failed = sample_rows_alone(logits, batch.sampler, n_generated)
         finished: set[int] = set()
         for i, row in enumerate(batch.rows):
-            row.tokens.append(step.tokens[i])
-            row.logprobs.append(step.logprobs[i])
-            row.top.append(step.top[i])
-            batch.pending[i] = [step.tokens[i]]
-            if self._finish(row, int(batch.lengths[i]) + 1):
-                # its prompt and all it sampled but the last token, which was never forwarded
-                self._keep(batch, i, row.request.prompt_ids + row.tokens[:-1])
-                finished.add(i)
+            if i not in failed:
+                row.tokens.append(step.tokens[i])
+                row.logprobs.append(step.logprobs[i])
+                row.top.append(step.top[i])
+                batch.pending[i] = [step.tokens[i]]
+                try:
+                    if not self._finish(row, int(batch.lengths[i]) + 1):
+                        continue
+                except Exception as err:
+                    log.exception("finishing a row failed; failing its request alone")
+                    failed[i] = err
+                else:
+                    # its prompt and all it sampled but the last token, which was never forwarded
+                    self._keep(batch, i, row.request.prompt_ids + row.tokens[:-1])
+            if i in failed and not row.future.done():
+                row.future.set_exception(failed[i])
+            finished.add(i)
         if finished:
             batch.drop(finished)
 

@@ -53,6 +53,8 @@ BUILD_VLLM = (
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 """Bind addresses meaning every interface: the worker itself reaches such a server on loopback."""
 CPU_KV_CACHE_GIB = "2"
+KEY_GUARD = Path(__file__).resolve().parent / "vllm_plugin" / "dgrpo_key_guard.py"
+"""vLLM's ``--middleware`` that wants the API key on every path but ``/health`` (its own key guards /v1 only)."""
 """vLLM's CPU build sizes its KV cache from this (``VLLM_CPU_KVCACHE_SPACE``), not from a share of memory."""
 
 
@@ -224,11 +226,12 @@ class CpuServerProcess(ServerProcess):
 
     def __init__(
         self, model: str, settings: EngineSettings | None = None, *, max_batch: int = 32,
-        threads: int | None = None, **kwargs: object,
+        threads: int | None = None, extra_args: list[str] | None = None, **kwargs: object,
     ) -> None:  # fmt: skip
         super().__init__(model, settings, **kwargs)  # type: ignore[arg-type]
         self.max_batch = max_batch
         self.threads = threads
+        self.extra_args = list(extra_args or [])
 
     def command(self) -> list[str]:
         dtype = "fp32" if self.settings.dtype == "auto" else self.settings.dtype
@@ -243,7 +246,7 @@ class CpuServerProcess(ServerProcess):
             argv += ["--threads", str(self.threads)]
         if self.settings.trust_request_chat_template:
             argv.append("--trust-request-chat-template")
-        return [*argv, "--prefix-cache-mb", str(self.settings.prefix_cache_mb)]
+        return [*argv, "--prefix-cache-mb", str(self.settings.prefix_cache_mb), *self.extra_args]
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -322,13 +325,18 @@ class VllmServerProcess(ServerProcess):
             argv += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
         if s.trust_request_chat_template:
             argv.append("--trust-request-chat-template")
+        if serving_api_key() is not None:  # vLLM's own key guards only /v1-style paths
+            argv += ["--middleware", f"{KEY_GUARD.stem}.require_api_key"]
         return argv + self.extra_args
 
     def environment(self) -> dict[str, str]:
         env = _runtime_env(self.runtime.python)
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-        if serving_api_key() is not None:  # vLLM then wants it on /v1/*; its dev endpoints stay on loopback
+        if serving_api_key() is not None:  # vLLM wants it on /v1/*, the key guard everywhere but /health
             env["VLLM_API_KEY"] = str(serving_api_key())
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(KEY_GUARD.parent), env.get("PYTHONPATH")) if p
+            )
         if not self.runtime.cuda:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
             env.setdefault(

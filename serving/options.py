@@ -10,7 +10,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from schemas.errors import DgrpoError
 from schemas.settings import ENV_ADAPTER_ROOT, ENV_SERVE_API_KEY, dgrpo_home
+
+DEFAULT_RENDER_TIMEOUT_S = 10.0
+"""Rendering one request's chat template may take this long (a model's own renders in well under a
+millisecond); a longer render is stopped where it is and the request refused (400)."""
 
 
 def default_adapter_root() -> str:
@@ -65,6 +70,9 @@ class ServerOptions(BaseModel):
     """Runtime adapters of a higher rank are refused (400), as vLLM's ``--max-lora-rank``; None: any rank."""
     trust_request_chat_template: bool = False
     """Render a request with the ``chat_template`` it brings (vLLM's flag of the same name); else refused (400)."""
+    render_timeout_s: float = Field(DEFAULT_RENDER_TIMEOUT_S, gt=0, le=3600)
+    """Rendering one request's chat template may take this long; a longer render is stopped and the request
+    refused (400)."""
     adapter_root: str = Field(default_factory=default_adapter_root)
     """``/v1/load_lora_adapter`` loads only directories under this one (start-up adapters are exempt)."""
 
@@ -76,6 +84,10 @@ class ServerOptions(BaseModel):
                 f"--api-key or set {ENV_SERVE_API_KEY} (or bind --host 127.0.0.1)"
             )
         return self
+
+
+FLAGS = {"batch_window_s": "--batch-window"}
+"""The options whose flag is not ``--`` and their name with dashes."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,6 +129,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="render a request with the chat_template it brings (else such a request is refused)",
     )
     parser.add_argument(
+        "--render-timeout-s",
+        type=float,
+        default=DEFAULT_RENDER_TIMEOUT_S,
+        help="a request's chat template render is stopped (and the request refused) after this long",
+    )
+    parser.add_argument(
         "--adapter-root",
         default=None,
         help=f"load runtime adapters only from under this dir (default ${ENV_ADAPTER_ROOT}, "
@@ -129,7 +147,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     for item in args.lora_modules:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            raise SystemExit(f"--lora-modules takes NAME=PATH, got {item!r}")
+            raise DgrpoError(f"--lora-modules takes NAME=PATH, got {item!r}")
         modules[name] = path
     api_key = args.api_key or os.environ.get(ENV_SERVE_API_KEY) or None
     try:
@@ -151,7 +169,13 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
             adapter_root=args.adapter_root or default_adapter_root(),
             prefix_cache_mb=args.prefix_cache_mb,
             trust_request_chat_template=args.trust_request_chat_template,
+            render_timeout_s=args.render_timeout_s,
         )
     except ValidationError as err:
-        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in err.errors())
-        raise SystemExit(f"refusing to start the server: {problems}") from None
+        problems = []
+        for e in err.errors(include_url=False):
+            message = str(e["msg"]).removeprefix("Value error, ")
+            field = str(e["loc"][0]) if e["loc"] else None
+            flag = FLAGS.get(field, f"--{field.replace('_', '-')}") if field else None
+            problems.append(f"{flag} {e.get('input')!r}: {message}" if flag else message)
+        raise DgrpoError(f"refusing to start the server: {'; '.join(problems)}") from None

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import hmac
 import json
 import logging
 import time
@@ -44,6 +43,7 @@ from serving.batcher import GenerationEngine, GenerationRequest
 from serving.chat import ChatRenderer
 from serving.options import ServerOptions, add_arguments, options_from_args
 from serving.tool_calls import parse_tool_calls
+from serving.vllm_plugin.dgrpo_key_guard import OPEN_PATHS, authorized, refusal
 
 log = logging.getLogger(__name__)
 
@@ -117,16 +117,6 @@ def check_rank(path: str, max_rank: int | None) -> None:
         )
 
 
-OPEN_PATHS = frozenset({"/health"})
-"""The only paths a server with an API key answers without it (launchers and probes poll ``/health``)."""
-
-
-def authorized(request: Request, api_key: str) -> bool:
-    """True when the request carries ``Authorization: Bearer <api_key>`` (compared in constant time)."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
-
-
 def check_under_root(path: str, root: str) -> None:
     """Refuse (400) an adapter path that is not inside ``root`` once links and ``..`` are resolved."""
     resolved, base = Path(path).resolve(), Path(root).resolve()
@@ -170,6 +160,8 @@ def build_app(
         engine.max_model_len,
         options.default_max_tokens,
         options.trust_request_chat_template,
+        vocab_size=engine.vocab_size,
+        render_bound_s=options.render_timeout_s,
     )
     app = FastAPI(title="durable-grpo CPU serving engine")
     app.state.adapters = adapters
@@ -190,10 +182,10 @@ def build_app(
         async def _require_api_key(
             request: Request, call_next: Callable[[Request], Awaitable[Response]]
         ) -> Response:
-            if request.url.path not in OPEN_PATHS and not authorized(request, api_key):
-                body = error_body(401, "missing or wrong API key: send 'Authorization: Bearer <--api-key>'")
-                body["error"]["type"] = "AuthenticationError"
-                return JSONResponse(body, status_code=401)
+            if request.url.path not in OPEN_PATHS and not authorized(
+                request.headers.get("authorization", ""), api_key
+            ):
+                return JSONResponse(refusal(), status_code=401)
             return await call_next(request)
 
     @app.get("/health")
@@ -216,7 +208,9 @@ def build_app(
     async def chat_completions(request: Request) -> dict[str, Any]:
         req: ChatCompletionRequest = _validate(ChatCompletionRequest, await _json_body(request))
         adapter = None if req.model == served_name else req.model
-        prompt_ids, params = renderer.prepare(req)
+        # Rendering and tokenizing are CPU work (a request's own template can be slow): off the event loop,
+        # which answers /health and every other request meanwhile, and bounded (--render-timeout-s).
+        prompt_ids, params = await asyncio.to_thread(renderer.prepare, req)
         if adapter is not None:
             adapters.acquire(adapter)
         try:
@@ -228,7 +222,7 @@ def build_app(
         finally:
             if adapter is not None:
                 await adapters.release(adapter)
-        return renderer.response(req, prompt_ids, completions, parse_tool_calls)
+        return await asyncio.to_thread(renderer.response, req, prompt_ids, completions, parse_tool_calls)
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> PlainTextResponse:
@@ -339,10 +333,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m serving.server", description=__doc__.splitlines()[0])
     add_arguments(parser)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    options = options_from_args(parser.parse_args(argv))
     try:
-        serve(options)
-    except DgrpoError as err:  # a model it cannot load or run: the reason, not a traceback
+        serve(options_from_args(parser.parse_args(argv)))
+    except DgrpoError as err:  # bad options, a model it cannot load or run: the reason, not a traceback
         log.error("%s", err)
         raise SystemExit(2) from None
 

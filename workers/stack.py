@@ -22,6 +22,7 @@ import shlex
 import shutil
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -92,6 +93,25 @@ TEMPORAL_DYNAMIC_CONFIG = {
 }
 """What the embedded Temporal dev server is started with (``--dynamic-config-value``)."""
 
+
+PORT_TAKEN_SIGNS = ("address already in use", "Port allocation failed")
+"""How Temporal (Go's ``bind: address already in use``) and weed (``Port allocation failed: port N ... is not
+available``) say a port was taken as they started."""
+LOG_TAIL_CHARS = 2000
+
+
+def start_failure(name: str, log_path: str, since: int) -> StackError:
+    """Why server ``name`` exited during start-up: the whole of its log written since byte ``since`` (this
+    start's) is searched for a taken port, wherever the line is (Temporal may log long after it); the error
+    quotes the line and the log's tail."""
+    data = Path(log_path).read_bytes()[since:].decode(errors="replace")
+    lines = [line for line in data.splitlines() if any(sign in line for sign in PORT_TAKEN_SIGNS)]
+    tail = data[-LOG_TAIL_CHARS:]
+    if lines:
+        return PortTaken(f"{name} exited during start-up: {lines[0].strip()}; log {log_path}:\n{tail}")
+    return StackError(f"{name} exited during start-up; log {log_path}:\n{tail}")
+
+
 PORT_RACE_TRIES = 3
 """Starts of a new stack on fresh ports when a server found a port taken."""
 
@@ -138,7 +158,7 @@ def find_binary(name: str) -> str:
 def temporal_healthy(address: str) -> bool:
     async def check() -> bool:
         client = await asyncio.wait_for(connect_client(address=address), timeout=5)
-        return bool(await client.service_client.check_health())
+        return bool(await client.service_client.check_health(timeout=timedelta(seconds=5)))
 
     try:
         return bool(run_in_thread(check))
@@ -193,6 +213,8 @@ class EmbeddedStack:
         self.tied_to_parent = tied_to_parent
         self.state: StackState | None = None
         self._children: list[ChildProcess] = []
+        self._log_starts: dict[str, int] = {}
+        """Each server's log size when it was last started: what it wrote since is this start's."""
 
     # ---- paths and credentials -------------------------------------------------------------
     @property
@@ -428,23 +450,29 @@ class EmbeddedStack:
             args, self.home / "logs" / f"{name}.log", name=name, new_session=True, cwd=cwd,
             tied_to_parent=self.tied_to_parent,
         )  # fmt: skip
+        log_path = self.home / "logs" / f"{name}.log"
+        self._log_starts[name] = (
+            log_path.stat().st_size if log_path.exists() else 0
+        )  # appended to: this start's
         child.spawn()
         self._children.append(child)  # kept so the child is reaped, not left a zombie
         return child.info
 
     def _wait_healthy(self, state: StackState) -> None:
+        import urllib3
         from minio import Minio
 
         access, secret = self.credentials()
-        s3 = Minio(state.s3_endpoint, access_key=access, secret_key=secret, secure=False)
+        # Short timeouts, no retries: a port another program took as weed started may take the connection
+        # and never answer, and the probe must come back to see weed exit.
+        probe = urllib3.PoolManager(timeout=urllib3.Timeout(connect=2.0, read=5.0), retries=False)
+        s3 = Minio(state.s3_endpoint, access_key=access, secret_key=secret, secure=False, http_client=probe)
         deadline = time.monotonic() + self.start_timeout
         temporal_ok = s3_ok = False
         while time.monotonic() < deadline:
             for name, info in (("temporal", state.temporal), ("seaweed", state.seaweed)):
                 if not alive(info):
-                    tail = Path(info.log).read_text(errors="replace")[-2000:]
-                    error = PortTaken if "address already in use" in tail else StackError
-                    raise error(f"{name} exited during start-up; log {info.log}:\n{tail}")
+                    raise start_failure(name, info.log, self._log_starts.get(name, 0))
             if not temporal_ok and port_answers(state.temporal_port):
                 temporal_ok = temporal_healthy(state.temporal_address)
             if not s3_ok and port_answers(state.s3_port):

@@ -68,7 +68,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 INTERCEPTORS: list[Interceptor] = [ErrorContract(), HeartbeatTicker()]
-"""The one error contract, and heartbeats that do not wait for the work (what ``interceptors`` adds to)."""
+"""On every worker: the one error contract, and heartbeats that do not wait for the work but stop when it
+stalls (what ``interceptors`` adds to, with the worker's own stage bounds)."""
 
 Role = Literal["control", "inference", "trainer", "all"]
 ROLES: tuple[Role, ...] = ("control", "inference", "trainer", "all")
@@ -141,6 +142,7 @@ def control_activities(
     from activities.metrics import MetricsActivities
     from activities.retention import RetentionActivities
     from activities.rollout_shards import ShardActivities
+    from activities.run_texts import RunTextActivities
     from activities.scenario_store import ScenarioActivities
 
     env = JudgeEndpoints.from_env()  # a flag replaces its variable
@@ -153,6 +155,7 @@ def control_activities(
         JudgeActivities(store, judge_url, endpoints).judge,
         ShardActivities(store).merge_rollouts,
         ScenarioActivities(store).store_scenarios,
+        RunTextActivities(store).store_run_texts,
         *MetricsActivities(store).all(),
         *RetentionActivities(store).all(),
     ]
@@ -171,7 +174,12 @@ def inference_activities(
 def interceptors(opts: WorkerOptions, ticker: HeartbeatTicker | None = None) -> list[Interceptor]:
     """On every worker: the one error contract, the operator's bounds on priority and fairness, the stage
     metrics, and heartbeats that do not wait for the work (``ticker``: the inference worker's own)."""
-    return [ErrorContract(), Admission(opts.bounds), StageMetrics(), ticker or HeartbeatTicker()]
+    return [
+        ErrorContract(),
+        Admission(opts.bounds),
+        StageMetrics(),
+        ticker or HeartbeatTicker(None, opts.lifecycle.stage_bounds_s),
+    ]
 
 
 def deployment_config(deployment: WorkerDeployment | None) -> WorkerDeploymentConfig | None:
@@ -232,14 +240,19 @@ async def build_workers(
                 inference_activities(store, server_urls, opts, serving),
                 max_concurrent_activities=opts.max_concurrent_activities,
                 # no heartbeat vouches for work whose engine leaves its probes unanswered
-                ticker=HeartbeatTicker(serving.liveness.vouches),
+                ticker=HeartbeatTicker(serving.liveness.vouches, opts.lifecycle.stage_bounds_s),
             )
         )
     if "trainer" in roles:
         from activities.training import TrainerActivities
 
         staging = opts.staging_root or Path(dgrpo_home()) / "staging"
-        trainer = TrainerActivities(store, staging, worker_id=opts.worker_id)
+        trainer = TrainerActivities(
+            store,
+            staging,
+            worker_id=opts.worker_id,
+            trust_chat_template=opts.engine.trust_request_chat_template,
+        )
         own_queue = worker_task_queue(queues.trainer, trainer.worker_id)
         log.info("trainer %s polls %s and %s", trainer.worker_id, queues.trainer, own_queue)
         workers += [worker(queues.trainer, trainer.all()), worker(own_queue, trainer.all(), versioned=False)]
@@ -372,6 +385,7 @@ def _trainer_child(opts: WorkerOptions) -> WorkerProcess:
     bind = metrics_bind(opts)
     if bind is not None:  # explicit: a bind from the environment would be the parent's own port
         extra += ["--metrics-bind", next_port(bind)]
+    extra += ["--trust-request-chat-template"] if opts.engine.trust_request_chat_template else []
     return WorkerProcess(
         "trainer",
         log_dir / f"trainer-{os.getpid()}.log",

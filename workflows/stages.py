@@ -64,6 +64,8 @@ class Stage:
 ROLLOUTS = Stage(ActivityName.ROLLOUTS, timedelta(hours=2), max_attempts=5)
 # A run's inline scenario list is written once to the store (control queue), at the run's start.
 STORE_SCENARIOS = Stage(ActivityName.STORE_SCENARIOS, timedelta(minutes=5), max_attempts=5)
+# So are its chat template and judge rubric.
+STORE_RUN_TEXTS = Stage(ActivityName.STORE_RUN_TEXTS, timedelta(minutes=5), max_attempts=5)
 # A step's shards are merged into its one Parquet on the control queue.
 MERGE_ROLLOUTS = Stage(ActivityName.MERGE_ROLLOUTS, timedelta(minutes=30), max_attempts=5)
 JUDGE = Stage(ActivityName.JUDGE, timedelta(hours=1), max_attempts=5)

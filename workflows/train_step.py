@@ -93,7 +93,8 @@ async def serve_checkpoint(
             serving=inp.serving,
             lora_rank=inp.model.lora.rank,
             shared=inp.shared_device,
-            chat_template=inp.model.chat_template is not None,
+            chat_template=inp.model.chat_template is not None
+            or (isinstance(inp, TrainStepInput) and inp.chat_template_ref is not None),
         ),
         task_queue=inp.task_queues.inference,
         step=checkpoint.step,
@@ -118,6 +119,7 @@ async def train_and_publish(
                 advantages=advantages.ref,
                 train=inp.train,
                 start_from=inp.start_from,
+                chat_template_ref=inp.chat_template_ref,
             ),
             task_queue=inp.task_queues.trainer,
             step=inp.step,

@@ -23,6 +23,9 @@ with workflow.unsafe.imports_passed_through():
         MetricsInput,
         RetentionInput,
         RolloutsInput,
+        RunTextKind,
+        RunTexts,
+        StoreRunTextsInput,
         StoreScenariosInput,
     )
     from schemas.config import RunSpec, Scheduling, TaskSpec
@@ -46,6 +49,7 @@ from workflows.stages import (
     JUDGE,
     METRICS,
     RETAIN_CHECKPOINTS,
+    STORE_RUN_TEXTS,
     STORE_SCENARIOS,
     NoLearningSignal,
     StageFailed,
@@ -61,6 +65,10 @@ continued as new, are not checked: they keep the bounds they started under)."""
 SCENARIOS_REF_PATCH = "scenarios-by-reference"
 """A run stores its inline scenario list once and passes the rollouts activities its ref; runs whose history
 predates it copy the list into every rollouts activity's input (until they continue as new)."""
+RUN_TEXTS_REF_PATCH = "run-texts-by-reference"
+"""A run stores its own chat template and its judge rubric once and passes the rollouts, judge and train
+activities their refs; runs whose history predates it copy them into every such input (until they continue as
+new)."""
 
 
 @workflow.defn(name="TrainingRun", failure_exception_types=[ValidationError])
@@ -150,6 +158,7 @@ class TrainingRun:
             else:
                 self._state = state
             await self._store_scenarios()
+            await self._store_texts()
             await self._loop()
         except (StageFailed, NoLearningSignal) as err:
             self._error = err.message
@@ -200,6 +209,30 @@ class TrainingRun:
                 result_type=ObjectRef,
                 summary="store the inline scenarios",
             )
+
+    async def _store_texts(self) -> None:
+        """Store the run's chat template and judge rubric once (a run continued as new carries their refs)."""
+        spec, state = self._require_spec(), self._state
+        texts: dict[RunTextKind, str] = {}
+        if spec.model.chat_template is not None:
+            texts["chat_template"] = spec.model.chat_template
+        if spec.judge.rubric is not None and spec.judge.kind != "rollout":
+            texts["rubric"] = spec.judge.rubric
+        if not texts or state.texts is not None:
+            return
+        if workflow.patched(RUN_TEXTS_REF_PATCH):
+            state.texts = await run_stage(
+                STORE_RUN_TEXTS,
+                StoreRunTextsInput(run_id=spec.run_id, texts=texts),
+                task_queue=spec.task_queues.control,
+                step=state.step,
+                scheduling=spec.scheduling(),
+                result_type=RunTexts,
+                summary="store the chat template and rubric",
+            )
+
+    def _texts(self) -> RunTexts:
+        return self._state.texts or RunTexts()
 
     def _rollout_task(self) -> TaskSpec:
         """The task as the rollouts activities get it: an inline list as its stored copy's ref."""
@@ -335,10 +368,11 @@ class TrainingRun:
         return scored
 
     def _train_step_input(self, target: int, scored: TrajectoriesRef) -> TrainStepInput:
-        spec = self._require_spec()
+        spec, template = self._require_spec(), self._texts().chat_template
         return TrainStepInput(
             run_id=spec.run_id,
-            model=spec.model,
+            model=spec.model if template is None else spec.model.model_copy(update={"chat_template": None}),
+            chat_template_ref=template,
             trajectories=scored,
             train=spec.train,
             step=target,
@@ -362,7 +396,8 @@ class TrainingRun:
                 run_id=spec.run_id,
                 step=target,
                 model_name=spec.model.name,
-                chat_template=spec.model.chat_template,
+                chat_template=spec.model.chat_template if self._texts().chat_template is None else None,
+                chat_template_ref=self._texts().chat_template,
                 adapter=adapter_name(spec.run_id, policy_step) if state.adapter else None,
                 policy_step=policy_step,
                 task=self._rollout_task(),
@@ -385,8 +420,11 @@ class TrainingRun:
                     run_id=spec.run_id,
                     step=target,
                     trajectories=scored,
-                    judge=spec.judge,
+                    judge=spec.judge
+                    if self._texts().rubric is None
+                    else spec.judge.model_copy(update={"rubric": None}),
                     base_model_name=spec.model.base_model,
+                    rubric_ref=self._texts().rubric,
                 ),
                 task_queue=spec.task_queues.control,
                 step=target,

@@ -3,6 +3,10 @@ each registering its own subparsers: ``stack`` (up, down, env, schema), ``serve`
 status, pause, resume, stop, demo).
 
 The CLI is not ART's API: it drives the façade and the layers below; nothing else in ``dgrpo`` imports it.
+
+A wrong call ends with one line saying what to fix, and exit status 2 (argparse's own for a usage error):
+expected errors (``DgrpoError``, a flag's value a settings model refuses, a path that is not there) are
+caught here, once, for every subcommand; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -13,7 +17,23 @@ import os
 import sys
 import traceback
 
+from pydantic import ValidationError
+
 from dgrpo.cli import fleet, runs, serve, stack, worker
+from schemas.errors import DgrpoError
+
+USAGE_ERROR = 2
+PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError)
+"""A path given on the command line that cannot be read or written there."""
+
+
+def flag_problems(err: ValidationError) -> str:
+    """A settings model's refusal of flag values, each named as its flag (``--max-loras 0: ...``)."""
+    problems = []
+    for e in err.errors(include_url=False):
+        flag = "--" + str(e["loc"][-1]).replace("_", "-") if e["loc"] else "a flag"
+        problems.append(f"{flag} {e.get('input')!r}: {e['msg']}")
+    return "; ".join(problems)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except ValidationError as err:
+        print(f"dgrpo {args.command}: {flag_problems(err)}", file=sys.stderr)
+    except (DgrpoError, *PATH_ERRORS) as err:
+        print(f"dgrpo {args.command}: {err}", file=sys.stderr)
+    return USAGE_ERROR
 
 
 def entry() -> None:

@@ -12,6 +12,7 @@ from rich.console import Console
 from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError
 
+from dgrpo.cli.arg_types import at_least_one
 from dgrpo.cli.progress import RunProgress, status_summary, status_view
 from dgrpo.client import run_control
 from schemas.config import load_run_spec
@@ -127,7 +128,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         p.set_defaults(func=_run_async(_steer))
 
     demo = sub.add_parser("demo", help="train SmolLM2-135M on an example task, on this machine")
-    demo.add_argument("--steps", type=int, default=None, help="training steps (default per task)")
+    demo.add_argument("--steps", type=at_least_one, default=None, help="training steps (default per task)")
     demo.add_argument("--task", choices=("arithmetic", "tool_agent"), default="arithmetic")
     demo.add_argument("--home", help="stack state directory (default $DGRPO_HOME, else ./.dgrpo)")
     demo.add_argument("--run-id", help="run id (default demo-<task>-<time>)")

@@ -20,8 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from base_models.resolve import resolve_base_model
     from serving.options import options_from_args
+
+    options = options_from_args(args)
+    resolve_base_model(options.model)  # a model that is not there is said before torch loads
     from serving.server import serve
 
-    serve(options_from_args(args))
+    serve(options)
     return 0

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from dgrpo.cli.arg_types import port_number
 from schemas.config import RunSpec
 from schemas.settings import dgrpo_home
 from workers.stack import (
@@ -78,13 +79,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     up.add_argument("--home", help=home_help)
     up.add_argument(
         "--temporal-port",
-        type=int,
+        type=port_number,
         help=f"Temporal gRPC port (default {DEFAULT_TEMPORAL_PORT}, or a free one)",
     )
     up.add_argument(
-        "--ui-port", type=int, help=f"Temporal UI port (default {DEFAULT_UI_PORT}, or a free one)"
+        "--ui-port", type=port_number, help=f"Temporal UI port (default {DEFAULT_UI_PORT}, or a free one)"
     )
-    up.add_argument("--s3-port", type=int, help=f"S3 port (default {DEFAULT_S3_PORT}, or a free one)")
+    up.add_argument("--s3-port", type=port_number, help=f"S3 port (default {DEFAULT_S3_PORT}, or a free one)")
     up.add_argument("--headless", action="store_true", help="no Temporal web UI")
     up.set_defaults(func=cmd_up)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dgrpo.cli import fleet
+from dgrpo.cli.arg_types import at_least_one, port_number
 from schemas.config import TaskQueues
 from schemas.errors import EngineSetupError
 from schemas.settings import (
@@ -22,17 +23,6 @@ from schemas.settings import (
 
 if TYPE_CHECKING:
     from workers.worker import WorkerOptions
-
-
-def at_least_one(text: str) -> int:
-    """An argparse type: a whole number of 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is less than 1")
-    return value
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -146,8 +136,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     worker.add_argument(
         "--trust-request-chat-template",
         action="store_true",
-        help="render a run's own chat template (model.chat_template), sent with its requests; without it "
-        "such runs are refused",
+        help="render a run's own chat template (model.chat_template): the inference engine with its requests, "
+        "the trainer with its SFT examples; without it such runs are refused",
     )
     worker.add_argument(
         "--probe-timeout-s",
@@ -166,7 +156,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="--engine vllm: the Python of vLLM's environment (default $DGRPO_VLLM_PYTHON, else .venv-vllm)",
     )
     worker.add_argument(
-        "--serve-port", type=int, help="port of the CPU server (default $DGRPO_SERVE_PORT or free)"
+        "--serve-port", type=port_number, help="port of the CPU server (default $DGRPO_SERVE_PORT or free)"
     )
     worker.add_argument(
         "--serve-host",

@@ -11,12 +11,13 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.object_store import ObjectStore
 from activities.rollouts import RolloutActivities
+from activities.run_texts import RunTextActivities, read_run_text
 from activities.scenario_store import ScenarioActivities, read_scenarios
 from activities.trajectory_store import read_ref_groups
 from schemas import layout
-from schemas.activities import RolloutsInput, StoreScenariosInput
+from schemas.activities import RolloutsInput, StoreRunTextsInput, StoreScenariosInput
 from schemas.config import TaskSpec
-from schemas.errors import CONFIG_ERROR, StoredScenariosError
+from schemas.errors import CONFIG_ERROR, StoredRunTextError, StoredScenariosError
 from schemas.refs import ObjectRef
 
 STUBS = "rollout_stubs"
@@ -109,3 +110,28 @@ async def test_a_run_reads_only_the_list_it_stored(object_store: ObjectStore) ->
     for uri in (f"s3://someone-elses/{layout.scenarios_key('r1', ref.sha256)}", "file:///etc/passwd"):
         err = await refused(acts, step_input(ref.model_copy(update={"uri": uri})))
         assert f"{uri} is not in this worker's object store" in err.message
+
+
+async def test_a_runs_chat_template_and_rubric_are_stored_once_and_read_only_by_their_run(
+    object_store: ObjectStore,
+) -> None:
+    """The texts ``TrainingRun`` stores once (activities/run_texts.py): read back verified, by the run's rollouts
+    (the template a worker keeps) and by nobody else's; a changed copy is refused."""
+    texts = {"chat_template": "{{ messages[0]['content'] }}é", "rubric": "Prefer short answers."}
+    store_input = StoreRunTextsInput(run_id="r1", texts=texts)  # type: ignore[arg-type]
+    refs = await ActivityEnvironment().run(RunTextActivities(object_store).store_run_texts, store_input)
+    assert refs.chat_template is not None and refs.rubric is not None
+    assert refs.chat_template.uri == object_store.uri(
+        layout.run_text_key("r1", "chat_template", refs.chat_template.sha256)
+    )
+    assert read_run_text(object_store, "r1", "rubric", refs.rubric) == texts["rubric"]
+    acts = activities(object_store)
+    by_ref = step_input(SCENARIOS).model_copy(update={"chat_template_ref": refs.chat_template})
+    assert acts.chat_template(by_ref) == texts["chat_template"]
+    with pytest.raises(StoredRunTextError, match="is not a chat template run 'r2' stored"):
+        acts.chat_template(by_ref.model_copy(update={"run_id": "r2"}))
+    with pytest.raises(StoredRunTextError, match="is not a rubric run 'r1' stored"):
+        read_run_text(object_store, "r1", "rubric", refs.chat_template)  # a ref of another kind
+    object_store.put_bytes(object_store.key(refs.rubric.uri), b"Prefer long answers.")
+    with pytest.raises(StoredRunTextError, match="is not the one the run stored"):
+        read_run_text(object_store, "r1", "rubric", refs.rubric)

@@ -7,11 +7,14 @@ import json
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, ValidationError
 
+from schemas.activities import SftConfig
 from schemas.config import RunSpec, load_run_spec, parse_run_spec
 from schemas.errors import RunSpecError
 
@@ -83,7 +86,58 @@ MALFORMED = [
     ("judge.kind", "gpt4", "judge.kind: Input should be 'rollout', 'ruler' or 'both'"),
     ("storage.bucket", "Bad_Bucket", "storage.bucket: String should match pattern"),
     ("mode", "async", "mode: Input should be 'sync', 'pipelined' or 'shared'"),
-]
+    # hostile numbers and sizes: refused here, naming the field, not later on a worker
+    *((field, value, f"{field}: Input should be a finite number")
+      for field in ("model.lora.alpha", "train.kl_coef", "train.weight_decay", "train.advantage_eps",
+                    "train.max_grad_norm", "task.rollout_timeout_s")
+      for value in (float("inf"), float("nan"))),
+    ("train.weight_decay", 1e6, "train.weight_decay: Input should be less than or equal to 10"),
+    ("seed", 2**64, "seed: Input should be less than or equal to 4294967295"),
+    ("train.seed", 2**70, "train.seed: Input should be less than or equal to 4294967295"),
+    ("task_queues.trainer", "", "task_queues.trainer: String should have at least 1 character"),
+    ("judge.rubric", "x" * (3 << 20), "judge.rubric: String should have at most 65536 characters"),
+]  # fmt: skip
+
+
+def numbers(
+    schema: dict[str, Any], defs: dict[str, Any], path: str = ""
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every number and integer in a JSON schema, by field path (through $refs, unions and lists)."""
+    if "$ref" in schema:
+        yield from numbers(defs[schema["$ref"].rsplit("/", 1)[1]], defs, path)
+    for option in schema.get("anyOf", []):
+        yield from numbers(option, defs, path)
+    if schema.get("type") in ("number", "integer"):
+        yield path, schema
+    if "items" in schema:
+        yield from numbers(schema["items"], defs, f"{path}[]")
+    for name, sub in schema.get("properties", {}).items():
+        yield from numbers(sub, defs, f"{path}.{name}" if path else name)
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from numbers(schema["additionalProperties"], defs, f"{path}{{}}")
+
+
+@pytest.mark.parametrize("model", [RunSpec, SftConfig], ids=lambda m: m.__name__)
+def test_every_number_is_bounded_on_both_sides_and_finite(model: type[BaseModel]) -> None:
+    """What a run (or an SFT call) sets reaches an optimizer, a seeded generator, a timedelta: each number has
+    a floor and a ceiling, and a float is finite (the model refuses inf and nan)."""
+    schema = model.model_json_schema()
+    found = list(numbers(schema, schema.get("$defs", {})))
+    assert len(found) > 5
+    unbounded = [
+        path for path, s in found
+        if not ({"minimum", "exclusiveMinimum"} & set(s) and {"maximum", "exclusiveMaximum"} & set(s))
+    ]  # fmt: skip
+    assert not unbounded, f"numbers without a floor or a ceiling: {unbounded}"
+    assert model.model_config.get("allow_inf_nan") is False
+
+
+@pytest.mark.parametrize("rates", [[-1e-4], [float("nan")], [1e-4, float("inf")], [2.0]])
+def test_sft_learning_rates_are_within_zero_and_one(rates: list[float]) -> None:
+    """A negative learning rate climbs the loss; a NaN one made every adapter weight NaN on the trainer."""
+    with pytest.raises(ValidationError, match="learning_rates"):
+        SftConfig(learning_rates=rates)
+    assert SftConfig(learning_rates=[2e-4, 0.0]).learning_rates == [2e-4, 0.0]  # a schedule ends at 0
 
 
 def test_valid_spec_loads_from_toml_and_json(tmp_path: Path) -> None:

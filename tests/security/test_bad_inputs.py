@@ -412,6 +412,24 @@ ROWS = [
             ("compute_advantages", "control", lambda h: advantages_input(h.scored), ("run_id",), "absolute", "/tmp/x"),
         ]
     ),
+    # --- numbers and sizes a run spec may not carry, sent raw (as `temporal workflow start` could): refused by
+    # the worker's decoding, naming the field, before anything runs
+    *(
+        Row(f"{activity}-{'.'.join(path)}-{label}", queue, activity,
+            lambda h, build=build, path=path, value=value: replaced(build(h), path, value),
+            CONFIG_ERROR, ("the input does not validate", path[-1], says))
+        for activity, queue, build, path, label, value, says in [
+            ("compute_advantages", "control", lambda h: advantages_input(h.scored), ("train", "advantage_eps"),
+             "inf", float("inf"), "finite number"),
+            ("compute_advantages", "control", lambda h: advantages_input(h.scored), ("train", "kl_coef"),
+             "nan", float("nan"), "finite number"),
+            ("rollouts", "inference", good_rollouts, ("seed",), "2**70", 2**70, "less than or equal"),
+            ("judge", "control", lambda h: judge_input(h, kind="ruler"), ("judge", "rubric"), "1MiB",
+             "x" * (1 << 20), "at most 65536 characters"),
+            ("rollouts", "inference", good_rollouts, ("task", "rollout_timeout_s"), "1e300", 1e300,
+             "less than or equal"),
+        ]
+    ),
     # --- rewards: finite and |r| <= 1e6, the offending trajectory named; nothing written
     *(
         Row(f"rollout-reward-{kind}", "inference", "rollouts",

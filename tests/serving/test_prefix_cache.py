@@ -10,9 +10,10 @@ import torch
 from transformers import AutoTokenizer
 
 from base_models.resolve import ensure_smollm2
+from serving import batcher, sampling
 from serving.batcher import GenerationEngine, GenerationRequest
 from serving.prefix_cache import BLOCK, CachedSequence, PrefixCache
-from serving.sampling import SamplingParams
+from serving.sampling import RowSampler, SamplingParams, StepSample
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
 
@@ -243,3 +244,41 @@ async def test_a_forward_that_fails_while_rows_join_fails_those_requests_and_the
     assert not failures  # the failure came from the forward while the rows joined
     [answer] = await asyncio.wait_for(cached.generate([GenerationRequest(prompt, None, GREEDY)]), 120)
     assert answer.token_ids
+
+
+async def test_rows_that_cannot_be_sampled_fail_alone_and_their_batch_mates_finish(
+    engines: tuple[GenerationEngine, GenerationEngine], tokenizer: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine itself, below the server's checks: requests whose parameters no step can sample (a seed
+    beyond 64 bits, stop ids beyond the vocabulary) submitted with good ones fail alone before they join, and a
+    step whose sampling fails for one row (planted: a sampler bug that one row's parameters trigger) fails
+    that row only; the others get the tokens they get without it."""
+    plain, _ = engines
+    prompt = chat_ids(tokenizer, [{"role": "user", "content": "Count to ten."}])
+    good = SamplingParams(max_tokens=10, temperature=1.0, seed=3, ignore_eos=True)
+    bad = {
+        "seed": SamplingParams(max_tokens=10, seed=2**64),
+        "stop_token_ids": SamplingParams(max_tokens=10, stop_token_ids=(10**6,), min_tokens=3),
+    }
+    [alone] = await plain.generate([GenerationRequest(prompt, None, good)])
+    futures = plain.submit([GenerationRequest(prompt, None, p) for p in (good, *bad.values(), good)])
+    results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
+    assert [r.token_ids for r in (results[0], results[-1])] == [alone.token_ids] * 2  # type: ignore[union-attr]
+    for param, result in zip(bad, results[1:-1], strict=True):
+        assert isinstance(result, ValueError) and str(result).startswith(param), result
+
+    marked = 7  # top_logprobs=7 marks the row the planted sampler bug breaks on
+    real = batcher.sample_step
+
+    def breaks_on_the_marked_row(logits: torch.Tensor, rows: RowSampler, n: list[int]) -> StepSample:
+        if marked in rows.top_logprobs:
+            raise IndexError("planted: a sampler bug this row's parameters trigger")
+        return real(logits, rows, n)
+
+    monkeypatch.setattr(batcher, "sample_step", breaks_on_the_marked_row)
+    monkeypatch.setattr(sampling, "sample_step", breaks_on_the_marked_row)  # a row sampled alone too
+    broken = SamplingParams(max_tokens=10, seed=4, top_logprobs=marked)
+    futures = plain.submit([GenerationRequest(prompt, None, p) for p in (good, broken, good)])
+    results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
+    assert isinstance(results[1], IndexError) and "planted" in str(results[1])
+    assert [r.token_ids for r in (results[0], results[2])] == [alone.token_ids] * 2  # type: ignore[union-attr]

@@ -33,7 +33,7 @@ from activities.rollouts import RolloutActivities
 from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
 from schemas.activities import JudgeInput, RolloutsInput
 from schemas.config import JudgeConfig, TaskSpec
-from schemas.settings import ENV_ADAPTER_ROOT, ENV_SERVE_API_KEY
+from schemas.settings import ENV_ADAPTER_ROOT, ENV_SERVE_API_KEY, EngineSettings
 from schemas.trajectory import Choice
 from serving.client import NO_ANSWER, ServingClient, ServingError, auth_headers
 from serving.launchers import CpuServerProcess
@@ -41,6 +41,8 @@ from serving.server import main as server_main
 
 BASE = SMOLLM2_NAME
 API_KEY = secrets.token_hex(16)
+RENDER_TIMEOUT_S = 2.0
+"""The server (trusting requests' own chat templates) stops a render after this long."""
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,13 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CpuServerProces
     with pytest.MonkeyPatch.context() as mp:  # the server and every ServingClient read these
         mp.setenv(ENV_SERVE_API_KEY, API_KEY)
         mp.setenv(ENV_ADAPTER_ROOT, str(tmp_path_factory.getbasetemp()))
-        server = CpuServerProcess(BASE, threads=1, log_path=tmp_path_factory.mktemp("serve") / "serve.log")
+        server = CpuServerProcess(
+            BASE,
+            EngineSettings(trust_request_chat_template=True),
+            threads=1,
+            log_path=tmp_path_factory.mktemp("serve") / "serve.log",
+            extra_args=["--render-timeout-s", str(RENDER_TIMEOUT_S)],
+        )
         server.start()
         try:
             yield server
@@ -261,6 +269,73 @@ async def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(
     assert ok.choices[0].finish_reason in ("stop", "length")
 
 
+BAD_PARAMETERS = [
+    ("seed", {"seed": 2**64}),
+    ("seed", {"seed": -(2**63) - 1}),
+    ("stop_token_ids", {"stop_token_ids": [10**6], "min_tokens": 2}),
+    ("stop_token_ids", {"stop_token_ids": [-1]}),
+    ("logit_bias", {"logit_bias": {"999999": -100}}),
+    ("logit_bias", {"logit_bias": {"the": 5}}),
+    ("min_tokens", {"min_tokens": 9, "max_tokens": 4}),
+    ("response_format", {"response_format": {"type": "json_object"}}),
+    ("frequency_penalty", {"frequency_penalty": 0.5}),
+]
+"""Parameters a batch cannot sample (or this server would otherwise ignore), each with the name its 400 gives."""
+
+
+async def test_a_bad_request_fails_alone_with_a_400_naming_its_parameter(client: ServingClient) -> None:
+    """Bad requests arriving with good ones (other runs' rollouts, the judge): each bad one gets a 400 naming
+    its parameter, checked before it joins a batch, and every good one finishes as if they had not come."""
+    hi = [{"role": "user", "content": "Count to twenty."}]
+    good = {"model": BASE, "messages": hi, "max_tokens": 24, "ignore_eos": True, "seed": 5}
+    async with httpx.AsyncClient(
+        base_url=client.openai_base_url, headers=auth_headers(API_KEY), timeout=300
+    ) as http:
+        answers = await asyncio.gather(
+            *(http.post("/chat/completions", json={**good, "seed": i}) for i in range(3)),
+            *(http.post("/chat/completions", json={**good, **bad}) for _, bad in BAD_PARAMETERS),
+        )
+    for r in answers[:3]:
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"][0]["token_ids"]) == 24
+    for (param, body), r in zip(BAD_PARAMETERS, answers[3:], strict=True):
+        assert r.status_code == 400, (body, r.text)
+        error = r.json()["error"]
+        assert error["param"] == param and param in error["message"], (body, error)
+
+
+SLOW_TEMPLATE = (
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+)
+"""Ten billion loop turns: hours of Jinja, unless the server stops it."""
+
+
+async def test_a_slow_chat_template_is_stopped_and_the_server_answers_meanwhile(
+    client: ServingClient, sdk: openai.AsyncOpenAI
+) -> None:
+    """A request's own template renders off the server's event loop, within --render-timeout-s: while it
+    renders the server answers its probes and other requests, and then the request gets a 400."""
+    slow = asyncio.create_task(
+        sdk.chat.completions.create(
+            model=BASE, messages=[{"role": "user", "content": "hi"}], max_tokens=2,  # type: ignore[arg-type]
+            extra_body={"chat_template": SLOW_TEMPLATE},
+        )
+    )  # fmt: skip
+    await asyncio.sleep(0.3)  # the render has started
+    assert await asyncio.wait_for(client.health(), 5)
+    ok = await asyncio.wait_for(
+        sdk.chat.completions.create(model=BASE, messages=[{"role": "user", "content": "hi"}], max_tokens=2),  # type: ignore[arg-type]
+        60,
+    )
+    assert ok.choices
+    with pytest.raises(openai.BadRequestError) as refused:
+        await asyncio.wait_for(slow, 60)
+    assert f"took over {RENDER_TIMEOUT_S:g} s" in str(refused.value)
+    assert (refused.value.body or {}).get("param") == "chat_template"  # type: ignore[union-attr]
+    assert await client.health()
+
+
 async def test_sampling_options(sdk: openai.AsyncOpenAI) -> None:
     messages = [{"role": "user", "content": "Count from one to twenty in words."}]
     kwargs: dict[str, Any] = {"model": BASE, "messages": messages, "max_tokens": 8}
@@ -420,12 +495,13 @@ async def test_adapters_load_only_from_under_the_adapter_root(
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10"])
 def test_the_server_refuses_to_bind_beyond_loopback_without_an_api_key(
-    host: str, monkeypatch: pytest.MonkeyPatch
+    host: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.delenv(ENV_SERVE_API_KEY, raising=False)
     with pytest.raises(SystemExit) as refused:
         server_main(["--model", BASE, "--host", host, "--port", "1"])
-    message = str(refused.value)
+    assert refused.value.code == 2
+    message = caplog.text
     assert f"--host {host} serves beyond this machine" in message
     assert "--api-key" in message and ENV_SERVE_API_KEY in message
 

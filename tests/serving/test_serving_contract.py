@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import torch
@@ -20,11 +22,13 @@ from serving_contract import RETURN_IDS, ensure_loaded, greedy, recorded_choice,
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
-from schemas.settings import ENV_ADAPTER_ROOT, EngineSettings
-from serving.client import ServingClient, ServingError
+from schemas.settings import ENV_ADAPTER_ROOT, ENV_SERVE_API_KEY, EngineSettings
+from serving.client import ServingClient, ServingError, auth_headers
 from serving.launchers import ServerProcess, VllmServerProcess, server_process
 
 BASE = SMOLLM2_NAME
+API_KEY = secrets.token_hex(16)
+"""Both servers run with an API key (``DGRPO_SERVE_API_KEY``), as beyond loopback they must."""
 MAX_LORA_RANK = 8
 ENGINES = ["cpu", "vllm"]
 SDK_TIMEOUT_S = 120.0
@@ -51,13 +55,14 @@ def engine(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     """One server per engine, fp32 (``auto`` on a CPU), at most rank-8 adapters, three at once, taking a
-    request's own chat template (as a worker started with ``--trust-request-chat-template``)."""
+    request's own chat template (as a worker started with ``--trust-request-chat-template``), with an API key."""
     settings = EngineSettings(
         engine=request.param, max_lora_rank=MAX_LORA_RANK, max_loras=3, trust_request_chat_template=True
     )
     log_path = tmp_path_factory.mktemp(f"serve-{request.param}") / "serve.log"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(ENV_ADAPTER_ROOT, str(tmp_path_factory.getbasetemp()))
+        mp.setenv(ENV_SERVE_API_KEY, API_KEY)  # the launchers and every ServingClient read it
         extra: dict[str, Any] = {"extra_args": ["--max-model-len", "2048"]} if request.param == "vllm" else {}
         server = server_process(BASE, settings, log_path=log_path, **extra)
         server.start()
@@ -78,7 +83,7 @@ def sdk(engine: ServerProcess) -> openai.AsyncOpenAI:
     left a response vLLM had sent unread in its socket for 15 minutes (the server had answered); a retry of a
     lost request is what a rollout's client does too, and every answer is still checked."""
     return openai.AsyncOpenAI(
-        base_url=engine.client.openai_base_url, api_key="unused", max_retries=2, timeout=SDK_TIMEOUT_S
+        base_url=engine.client.openai_base_url, api_key=API_KEY, max_retries=2, timeout=SDK_TIMEOUT_S
     )
 
 
@@ -313,3 +318,94 @@ async def test_a_chat_with_tools_is_answered_on_both_engines(
     if isinstance(engine, VllmServerProcess):
         argv = engine.command()
         assert argv[argv.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in argv
+
+
+async def test_out_of_range_parameters_get_a_400_naming_them(client: ServingClient) -> None:
+    """What a batch cannot sample is refused before it joins one, on both engines, with the parameter named."""
+    hi = {"model": BASE, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    bad = [
+        ("seed", {"seed": 2**64}),
+        ("stop_token_ids", {"stop_token_ids": [10**6], "min_tokens": 2}),
+        ("logit_bias", {"logit_bias": {"999999": -100}}),
+    ]
+    async with httpx.AsyncClient(
+        base_url=client.openai_base_url, timeout=SDK_TIMEOUT_S, headers=auth_headers(API_KEY)
+    ) as http:
+        for param, body in bad:
+            r = await http.post("/chat/completions", json={**hi, **body})
+            assert r.status_code == 400 and param in r.text, (param, r.text)
+        assert (await http.post("/chat/completions", json=hi)).status_code == 200
+
+
+async def test_logit_bias_bans_and_forces_tokens_and_logprobs_stay_raw(
+    sdk: openai.AsyncOpenAI, tokenizer: Any
+) -> None:
+    """vLLM's ``logit_bias``: -100 keeps a token from being drawn, +100 draws it; the logprob returned is the
+    raw distribution's (vLLM's default ``raw_logprobs``), so a forced unlikely token shows as unlikely."""
+
+    async def first_token(bias: dict[str, float] | None) -> tuple[int, float]:
+        r = await sdk.chat.completions.create(
+            model=BASE, messages=chat("Name a colour."), max_tokens=1, temperature=0, logprobs=True,  # type: ignore[arg-type]
+            logit_bias=bias, extra_body=RETURN_IDS,
+        )  # fmt: skip
+        choice = recorded_choice(r)
+        logprobs = choice.sampled_logprobs()
+        assert choice.token_ids and logprobs
+        return choice.token_ids[0], logprobs[0]
+
+    free, free_logprob = await first_token(None)
+    banned, _ = await first_token({str(free): -100})
+    assert banned != free
+    forced_id = tokenizer(" zebra", add_special_tokens=False)["input_ids"][0]
+    forced, forced_logprob = await first_token({str(forced_id): 100})
+    assert forced == forced_id and forced_logprob < free_logprob - 3
+
+
+async def test_a_json_response_format_is_honoured_or_refused_never_ignored(
+    client: ServingClient, engine: ServerProcess
+) -> None:
+    """vLLM constrains sampling to JSON; our engine cannot, so it refuses the request (400 naming
+    ``response_format``) rather than answering free text the caller would take for JSON."""
+    body = {
+        "model": BASE, "messages": chat("Give a JSON object with a key 'colour'."), "max_tokens": 48,
+        "temperature": 0, "response_format": {"type": "json_object"},
+    }  # fmt: skip
+    async with httpx.AsyncClient(
+        base_url=client.openai_base_url, timeout=SDK_TIMEOUT_S, headers=auth_headers(API_KEY)
+    ) as http:
+        r = await http.post("/chat/completions", json=body)
+    if isinstance(engine, VllmServerProcess):
+        assert r.status_code == 200, r.text
+        content = r.json()["choices"][0]["message"]["content"]
+        assert isinstance(json.loads(content), dict), content
+    else:
+        assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+
+
+UNGUARDED_BY_VLLM = [
+    (
+        "POST",
+        "/invocations",
+        {"model": BASE, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    ),
+    ("POST", "/tokenize", {"model": BASE, "prompt": "hi"}),
+    ("POST", "/detokenize", {"model": BASE, "tokens": [1, 2]}),
+    ("GET", "/version", None),
+    ("GET", "/metrics", None),
+    ("GET", "/ping", None),
+    ("GET", "/openapi.json", None),
+]
+"""Paths vLLM 0.32 serves without its key (which guards /v1, /v2, /inference and /cohere only); /invocations,
+SageMaker's route, generates."""
+
+
+async def test_every_path_but_health_wants_the_api_key(engine: ServerProcess) -> None:
+    """On both engines: our CPU server's rule, and vLLM's through the launcher's key guard."""
+    calls = [*UNGUARDED_BY_VLLM, ("GET", "/v1/models", None)]
+    async with httpx.AsyncClient(base_url=engine.base_url, timeout=SDK_TIMEOUT_S) as http:
+        for method, path, body in calls:
+            r = await http.request(method, path, json=body)
+            assert r.status_code == 401, (path, r.status_code, r.text[:200])
+        assert (await http.get("/health")).status_code == 200
+        with_key = await http.get("/v1/models", headers=auth_headers(API_KEY))
+        assert with_key.status_code == 200 and BASE in with_key.text

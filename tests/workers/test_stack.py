@@ -21,7 +21,16 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from activities.object_store import ObjectStore
 from schemas.errors import StoreError
 from schemas.settings import S3Settings, TemporalSettings
-from workers.stack import DEFAULT_S3_PORT, DEFAULT_TEMPORAL_PORT, DEFAULT_UI_PORT, EmbeddedStack, StackState
+from workers.stack import (
+    DEFAULT_S3_PORT,
+    DEFAULT_TEMPORAL_PORT,
+    DEFAULT_UI_PORT,
+    LOG_TAIL_CHARS,
+    EmbeddedStack,
+    PortTaken,
+    StackState,
+    start_failure,
+)
 
 DGRPO = str(Path(sys.executable).parent / "dgrpo")
 
@@ -163,12 +172,13 @@ async def test_a_crashed_stack_restarts_on_the_ports_it_had(tmp_path: Path) -> N
         embedded.stop()
 
 
+@pytest.mark.parametrize("server", ["temporal", "s3"])
 def test_a_port_taken_as_the_stack_starts_gets_a_fresh_start_on_other_ports(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Temporal picks some ports itself, so it can lose one to weed or another program between the check and
-    the bind: the stack starts again on fresh ports. Here the first pick for Temporal is a port this test
-    holds, so Temporal exits with "address already in use"."""
+    the bind: the stack starts again on fresh ports. Here the first pick for Temporal (or weed's S3) is a port
+    this test holds, so Temporal exits with "address already in use" (weed: "Port allocation failed")."""
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
     holder.listen()
@@ -178,13 +188,30 @@ def test_a_port_taken_as_the_stack_starts_gets_a_fresh_start_on_other_ports(
 
     def pick(name: str, *args: object) -> int:
         picks.append(name)
-        return held if picks.count("temporal") == 1 and name == "temporal" else real_pick(name, *args)  # type: ignore[arg-type]
+        return held if picks.count(server) == 1 and name == server else real_pick(name, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(embedded, "_pick", pick)
     try:
         state = embedded.start()
-        assert state.temporal_port != held and picks.count("temporal") == 2
+        assert held not in (state.temporal_port, state.s3_port) and picks.count(server) == 2
         ObjectStore(embedded.s3_settings).put_bytes("race/x", b"up")
     finally:
         embedded.stop()
         holder.close()
+
+
+def test_a_taken_port_is_seen_anywhere_in_this_starts_log_and_only_there(tmp_path: Path) -> None:
+    """The sign of a taken port may come first, with more than a tail's worth of log after it (the race the
+    retry once missed reading only the last 2000 characters); an earlier start's lines in the same (appended)
+    log are not this start's."""
+    log = tmp_path / "temporal.log"
+    earlier = "Error: can't set frontend port 1: listen tcp: bind: address already in use\n"
+    now = (
+        "Error: listen tcp 127.0.0.1:7243: bind: address already in use\n" + "shutting down a service\n" * 300
+    )
+    log.write_text(earlier + now)
+    assert len(now) > LOG_TAIL_CHARS
+    err = start_failure("temporal", str(log), since=len(earlier))
+    assert isinstance(err, PortTaken) and "127.0.0.1:7243: bind: address already in use" in str(err)
+    log.write_text(earlier + "panic: the database is locked\n")
+    assert not isinstance(start_failure("temporal", str(log), since=len(earlier)), PortTaken)

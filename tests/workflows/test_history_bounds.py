@@ -4,9 +4,11 @@ scripted activities at the seams and every resample taken, record histories unde
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
@@ -14,21 +16,53 @@ from test_training_run_logic import make_spec, running, start
 from workflow_stubs import ScriptedActivities
 
 from dgrpo.client import run_control
-from schemas.config import RunSpec, parse_run_spec
+from schemas import layout
+from schemas.activities import JudgeInput, ReloadInput, RolloutsInput, TrainInput
+from schemas.config import (
+    MAX_MODULE_NAME_CHARS,
+    MAX_NAME_CHARS,
+    MAX_PATH_CHARS,
+    MAX_TARGET_MODULES,
+    MAX_TASK_QUEUE_CHARS,
+    MAX_URL_CHARS,
+    RunSpec,
+    parse_run_spec,
+)
 from schemas.errors import CONFIG_ERROR, RunSpecError
 from schemas.history_bounds import (
+    GRPC_MESSAGE_BYTES_LIMIT,
     HISTORY_BYTES_BUDGET,
+    HISTORY_BYTES_LIMIT,
     HISTORY_EVENTS_BUDGET,
+    HISTORY_EVENTS_LIMIT,
+    JSON_BYTES_PER_CHAR,
+    MAX_ACTIVITY_INPUT_BYTES,
     MAX_INLINE_SCENARIOS_BYTES,
+    MAX_RUN_TEXT_CHARS,
     MAX_SHARDS_PER_STEP,
+    MAX_SPEC_BYTES,
+    PAYLOAD_BYTES_LIMIT,
+    PENDING_ACTIVITIES_LIMIT,
     RESAMPLES_WITHOUT_SIGNAL,
+    RUN_STATE_BYTES,
     run_history_bytes,
     run_history_events,
 )
+from schemas.refs import CheckpointRef, ObjectRef, TrajectoriesRef
 
 # The worst a step can do in these stubs: judged (one more activity per round), shared (sleep and wake),
-# retention on, and every resample taken.
-WORST = {"judge": {"kind": "ruler"}, "mode": "shared", "checkpoints": {"keep_last": 1}}
+# retention on, every resample taken, and the run's own chat template and rubric at their largest (each run
+# stores them once; its activities carry refs).
+WORST = {
+    "model": {
+        "name": "agent-001",
+        "base_model": "smollm2-135m-instruct",
+        "chat_template": "t" * MAX_RUN_TEXT_CHARS,
+    },
+    "judge": {"kind": "ruler", "rubric": "r" * MAX_RUN_TEXT_CHARS},
+    "mode": "shared",
+    "checkpoints": {"keep_last": 1},
+}
 
 
 def allowed(task_queue: str, run_id: str, **overrides: Any) -> bool:
@@ -77,8 +111,11 @@ async def test_the_largest_allowed_step_fan_out_stays_under_its_history_estimate
         runs = await measured_runs(client, spec, stubs)
     assert len(runs) == 1
     assert len(stubs.names("rollouts")) == every * (RESAMPLES_WITHOUT_SIGNAL + 1) * MAX_SHARDS_PER_STEP
+    assert stubs.names("store_run_texts") == [-1]  # the template and the rubric, once
     events_bound = run_history_events(MAX_SHARDS_PER_STEP, every)
-    bytes_bound = run_history_bytes(MAX_SHARDS_PER_STEP, every, 0, len(spec.model_dump_json()))
+    bytes_bound = run_history_bytes(
+        MAX_SHARDS_PER_STEP, every, 0, len(spec.model_dump_json()), spec.texts_bytes(), spec.carried_bytes()
+    )
     for events, size in runs:
         assert events <= events_bound <= HISTORY_EVENTS_BUDGET, (events, events_bound)
         assert size <= bytes_bound <= HISTORY_BYTES_BUDGET, (size, bytes_bound)
@@ -106,7 +143,14 @@ async def test_the_largest_allowed_inline_scenarios_stay_under_their_history_est
         [(events, size)] = await measured_runs(client, spec, stubs)
     assert len(stubs.names("rollouts")) == (RESAMPLES_WITHOUT_SIGNAL + 1) * groups
     assert stubs.names("store_scenarios") == [-1]
-    bytes_bound = run_history_bytes(groups, 1, MAX_INLINE_SCENARIOS_BYTES, len(spec.model_dump_json()))
+    bytes_bound = run_history_bytes(
+        groups,
+        1,
+        MAX_INLINE_SCENARIOS_BYTES,
+        len(spec.model_dump_json()),
+        spec.texts_bytes(),
+        spec.carried_bytes(),
+    )
     assert size <= bytes_bound <= HISTORY_BYTES_BUDGET, (size, bytes_bound)
     assert events <= run_history_events(groups, 1) <= HISTORY_EVENTS_BUDGET
 
@@ -155,3 +199,69 @@ async def test_a_new_run_over_a_bound_is_refused_however_it_is_started(
     cause = failed.value.cause
     assert isinstance(cause, ApplicationError) and cause.non_retryable and cause.type == CONFIG_ERROR
     assert "groups_per_shard to at least 8" in cause.message
+
+
+def largest_inputs() -> list[BaseModel]:
+    """The largest input a spec within its bounds makes for each activity that carries its strings: every
+    name, path, endpoint and module list at its longest (the texts and an inline list go by reference)."""
+    ref = ObjectRef(uri="s3://" + "b" * 63 + "/" + layout.run_text_key("r" * 128, "chat_template", "0" * 64),
+                    size=5 * 2**40, sha256="0" * 64)  # fmt: skip
+    spec = make_spec(
+        "q" * MAX_TASK_QUEUE_CHARS,
+        "r" * 128,
+        model={"name": "m" * 128, "project": "p" * 128, "base_model": "b" * MAX_PATH_CHARS,
+               "lora": {"target_modules": ["t" * MAX_MODULE_NAME_CHARS] * MAX_TARGET_MODULES}},
+        task={"rollout": "a" * (MAX_NAME_CHARS - 2) + ":f", "scenarios": "s" * (MAX_PATH_CHARS - 6) + ".jsonl"},
+        judge={"kind": "ruler", "model": "j" * MAX_NAME_CHARS, "base_url": "h" * MAX_URL_CHARS,
+               "api_key_env": "K" * MAX_NAME_CHARS},
+    )  # fmt: skip
+    checkpoint = CheckpointRef(run_id=spec.run_id, step=10**6, uri=ref.uri + "/", manifest_sha256="0" * 64)
+    scored = TrajectoriesRef(run_id=spec.run_id, step=10**6, ref=ref, n_groups=10**5, n_trajectories=10**6)
+    return [
+        RolloutsInput(run_id=spec.run_id, step=10**6, model_name=spec.model.name, adapter=f"{spec.run_id}@1000000",
+                      policy_step=10**6, task=spec.task, groups_per_step=10**5, group_size=4096,
+                      scenario_offset=10**11, seed=2**40, shard=127, shards=128, chat_template_ref=ref),
+        JudgeInput(run_id=spec.run_id, step=10**6, trajectories=scored, judge=spec.judge,
+                   base_model_name=spec.model.base_model, rubric_ref=ref),
+        TrainInput(run_id=spec.run_id, step=10**6, model=spec.model, advantages=ref, train=spec.train,
+                   start_from=checkpoint, chat_template_ref=ref),
+        ReloadInput(model_name=spec.model.name, checkpoint=checkpoint, serving=spec.serving, lora_rank=1024),
+    ]  # fmt: skip
+
+
+def test_every_bound_follows_from_temporals_limits() -> None:
+    """The arithmetic behind RunSpec's bounds (``schemas/history_bounds.py``), against Temporal's limits."""
+    # A run may use a fifth of the history limits; the rest is margin for what a spec cannot see.
+    assert (HISTORY_EVENTS_BUDGET, HISTORY_BYTES_BUDGET) == (
+        HISTORY_EVENTS_LIMIT // 5,
+        HISTORY_BYTES_LIMIT // 5,
+    )
+    # A step's shards are pending together: far below Temporal's cap on pending activities.
+    assert MAX_SHARDS_PER_STEP * 10 <= PENDING_ACTIVITIES_LIMIT
+    # ... and scheduled in one workflow task, whose commands share one gRPC message.
+    inputs = {type(i).__name__: len(i.model_dump_json()) for i in largest_inputs()}
+    assert max(inputs.values()) <= MAX_ACTIVITY_INPUT_BYTES, inputs
+    assert MAX_SHARDS_PER_STEP * MAX_ACTIVITY_INPUT_BYTES <= GRPC_MESSAGE_BYTES_LIMIT // 2
+    # The spec travels with the run's state in one payload when the run continues as new.
+    assert MAX_SPEC_BYTES + RUN_STATE_BYTES < PAYLOAD_BYTES_LIMIT
+    # The largest inline list and both texts at their caps (plain ASCII) fit that spec payload ...
+    item = len('[{"prompt":""}]')
+    biggest = make_spec(
+        "q", "big", **WORST,
+        task={"rollout": "m:f", "scenarios": [{"prompt": "x" * (MAX_INLINE_SCENARIOS_BYTES - item)}]},
+    )  # fmt: skip
+    assert biggest.history_bounds_error() is None and len(biggest.model_dump_json()) <= MAX_SPEC_BYTES
+    # ... and texts that escape to JSON_BYTES_PER_CHAR a character are refused by the spec, not by Temporal.
+    escaped = "\x1f" * MAX_RUN_TEXT_CHARS
+    assert len(json.dumps(escaped)) - 2 == JSON_BYTES_PER_CHAR * MAX_RUN_TEXT_CHARS
+    over = biggest.model_copy(update={
+        "model": biggest.model.model_copy(update={"chat_template": escaped}),
+        "judge": biggest.judge.model_copy(update={"rubric": escaped}),
+    })  # fmt: skip
+    refused = over.history_bounds_error() or ""
+    assert "model.chat_template" in refused and "judge.rubric" in refused and "payload limit" in refused
+    # The texts are stored once per run, so the largest template and rubric cost a run their size, not
+    # their size per shard and per step: the largest fan-out with them stays within the budget.
+    with_texts = make_spec("q", "fan", **WORST, groups_per_step=MAX_SHARDS_PER_STEP, groups_per_shard=1,
+                           continue_as_new_every=1)  # fmt: skip
+    assert with_texts.history_bounds_error() is None

@@ -1,6 +1,7 @@
 """Runs in flight survive a change to workflow code: histories recorded from real runs (histories/, made by
 histories/record.py: sync with a continue-as-new, pipelined, shared, the ART client's ServeModel and
-TrainSteps, its TrainSFT, and a sync run with inline scenarios recorded before ``scenarios-by-reference``) are
+TrainSteps, its TrainSFT, a sync run with inline scenarios recorded before ``scenarios-by-reference``, and a
+judged run with its own chat template and rubric recorded before ``run-texts-by-reference``) are
 replayed with Temporal's ``Replayer`` against today's workflows. A change that would make a
 recorded run take another path (a new activity, a reordered timer, a removed step) fails here; guard such a
 change with ``workflow.patched`` so old histories keep their path."""
@@ -22,7 +23,7 @@ from schemas.config import RunSpec
 from workflows.serve_model import ServeModel
 from workflows.train_sft import TrainSFT
 from workflows.train_step import TrainStep
-from workflows.training_run import SCENARIOS_REF_PATCH, TrainingRun
+from workflows.training_run import RUN_TEXTS_REF_PATCH, SCENARIOS_REF_PATCH, TrainingRun
 from workflows.versioned import VERSIONED_WORKFLOWS
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
@@ -48,6 +49,7 @@ def test_the_recorded_histories_cover_every_workflow_and_mode() -> None:
         "replay-shared__0",
         "replay-inline__0",
         "replay-resample__0",
+        "replay-texts__0",
     }
     assert expected <= names
     chain = load(Path(__file__).parent / "histories" / "replay-sync__0.json")
@@ -81,6 +83,26 @@ def test_the_inline_scenarios_history_is_a_run_from_before_scenarios_by_referenc
             patches.add(json.loads(patch.data)["id"])
     assert ActivityName.ROLLOUTS in activities and ActivityName.STORE_SCENARIOS not in activities
     assert SCENARIOS_REF_PATCH not in patches
+
+
+def test_the_texts_history_is_a_run_from_before_run_texts_by_reference() -> None:
+    """Its rollouts, judge and train inputs carry the chat template and the rubric themselves: the path a run
+    in flight from before the patch keeps."""
+    history = load(Path(__file__).parent / "histories" / "replay-texts__0.json")
+    inputs: dict[str, list[dict[str, object]]] = {}
+    patches: set[str] = set()
+    for e in history.events:
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            scheduled = e.activity_task_scheduled_event_attributes
+            [payload] = scheduled.input.payloads
+            inputs.setdefault(scheduled.activity_type.name, []).append(json.loads(payload.data))
+        if e.HasField("marker_recorded_event_attributes"):
+            [patch] = e.marker_recorded_event_attributes.details["patch-data"].payloads
+            patches.add(json.loads(patch.data)["id"])
+    assert ActivityName.STORE_RUN_TEXTS not in inputs and RUN_TEXTS_REF_PATCH not in patches
+    assert all(i["chat_template"] for i in inputs[ActivityName.ROLLOUTS])
+    assert all(i["judge"]["rubric"] for i in inputs[ActivityName.JUDGE])
+    assert all(i["model"]["chat_template"] for i in inputs[ActivityName.TRAIN])
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -31,12 +31,14 @@ from schemas.activities import (
     RepublishInput,
     RetentionInput,
     RolloutsInput,
+    RunTexts,
     ServingControlInput,
+    StoreRunTextsInput,
     StoreScenariosInput,
     TrainInput,
     TrainResult,
 )
-from schemas.layout import adapter_name, scenarios_key, worker_task_queue
+from schemas.layout import adapter_name, run_text_key, scenarios_key, worker_task_queue
 from schemas.refs import CheckpointRef, ObjectRef, TrajectoriesRef
 from workers.worker import INTERCEPTORS
 from workflows.train_step import TrainStep
@@ -156,6 +158,16 @@ class ScriptedActivities:
         sha256 = hashlib.sha256(data).hexdigest()
         return ObjectRef(uri=f"s3://stub/{scenarios_key(inp.run_id, sha256)}", size=len(data), sha256=sha256)
 
+    @activity.defn(name=ActivityName.STORE_RUN_TEXTS)
+    async def store_run_texts(self, inp: StoreRunTextsInput) -> RunTexts:
+        self.calls.append(("store_run_texts", -1))
+        refs = {}
+        for kind, text in inp.texts.items():
+            sha256 = hashlib.sha256(text.encode()).hexdigest()
+            uri = f"s3://stub/{run_text_key(inp.run_id, kind, sha256)}"
+            refs[kind] = ObjectRef(uri=uri, size=len(text.encode()), sha256=sha256)
+        return RunTexts.model_validate(refs)
+
     @activity.defn(name=ActivityName.MERGE_ROLLOUTS)
     async def merge_rollouts(self, inp: MergeRolloutsInput) -> TrajectoriesRef:
         self.calls.append(("merge_rollouts", inp.step))
@@ -266,6 +278,7 @@ class ScriptedActivities:
             self.republish,
             self.rollouts,
             self.store_scenarios,
+            self.store_run_texts,
             self.merge_rollouts,
             self.judge,
             self.compute_advantages,

@@ -12,7 +12,10 @@ recording may need a second try if the first draw happens to differ). ``--only i
 ``task.scenarios`` is an inline list (``replay-inline``). Its recorded history predates the
 ``scenarios-by-reference`` patch (each rollouts activity carries the list itself), so it was recorded from the
 workflow code before that patch (commit 0f3fe03, with this script copied in); recording it again from today's
-code would replay the patched path only. Every execution's history, each run of a continue-as-new chain
+code would replay the patched path only. ``--only texts`` records ``replay-texts``, alone: a sync run of 2 steps
+with a chat template of its own and a RULER judge with a rubric, on a worker that trusts run templates; it was
+recorded from the workflow code before the ``run-texts-by-reference`` patch (each rollouts, judge and train
+activity carries the texts), for the same reason. Every execution's history, each run of a continue-as-new chain
 included, is written as ``<workflow id>__<n>.json`` (Temporal's JSON history format). Record again only on
 purpose: the files are what runs in flight look like, and a change that cannot replay them would break those
 runs.
@@ -54,6 +57,19 @@ INLINE_RUNS: dict[str, dict[str, Any]] = {
     },
 }
 
+OWN_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TEXT_RUNS: dict[str, dict[str, Any]] = {
+    "replay-texts": {
+        "mode": "sync",
+        "steps": 2,
+        "chat_template": OWN_TEMPLATE,
+        "judge": {"kind": "ruler", "rubric": "Prefer the answer that is the correct sum, said briefly."},
+    },
+}
+
 RESAMPLE_RUNS: dict[str, dict[str, Any]] = {
     # Sums far beyond the model: no reply comes within MAX_DISTANCE, so a reward is only the format's, and a
     # group of two replies often has none to tell apart; a step whose groups all have none is rolled out again.
@@ -80,8 +96,12 @@ RESAMPLE_RUNS: dict[str, dict[str, Any]] = {
 
 def spec(run_id: str, queues: TaskQueues, overrides: dict[str, Any]) -> RunSpec:
     data = json.loads((REPO / "examples" / "run.json").read_text())
+    overrides = dict(overrides)
+    template = overrides.pop("chat_template", None)
     data.update(run_id=run_id, task_queues=queues.model_dump(), metrics={"wandb": False}, **overrides)
     data["model"]["name"] = run_id
+    if template is not None:
+        data["model"]["chat_template"] = template
     data["train"] = {"learning_rate": 2e-4}
     return RunSpec.model_validate(data)
 
@@ -150,8 +170,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument(
         "--only",
-        choices=("sft", "inline", "resample"),
-        help="record only the TrainSFT run, or only replay-inline, or only replay-resample",
+        choices=("sft", "inline", "resample", "texts"),
+        help="record only the TrainSFT run, or only replay-inline, replay-resample or replay-texts",
     )
     args = parser.parse_args()
     out = args.out
@@ -161,18 +181,21 @@ def main() -> None:
     os.environ.update({**stack.env(), ENV_HOME: str(home)})
     try:
         if args.only:
+            trust = ["--trust-request-chat-template"] if args.only == "texts" else []
             worker = WorkerProcess(
-                "all", home / f"worker-{args.only}.log", task_queues=TaskQueues(), cwd=REPO
+                "all", home / f"worker-{args.only}.log", task_queues=TaskQueues(), cwd=REPO, extra_args=trust
             )
             worker.start()
             try:
                 if args.only == "sft":
                     asyncio.run(sft_program(worker.server_urls[0]))
                 else:
-                    asyncio.run(training_runs(INLINE_RUNS if args.only == "inline" else RESAMPLE_RUNS))
+                    runs = {"inline": INLINE_RUNS, "resample": RESAMPLE_RUNS, "texts": TEXT_RUNS}[args.only]
+                    asyncio.run(training_runs(runs))
             finally:
                 worker.stop()
-            prefix = {"sft": "sft-", "inline": "replay-inline", "resample": "replay-resample"}[args.only]
+            prefix = {"sft": "sft-", "inline": "replay-inline", "resample": "replay-resample",
+                      "texts": "replay-texts"}[args.only]  # fmt: skip
             asyncio.run(write_histories(out, prefix=prefix))
             return
         for n, phase in enumerate(("train", "serve again")):
