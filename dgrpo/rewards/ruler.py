@@ -75,11 +75,44 @@ ANSWERED: set[str] = set()
 
 async def acompletion(model: str, messages: list[dict[str, str]], **litellm_params: Any) -> ModelResponse:
     """One judge call with litellm's ``acompletion`` arguments, reaching ``model``'s provider as litellm does
-    (dgrpo/rewards/providers.py); ``litellm_params`` other than the endpoint's go with the request."""
-    endpoint = judge_endpoint(model, litellm_params)
-    if endpoint is None:
-        return await _litellm_acompletion(model, messages, litellm_params)
-    request = {k: v for k, v in litellm_params.items() if k not in ENDPOINT_PARAMS}
+    (dgrpo/rewards/providers.py); ``litellm_params`` other than the endpoint's go with the request. A judge that
+    cannot be asked at all raises ``JudgeUnreachable``: no endpoint or key, a provider without litellm, a refused
+    key, an unknown model, or no connection to an endpoint that never answered in this process."""
+    try:
+        endpoint = judge_endpoint(model, litellm_params)
+        if endpoint is None:
+            require_litellm(model)
+    except (ValueError, UnsupportedArtFeature) as err:
+        raise JudgeUnreachable(str(err)) from err
+    where = model if endpoint is None else endpoint.base_url
+    try:
+        if endpoint is None:
+            litellm = importlib.import_module("litellm")  # a provider only litellm reaches, asked as ART asks
+            response = await litellm.acompletion(
+                model=model, messages=messages, caching=False, **litellm_params
+            )
+        else:
+            response = await _ask(endpoint, messages, litellm_params)
+    except openai.APIError as err:
+        never = isinstance(err, openai.APIConnectionError) and not isinstance(err, openai.APITimeoutError)
+        if isinstance(
+            err, openai.AuthenticationError | openai.PermissionDeniedError | openai.NotFoundError
+        ) or (never and where not in ANSWERED):
+            raise JudgeUnreachable(
+                f"judge {model!r} at {where} cannot be asked ({type(err).__name__}: {err}); every group would "
+                "be dropped. Check its endpoint and key (OPENAI_BASE_URL / OPENAI_API_KEY for openai/..., or "
+                "extra_litellm_params={'api_base': ..., 'api_key': ...})"
+            ) from err
+        raise
+    ANSWERED.add(where)
+    return response
+
+
+async def _ask(
+    endpoint: JudgeEndpoint, messages: list[dict[str, str]], params: Mapping[str, Any]
+) -> ModelResponse:
+    """An OpenAI-compatible judge asked with dgrpo's client; fields the client does not name go in the body."""
+    request = {k: v for k, v in params.items() if k not in ENDPOINT_PARAMS}
     if endpoint.own_server:
         request = {**OWN_SERVER_DEFAULTS, **request}
     async with AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key or "dgrpo") as client:
@@ -89,45 +122,7 @@ async def acompletion(model: str, messages: list[dict[str, str]], **litellm_para
         request = {k: v for k, v in request.items() if k in named}
         if extra_body:
             request["extra_body"] = {**extra_body, **(request.get("extra_body") or {})}
-        response = await create(model=endpoint.model, messages=messages, **request)  # type: ignore[arg-type]
-    ANSWERED.add(endpoint.base_url)
-    return response
-
-
-async def _litellm_acompletion(model: str, messages: list[dict[str, str]], params: Mapping[str, Any]) -> Any:
-    """A provider only litellm reaches (``anthropic/...``), asked through litellm as ART asks it."""
-    require_litellm(model)
-    litellm = importlib.import_module("litellm")
-    response = await litellm.acompletion(model=model, messages=messages, caching=False, **params)
-    ANSWERED.add(model)
-    return response
-
-
-def _check_reachable(judge_model: str, params: Mapping[str, Any]) -> JudgeEndpoint | None:
-    """The judge's endpoint, or why it cannot be asked (``JudgeUnreachable``), before any request."""
-    try:
-        endpoint = judge_endpoint(judge_model, params)
-        if endpoint is None:
-            require_litellm(judge_model)
-    except (ValueError, UnsupportedArtFeature) as err:
-        raise JudgeUnreachable(str(err)) from err
-    return endpoint
-
-
-def _unreachable(judge_model: str, endpoint: JudgeEndpoint | None, err: Exception) -> JudgeUnreachable | None:
-    """``err`` as ``JudgeUnreachable`` when it says the judge cannot be asked at all: a refused key, an unknown
-    model, or no connection to an endpoint that never answered in this process; None for a passing failure."""
-    where = judge_model if endpoint is None else endpoint.base_url
-    never = isinstance(err, openai.APIConnectionError) and not isinstance(err, openai.APITimeoutError)
-    if isinstance(err, openai.AuthenticationError | openai.PermissionDeniedError | openai.NotFoundError) or (
-        never and where not in ANSWERED
-    ):
-        return JudgeUnreachable(
-            f"judge {judge_model!r} at {where} cannot be asked ({type(err).__name__}: {err}); every group "
-            "would be dropped. Check its endpoint and key (OPENAI_BASE_URL / OPENAI_API_KEY for openai/..., "
-            "or extra_litellm_params={'api_base': ..., 'api_key': ...})"
-        )
-    return None
+        return await create(model=endpoint.model, messages=messages, **request)  # type: ignore[arg-type]
 
 
 def _record_cost(judge_model: str, response: Any) -> None:
@@ -168,7 +163,6 @@ async def ruler(
     if not message_lists:
         return []
     params = dict(extra_litellm_params or {})
-    _check_reachable(judge_model, params)
     trajectories = [Trajectory(messages_and_choices=list(messages)) for messages in message_lists]
     prompt = judge.judge_messages(trajectories, rubric)
     scores = await judge.ask_judge_with(
@@ -198,17 +192,14 @@ async def ruler_score_group(
     """
     if any(t.additional_histories for t in group.trajectories):
         raise ValueError("RULER does not judge additional_histories; score such trajectories yourself")
-    params = dict(extra_litellm_params or {})
-    endpoint = _check_reachable(judge_model, params)  # raised even when swallowing: it drops every group
     try:
-        call = _judge_call(judge_model, params)
+        call = _judge_call(judge_model, dict(extra_litellm_params or {}))
         judged = await judge.ruler_score_group(group, judge_model, rubric=rubric, call=call)
         if any(t.metrics.get("judge_fallback") for t in judged.trajectories):
             raise JudgeFailed(f"judge {judge_model!r} answered malformed JSON twice")
+    except JudgeUnreachable:
+        raise  # even when swallowing: it would drop every group
     except Exception as err:
-        unreachable = _unreachable(judge_model, endpoint, err)
-        if unreachable is not None:
-            raise unreachable from err
         if not swallow_exceptions:
             raise
         log.warning(
