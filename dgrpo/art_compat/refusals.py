@@ -40,6 +40,11 @@ DEPLOY = (
     "deploying a trained adapter to a hosted service (W&B, Together) is not supported: dgrpo's server serves "
     "every step as `<name>@<step>` (model.get_inference_name(step)), and " + CHECKPOINTS_IN_STORE
 )
+S3_HELPERS = (
+    "ART's `aws s3 sync` helpers of its local checkpoint directories are not supported: back a model up with "
+    "`await backend._experimental_push_to_s3(model)` and restore it with `_experimental_pull_from_s3(model)` or "
+    "`_experimental_pull_model_checkpoint(model, step=...)` (ART's layout in your bucket); " + CHECKPOINTS_IN_STORE
+)
 INFERENCE_INTERNALS = (
     "ART's vLLM process and its weight transfer are not supported: dgrpo's inference worker runs one server for "
     "all runs (its engine and flags are the operator's, `dgrpo worker inference --help`) and reloads the LoRA "
@@ -56,9 +61,8 @@ MODULES = {
     "tinker_native": HOSTED,
     "utils.deployment": DEPLOY,
     "utils.deploy_model": DEPLOY,
-    "utils.s3": "ART's S3 backup of local checkpoints is not supported: " + CHECKPOINTS_IN_STORE,
-    "utils.s3_checkpoint_utils": "ART's S3 backup of local checkpoints is not supported: "
-    + CHECKPOINTS_IN_STORE,
+    "utils.s3": S3_HELPERS,
+    "utils.s3_checkpoint_utils": S3_HELPERS,
     "local.checkpoints": "ART's local checkpoint directories are not supported: " + CHECKPOINTS_IN_STORE,
     "megatron": MEGATRON,
     "unsloth": "ART's Unsloth training service is not supported: dgrpo's trainer worker trains the LoRA adapter "

@@ -155,7 +155,7 @@ REFUSED_PATHS = [
     ("tinker_native", "tinker_native.backend", "hosted training services"),
     ("utils.deployment", "utils.deployment.wandb", "serves every step as `<name>@<step>`"),
     ("utils.deploy_model", "utils.deploy_model", "runs/<run id>/checkpoints/<step>/"),
-    ("utils.s3", "utils.s3", "S3 backup of local checkpoints"),
+    ("utils.s3", "utils.s3", "_experimental_push_to_s3(model)"),
     ("utils.s3_checkpoint_utils", "utils.s3_checkpoint_utils", "in the object store"),
     ("local.checkpoints", "local.checkpoints", "model.delete_checkpoints"),
     ("local.service", "local.service", "dgrpo worker trainer"),
