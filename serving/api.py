@@ -38,6 +38,10 @@ RENDERER_ARGUMENTS = frozenset(
 """``apply_chat_template`` arguments the server sets itself, which ``chat_template_kwargs`` may not."""
 
 
+GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+"""vLLM's removed guided-decoding fields (``structured_outputs`` replaced them; vLLM 0.32 ignores them)."""
+
+
 class ChatCompletionRequest(BaseModel):
     """``POST /v1/chat/completions`` (non-streaming)."""
 
@@ -92,6 +96,22 @@ class ChatCompletionRequest(BaseModel):
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(s for s in self.stop if s)
+
+    @model_validator(mode="after")
+    def _refuse_unenforced_guidance(self) -> ChatCompletionRequest:
+        """Constrained decoding (vLLM's ``structured_outputs``, the removed ``guided_*`` fields, a ``tool_choice``
+        that forces a call) is refused, not ignored: this engine samples freely, so a student "guided" to its
+        teacher's answer would learn from something else (vLLM honours them)."""
+        extra = self.model_extra or {}
+        asked = [k for k in ("structured_outputs", *GUIDED_FIELDS) if extra.get(k) is not None]
+        if self.tools and (self.tool_choice == "required" or isinstance(self.tool_choice, dict)):
+            asked.append(f"tool_choice={self.tool_choice!r}")
+        if asked:
+            raise ValueError(
+                f"{', '.join(asked)}: constrained decoding is not enforced by this server; serve the model with "
+                "vLLM (`dgrpo worker inference --engine vllm`), or leave it out"
+            )
+        return self
 
 
 class LoadLoraAdapterRequest(BaseModel):
