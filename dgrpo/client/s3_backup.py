@@ -213,9 +213,12 @@ def push(
     files = [p for p in files if p.relative_to(local_dir).parts[0] != layout.ART_CHECKPOINTS_DIR]
     steps = complete_steps(run[0], run[1]) if run is not None else []
     if not files and not steps:
-        raise FileNotFoundError(
-            f"nothing to back up: {local_dir} does not exist and the model has no checkpoint"
-        )
+        if run is None or not run[0].exists(layout.model_key(run[1])):
+            raise FileNotFoundError(
+                f"nothing to back up: {local_dir} does not exist and the model has no run"
+            )
+        log.info("nothing to back up yet for run %s: no local file and no checkpoint", run[1])
+        return  # registered, before its first step (ART's model directory exists from register on)
     bucket.ensure_exists()
     have = bucket.etags(base)
     wanted: set[str] = set()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,6 +32,8 @@ class StubServer:
     paths: list[str] = field(default_factory=list)
     keys: list[str | None] = field(default_factory=list)
     """Each request's key: its bearer token, or Anthropic's ``x-api-key``."""
+    reply: Callable[[dict[str, Any]], str] | None = None
+    """Answers a request when ``script`` is empty (else ``default_reply``)."""
 
     @property
     def calls(self) -> int:
@@ -88,7 +90,7 @@ def openai_stub() -> Iterator[StubServer]:
                 state.requests.append(body)
                 state.paths.append(self.path)
                 state.keys.append(bearer.removeprefix("Bearer ") or self.headers.get("x-api-key"))
-                content = state.script.pop(0) if state.script else default_reply(body)
+                content = state.script.pop(0) if state.script else (state.reply or default_reply)(body)
             if self.path.endswith("/messages"):
                 self._send(anthropic_message(body, content))
                 return
