@@ -45,12 +45,26 @@ def _resolve(target: TargetModel) -> str:
     return target() if callable(target) else target
 
 
+STRUCTURED = {
+    "guided_choice": "choice",
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_grammar": "grammar",
+}
+"""vLLM's removed ``guided_*`` request fields -> the ``structured_outputs`` keys that replaced them."""
+
+
 def route_request_body(
     body: dict[str, Any], path: str, name: str, target_model: TargetModel, chat_template: str | None = None
 ) -> dict[str, Any]:
     """The request body as the server must see it: model routed (a chat with the run's own ``chat_template``,
-    unless the request brings one), logprobs and token ids asked for."""
+    unless the request brings one), logprobs and token ids asked for, and ``guided_*`` fields (ART's self-play
+    sends ``guided_choice``) as vLLM's ``structured_outputs``."""
     out = dict(body)
+    guided = {STRUCTURED[k]: out.pop(k) for k in list(out) if k in STRUCTURED}
+    guided = {k: v for k, v in guided.items() if v is not None}
+    if guided:  # vLLM >= 0.11 ignores the old fields: ask as it honours (dgrpo's CPU server refuses both)
+        out["structured_outputs"] = {**guided, **(out.get("structured_outputs") or {})}
     routed = out.get("model") == name
     if routed:
         out["model"] = _resolve(target_model)

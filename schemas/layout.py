@@ -146,3 +146,18 @@ def art_trajectories_dir(model_dir: str | Path) -> Path:
 def art_trajectories_path(model_dir: str | Path, split: str, step: int) -> Path:
     """``<model dir>/trajectories/<split>/<step:04d>.parquet``: one ``model.log`` call's groups, as ART names it."""
     return art_trajectories_dir(model_dir) / split / f"{step:04d}.parquet"
+
+
+ART_CHECKPOINTS_DIR = "checkpoints"
+"""ART's checkpoints under a model's directory (local or in an S3 backup): ``checkpoints/<step:04d>/``."""
+
+
+def art_checkpoint_name(step: int) -> str:
+    """ART's checkpoint folder name: the step, zero-padded to 4 digits (``0001``)."""
+    return f"{step:04d}"
+
+
+def art_backup_prefix(prefix: str | None, project: str, name: str) -> str:
+    """``[<prefix>/]<project>/models/<name>/``: a model's directory in an S3 backup, ART's layout."""
+    head = f"{prefix.strip('/')}/" if prefix and prefix.strip("/") else ""
+    return f"{head}{project}/models/{name}/"

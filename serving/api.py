@@ -52,15 +52,11 @@ NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "continue_final_message": (None, False),
     "add_generation_prompt": (None, True),
     "truncate_prompt_tokens": (None,),
-    "structured_outputs": (None,),
-    "guided_json": (None,),
-    "guided_regex": (None,),
-    "guided_choice": (None,),
-    "guided_grammar": (None,),
     "logits_processors": (None,),
 }
 """vLLM request fields this server does not implement, each with the values that ask for nothing (vLLM's
-defaults): a request setting any other value is refused (400) rather than served as if it had not."""
+defaults): a request setting any other value is refused (400) rather than served as if it had not. Constrained
+decoding is refused by ``ChatCompletionRequest``'s own validator, which says what to do instead."""
 
 RESPONSE_FORMATS = ("text",)
 """``response_format`` types this server honours; JSON modes need a grammar-constrained sampler (vLLM's)."""
@@ -69,6 +65,10 @@ RENDERER_ARGUMENTS = frozenset(
     {"chat_template", "conversation", "tools", "add_generation_prompt", "tokenize"}
 )
 """``apply_chat_template`` arguments the server sets itself, which ``chat_template_kwargs`` may not."""
+
+
+GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+"""vLLM's removed guided-decoding fields (``structured_outputs`` replaced them; vLLM 0.32 ignores them)."""
 
 
 class ChatCompletionRequest(BaseModel):
@@ -148,6 +148,22 @@ class ChatCompletionRequest(BaseModel):
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(s for s in self.stop if s)
+
+    @model_validator(mode="after")
+    def _refuse_unenforced_guidance(self) -> ChatCompletionRequest:
+        """Constrained decoding (vLLM's ``structured_outputs``, the removed ``guided_*`` fields, a ``tool_choice``
+        that forces a call) is refused, not ignored: this engine samples freely, so a student "guided" to its
+        teacher's answer would learn from something else (vLLM honours them)."""
+        extra = self.model_extra or {}
+        asked = [k for k in ("structured_outputs", *GUIDED_FIELDS) if extra.get(k) is not None]
+        if self.tools and (self.tool_choice == "required" or isinstance(self.tool_choice, dict)):
+            asked.append(f"tool_choice={self.tool_choice!r}")
+        if asked:
+            raise ValueError(
+                f"{', '.join(asked)}: constrained decoding is not enforced by this server; serve the model with "
+                "vLLM (`dgrpo worker inference --engine vllm`), or leave it out"
+            )
+        return self
 
 
 class LoadLoraAdapterRequest(BaseModel):

@@ -38,6 +38,12 @@ DEPLOY = (
     "deploying a trained adapter to a hosted service (W&B, Together) is not supported: dgrpo's server serves "
     "every step as `<name>@<step>` (model.get_inference_name(step)), and " + CHECKPOINTS_IN_STORE
 )
+S3_HELPERS = (
+    "ART's `aws s3 sync` helpers of its local checkpoint directories are not supported: back a model up with "
+    "`await backend._experimental_push_to_s3(model)` and restore it with `_experimental_pull_from_s3(model)` or "
+    "`_experimental_pull_model_checkpoint(model, step=...)` (ART's layout in your bucket); "
+    + CHECKPOINTS_IN_STORE
+)
 INFERENCE_INTERNALS = (
     "ART's vLLM process and its weight transfer are not supported: dgrpo's inference worker runs one server for "
     "all runs (its engine and flags are the operator's, `dgrpo worker inference --help`) and reloads the LoRA "
@@ -52,11 +58,9 @@ MODULES = {
     "serverless": HOSTED,
     "tinker": HOSTED,
     "tinker_native": HOSTED,
-    "utils.deployment": DEPLOY,
     "utils.deploy_model": DEPLOY,
-    "utils.s3": "ART's S3 backup of local checkpoints is not supported: " + CHECKPOINTS_IN_STORE,
-    "utils.s3_checkpoint_utils": "ART's S3 backup of local checkpoints is not supported: "
-    + CHECKPOINTS_IN_STORE,
+    "utils.s3": S3_HELPERS,
+    "utils.s3_checkpoint_utils": S3_HELPERS,
     "local.checkpoints": "ART's local checkpoint directories are not supported: " + CHECKPOINTS_IN_STORE,
     "megatron": MEGATRON,
     "unsloth": "ART's Unsloth training service is not supported: dgrpo's trainer worker trains the LoRA adapter "
@@ -76,13 +80,6 @@ MODULES = {
     "langgraph": "ART's LangGraph wrappers (wrap_rollout, init_chat_model: a LangChain ChatOpenAI logging its "
     "calls to a file) are not supported: run the rollout under `await art.capture_auto_trajectory(rollout(...))`, "
     "which records every chat completion an httpx-based OpenAI client sends",
-    "mcp": "ART's MCP helpers (generate_scenarios asks a hosted model, OpenRouter by default, for scenarios) are "
-    "not supported: generate scenarios with your own client and pass them to your rollouts",
-    "guided_completion": "guided-decoding parameters (vLLM's guided_choice, a forced tool_choice) are not "
-    "supported: dgrpo's server does not enforce them, so a student would sample freely",
-    "openai": "ART's helpers that assemble a streamed chat completion from its chunks are not supported yet: "
-    "a rollout under `await art.capture_auto_trajectory(...)` records a streamed choice itself, or call the "
-    "client without stream=True",
     "pipeline_trainer.state": "ART's PipelineTrainer's shared in-memory state is not supported: dgrpo's "
     "PipelineTrainer keeps its state in its durable TrainingRun workflow; read a run's progress with "
     "`await model.get_step()` and its metrics with model.log's files",

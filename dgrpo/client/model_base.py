@@ -349,6 +349,10 @@ class ModelBase(BaseModel, Generic[ModelConfig, StateType]):
             self._local_log = LocalModelLog(self.base_path, self.project, self.storage_name(), dialect)
         return self._local_log
 
+    def reload_local_log(self) -> None:
+        """Read the local files again at the next ``log`` (a pull from a backup replaced them)."""
+        self._local_log = None
+
     @property
     def _wandb_id(self) -> str:
         """The W&B run's id: the model's run id, the one a ``TrainingRun`` of this model logs to as well."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dgrpo.client.backends import ClusterBackend
+from dgrpo.client.s3_backup import ArtS3Backup
 from dgrpo.client.training import ArtTraining
 
 
-class TemporalBackend(ArtTraining, ClusterBackend):
+class TemporalBackend(ArtTraining, ArtS3Backup, ClusterBackend):
     """An existing Temporal cluster with ``dgrpo worker`` processes running there (e.g. on a GPU box).
 
     S3 settings come from ``DGRPO_S3_*`` and the server URL from ``inference_url`` or ``DGRPO_INFERENCE_URL``,

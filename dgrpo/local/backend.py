@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from dgrpo.client.s3_backup import ArtS3Backup
 from dgrpo.client.training import ArtTraining
 from dgrpo.local import stack
 from dgrpo.types import LocalTrainResult
@@ -31,7 +32,7 @@ def __getattr__(name: str) -> ModuleType:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class LocalBackend(ArtTraining, stack.LocalBackend):
+class LocalBackend(ArtTraining, ArtS3Backup, stack.LocalBackend):
     """``dgrpo.LocalBackend`` with ART's ``train(model, groups, ...)``, a plain ``with`` block and ART's
     ``gpu_cost_per_hour_usd``."""
 

@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
-from dgrpo.rewards.ruler import DEFAULT_RUBRIC, JudgeFailed, TrajectoryScore, ruler, ruler_score_group
+from dgrpo.rewards.ruler import (
+    DEFAULT_RUBRIC,
+    JudgeFailed,
+    JudgeUnreachable,
+    TrajectoryScore,
+    ruler,
+    ruler_score_group,
+)
 
-__all__ = ["DEFAULT_RUBRIC", "JudgeFailed", "TrajectoryScore", "ruler", "ruler_score_group"]
+__all__ = [
+    "DEFAULT_RUBRIC",
+    "JudgeFailed",
+    "JudgeUnreachable",
+    "TrajectoryScore",
+    "ruler",
+    "ruler_score_group",
+]

@@ -6,37 +6,44 @@ dgrpo's judge (``activities/judge.py``: the prompt, the lenient parser and its o
     )
 
 ART reaches the judge through litellm's ``acompletion``; here every judge call goes through this module's
-``acompletion``, which takes litellm's arguments and asks any OpenAI-compatible endpoint: ``extra_litellm_params``
-gives ``api_base`` (or ``base_url``), ``api_key`` and ``max_tokens``, and without ``api_base`` the inference
-server in ``$DGRPO_INFERENCE_URL`` is asked. As in ART, each call's cost goes to the active ``MetricsBuilder``
-under ``costs/<context>/judge/ruler`` when it can be priced (a judge without a price, a local model, adds
-nothing). A judge that answers malformed JSON twice raises (as ART's parse error does), or drops the group
-with ``swallow_exceptions=True``.
+``acompletion``, which takes litellm's arguments and reaches the provider the name says as litellm does
+(dgrpo/rewards/providers.py): ``openai/o4-mini`` at ``$OPENAI_BASE_URL`` (else OpenAI) with ``$OPENAI_API_KEY``,
+``hosted_vllm/...``, ``openrouter/...`` likewise, other providers (``anthropic/...``) through litellm itself;
+``extra_litellm_params`` go with the request (``api_base``, ``api_key``, ``temperature``, ...). A name without
+a provider prefix asks ``api_base``, else the inference server in ``$DGRPO_INFERENCE_URL``. As in ART, each
+call's cost goes to the active ``MetricsBuilder`` under ``costs/<context>/judge/ruler`` when it can be priced.
+
+A judge that answers malformed JSON twice raises (as ART's parse error does), or drops the group with
+``swallow_exceptions=True``. A judge that cannot be reached at all (no endpoint or key, an unknown provider, a
+refused key, an endpoint that never answered) raises even then: it would drop every group, and train nothing.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import openai
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletion
 from pydantic import BaseModel
 
 from activities import judge
+from dgrpo.errors import UnsupportedArtFeature
 from dgrpo.metrics import MetricsBuilder
-from schemas.settings import ENV_INFERENCE_URL
+from dgrpo.rewards.providers import JudgeEndpoint, judge_endpoint, require_litellm
 from schemas.trajectory import Trajectory, TrajectoryGroup
-from serving.client import openai_base_url
 
 log = logging.getLogger(__name__)
 
 DEFAULT_RUBRIC = judge.DEFAULT_RUBRIC
-LITELLM_PREFIXES = ("openai/", "hosted_vllm/")
-"""litellm's provider prefixes for an OpenAI-compatible server; the endpoint's own model id follows."""
-ENDPOINT_PARAMS = ("api_base", "base_url", "api_key", "max_tokens")
+ENDPOINT_PARAMS = ("api_base", "base_url", "api_key")
+"""``extra_litellm_params`` that say where the judge is; every other one goes with the request."""
+OWN_SERVER_DEFAULTS = {"temperature": 0.0, "max_tokens": 512}
+"""What a judge on dgrpo's own server is asked with unless told otherwise (a provider's gets only the call's)."""
 COST_SOURCE = "judge/ruler"
 """Where a judge call's cost goes: ``costs/<context>/judge/ruler``, as in ART."""
 ModelResponse = ChatCompletion
@@ -54,46 +61,68 @@ class TrajectoryScore(BaseModel):
     """Between 0 and 1; higher is better, relative to the other trajectories of the group."""
 
 
-class JudgeFailed(RuntimeError):
-    """The judge answered malformed JSON twice."""
+class JudgeFailed(ValueError):
+    """The judge answered malformed JSON twice (a ``ValueError``, as ART's parse error is)."""
 
 
-def _litellm_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``extra_litellm_params``, refused before any call when it holds one the endpoint does not take."""
-    params = dict(params or {})
-    unknown = sorted(set(params) - set(ENDPOINT_PARAMS))
-    if unknown:
-        raise ValueError(
-            f"extra_litellm_params {unknown} are not supported: dgrpo's judge takes {list(ENDPOINT_PARAMS)}"
-        )
-    return params
+class JudgeUnreachable(RuntimeError):
+    """The judge cannot be asked at all: raised even with ``swallow_exceptions``, which would drop every group."""
 
 
-def _endpoint(judge_model: str, params: Mapping[str, Any]) -> tuple[str, str, str | None, int]:
-    """(model id, base URL, API key, max_tokens) of the judge, from ART's litellm-style arguments."""
-    base_url = params.get("api_base") or params.get("base_url") or os.environ.get(ENV_INFERENCE_URL)
-    if not base_url:
-        raise ValueError(
-            "no judge endpoint: pass extra_litellm_params={'api_base': 'http://host:port/v1'} (any "
-            f"OpenAI-compatible server), or set {ENV_INFERENCE_URL}"
-        )
-    model = next((judge_model[len(p) :] for p in LITELLM_PREFIXES if judge_model.startswith(p)), judge_model)
-    return model, openai_base_url(str(base_url)), params.get("api_key"), int(params.get("max_tokens", 512))
+ANSWERED: set[str] = set()
+"""Judge endpoints that answered in this process: a connection error of one of them is a passing failure."""
 
 
-async def acompletion(
-    model: str, messages: list[dict[str, str]], *, temperature: float = 0.0, **litellm_params: Any
+async def acompletion(model: str, messages: list[dict[str, str]], **litellm_params: Any) -> ModelResponse:
+    """One judge call with litellm's ``acompletion`` arguments, reaching ``model``'s provider as litellm does
+    (dgrpo/rewards/providers.py); ``litellm_params`` other than the endpoint's go with the request. A judge that
+    cannot be asked at all raises ``JudgeUnreachable``: no endpoint or key, a provider without litellm, a refused
+    key, an unknown model, or no connection to an endpoint that never answered in this process."""
+    try:
+        endpoint = judge_endpoint(model, litellm_params)
+        if endpoint is None:
+            require_litellm(model)
+    except (ValueError, UnsupportedArtFeature) as err:
+        raise JudgeUnreachable(str(err)) from err
+    where = model if endpoint is None else endpoint.base_url
+    try:
+        if endpoint is None:
+            litellm = importlib.import_module("litellm")  # a provider only litellm reaches, asked as ART asks
+            response = await litellm.acompletion(
+                model=model, messages=messages, caching=False, **litellm_params
+            )
+        else:
+            response = await _ask(endpoint, messages, litellm_params)
+    except openai.APIError as err:
+        never = isinstance(err, openai.APIConnectionError) and not isinstance(err, openai.APITimeoutError)
+        if isinstance(
+            err, openai.AuthenticationError | openai.PermissionDeniedError | openai.NotFoundError
+        ) or (never and where not in ANSWERED):
+            raise JudgeUnreachable(
+                f"judge {model!r} at {where} cannot be asked ({type(err).__name__}: {err}); every group would "
+                "be dropped. Check its endpoint and key (OPENAI_BASE_URL / OPENAI_API_KEY for openai/..., or "
+                "extra_litellm_params={'api_base': ..., 'api_key': ...})"
+            ) from err
+        raise
+    ANSWERED.add(where)
+    return response
+
+
+async def _ask(
+    endpoint: JudgeEndpoint, messages: list[dict[str, str]], params: Mapping[str, Any]
 ) -> ModelResponse:
-    """One judge call with litellm's ``acompletion`` arguments, on an OpenAI-compatible endpoint (``model``
-    without litellm's ``openai/`` or ``hosted_vllm/`` prefix); greedy unless told otherwise."""
-    model_id, base_url, api_key, max_tokens = _endpoint(model, _litellm_params(litellm_params))
-    async with AsyncOpenAI(base_url=base_url, api_key=api_key or "dgrpo") as client:
-        return await client.chat.completions.create(
-            model=model_id,
-            messages=messages,  # type: ignore[arg-type]
-            max_tokens=max_tokens,
-            temperature=temperature,
-        )
+    """An OpenAI-compatible judge asked with dgrpo's client; fields the client does not name go in the body."""
+    request = {k: v for k, v in params.items() if k not in ENDPOINT_PARAMS}
+    if endpoint.own_server:
+        request = {**OWN_SERVER_DEFAULTS, **request}
+    async with AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key or "dgrpo") as client:
+        create = client.chat.completions.create
+        named = set(inspect.signature(create).parameters)
+        extra_body = {k: v for k, v in request.items() if k not in named}  # a provider's own fields
+        request = {k: v for k, v in request.items() if k in named}
+        if extra_body:
+            request["extra_body"] = {**extra_body, **(request.get("extra_body") or {})}
+        return await create(model=endpoint.model, messages=messages, **request)  # type: ignore[arg-type]
 
 
 def _record_cost(judge_model: str, response: Any) -> None:
@@ -133,7 +162,7 @@ async def ruler(
     """Score conversations relative to each other (all in one judge prompt); one score per list."""
     if not message_lists:
         return []
-    params = _litellm_params(extra_litellm_params)
+    params = dict(extra_litellm_params or {})
     trajectories = [Trajectory(messages_and_choices=list(messages)) for messages in message_lists]
     prompt = judge.judge_messages(trajectories, rubric)
     scores = await judge.ask_judge_with(
@@ -164,14 +193,18 @@ async def ruler_score_group(
     if any(t.additional_histories for t in group.trajectories):
         raise ValueError("RULER does not judge additional_histories; score such trajectories yourself")
     try:
-        call = _judge_call(judge_model, _litellm_params(extra_litellm_params))
+        call = _judge_call(judge_model, dict(extra_litellm_params or {}))
         judged = await judge.ruler_score_group(group, judge_model, rubric=rubric, call=call)
         if any(t.metrics.get("judge_fallback") for t in judged.trajectories):
             raise JudgeFailed(f"judge {judge_model!r} answered malformed JSON twice")
-    except Exception:
+    except JudgeUnreachable:
+        raise  # even when swallowing: it would drop every group
+    except Exception as err:
         if not swallow_exceptions:
             raise
-        log.warning("RULER could not score a group; dropping it", exc_info=debug)
+        log.warning(
+            "RULER could not score a group; dropping it: %s: %s", type(err).__name__, err, exc_info=debug
+        )
         return None
     for trajectory in judged.trajectories:
         if "original_reward" in trajectory.metrics:
@@ -185,4 +218,12 @@ async def ruler_score_group(
     )
 
 
-__all__ = ["DEFAULT_RUBRIC", "JudgeFailed", "TrajectoryScore", "acompletion", "ruler", "ruler_score_group"]
+__all__ = [
+    "DEFAULT_RUBRIC",
+    "JudgeFailed",
+    "JudgeUnreachable",
+    "TrajectoryScore",
+    "acompletion",
+    "ruler",
+    "ruler_score_group",
+]

@@ -2,7 +2,8 @@
 
 Replies come from ``script`` (a queue of strings) and, when it is empty, from a well-formed RULER
 answer that scores 0.9 every trajectory containing "correct" and 0.1 the others. Every request is
-recorded, so tests can count calls (cache, dedupe) and read what the judge was asked.
+recorded (body, path and the key it carried), so tests can count calls (cache, dedupe) and read what the
+judge was asked. A POST to ``.../messages`` is answered as Anthropic's Messages API answers.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,6 +29,11 @@ class StubServer:
     base_url: str
     script: list[str] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    keys: list[str | None] = field(default_factory=list)
+    """Each request's key: its bearer token, or Anthropic's ``x-api-key``."""
+    reply: Callable[[dict[str, Any]], str] | None = None
+    """Answers a request when ``script`` is empty (else ``default_reply``)."""
 
     @property
     def calls(self) -> int:
@@ -42,6 +48,19 @@ def default_reply(body: dict[str, Any]) -> str:
         for tid, text in blocks
     ]
     return json.dumps({"scores": scores})
+
+
+def anthropic_message(body: dict[str, Any], content: str) -> dict[str, Any]:
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model", MODEL),
+        "content": [{"type": "text", "text": content}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": USAGE["prompt_tokens"], "output_tokens": USAGE["completion_tokens"]},
+    }
 
 
 @contextmanager
@@ -66,9 +85,15 @@ def openai_stub() -> Iterator[StubServer]:
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            bearer = self.headers.get("authorization", "")
             with lock:
                 state.requests.append(body)
-                content = state.script.pop(0) if state.script else default_reply(body)
+                state.paths.append(self.path)
+                state.keys.append(bearer.removeprefix("Bearer ") or self.headers.get("x-api-key"))
+                content = state.script.pop(0) if state.script else (state.reply or default_reply)(body)
+            if self.path.endswith("/messages"):
+                self._send(anthropic_message(body, content))
+                return
             extra = {"prompt_token_ids": [1, 2, 3]} if body.get("return_token_ids") else {}
             self._send(
                 {

@@ -409,3 +409,36 @@ async def test_every_path_but_health_wants_the_api_key(engine: ServerProcess) ->
         assert (await http.get("/health")).status_code == 200
         with_key = await http.get("/v1/models", headers=auth_headers(API_KEY))
         assert with_key.status_code == 200 and BASE in with_key.text
+
+
+async def test_a_guided_choice_is_honoured_or_refused_never_ignored(
+    sdk: openai.AsyncOpenAI, engine: ServerProcess
+) -> None:
+    """ART's self-play guides a student to its teacher's move with ``guided_choice``, which vLLM 0.32 ignores (a
+    removed field): dgrpo's routed client sends it as ``structured_outputs``, which vLLM enforces and our CPU
+    server refuses with a 400 (it samples freely), so neither engine silently trains on something else."""
+    from activities.rollout_model import route_request_body
+
+    body = {"model": BASE, "messages": chat("Pick a square."), "max_tokens": 8, "guided_choice": ["B2", "C3"]}
+    routed = route_request_body(body, "/v1/chat/completions", "student", lambda: BASE)
+    assert routed["structured_outputs"] == {"choice": ["B2", "C3"]} and "guided_choice" not in routed
+    ask = {k: v for k, v in routed.items() if k not in ("model", "messages", "max_tokens")}
+    if isinstance(engine, VllmServerProcess):
+        for seed in (1, 2):
+            response = await sdk.chat.completions.create(
+                model=BASE,
+                messages=chat("Pick a square."),
+                max_tokens=8,
+                seed=seed,
+                extra_body=ask,  # type: ignore[arg-type]
+            )
+            assert response.choices[0].message.content in ("B2", "C3")
+    else:
+        for extra in (ask, {"guided_choice": ["B2"]}):
+            with pytest.raises(openai.BadRequestError, match="not enforced by this server"):
+                await sdk.chat.completions.create(
+                    model=BASE,
+                    messages=chat("Pick a square."),
+                    max_tokens=8,
+                    extra_body=extra,  # type: ignore[arg-type]
+                )
