@@ -10,7 +10,7 @@ import json
 import tomllib
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import to_json
@@ -33,6 +33,13 @@ from schemas.history_bounds import (
 from schemas.refs import NAME_PATTERN, ObjectRef
 
 IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+
+HEARTBEAT_TIMEOUT_S = 20.0
+"""Every stage's heartbeat timeout unless the run sets its own: how long a dead or hung worker can hold an
+activity before Temporal retries it on another worker (after the first retry interval, 2 s)."""
+HeartbeatTimeout = Annotated[float, Field(ge=8.0, le=30.0)]
+"""A run's heartbeat timeout in seconds. At least 8: a worker sends a heartbeat at least every 5 s
+(``workers/heartbeat_ticker.py``), and a shorter timeout would take a busy, live worker for a dead one."""
 
 DEFAULT_CONTROL_QUEUE = "dgrpo-control"
 DEFAULT_INFERENCE_QUEUE = "dgrpo-inference"
@@ -256,6 +263,10 @@ class RunSpec(_Strict):
     a run's worst-case history must fit a fifth of Temporal's limits, see ``schemas/history_bounds.py``)."""
     seed: int = Field(0, ge=0)
     """Seed for scenario order and sampling."""
+    heartbeat_timeout_s: HeartbeatTimeout = HEARTBEAT_TIMEOUT_S
+    """Seconds a worker may go silent before its activity is retried on another (every stage's heartbeat
+    timeout): a killed, partitioned or hung worker costs the run about this plus 2 s. Shorter notices faults
+    sooner and leaves a loaded worker less room (the fault tests run at 8)."""
 
     def deprecations(self) -> list[str]:
         """One line per deprecated setting this spec uses, saying what to do instead."""

@@ -7,7 +7,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.activities import SftConfig, SftResult
-from schemas.config import ModelSpec, ServingSpec, TaskQueues, TrainConfig
+from schemas.config import (
+    HEARTBEAT_TIMEOUT_S,
+    HeartbeatTimeout,
+    ModelSpec,
+    ServingSpec,
+    TaskQueues,
+    TrainConfig,
+)
 from schemas.refs import CheckpointRef, Name, ObjectRef, TrajectoriesRef
 
 Phase = Literal[
@@ -118,6 +125,8 @@ class TrainStepInput(_Strict):
     advance_without_signal: bool = False
     """When no group's rewards differ, publish checkpoint ``step - 1`` again as ``step`` and serve it (the
     step advances and nothing is trained, as in ART >= 0.4.4) instead of failing with ``NoLearningSignal``."""
+    heartbeat_timeout_s: HeartbeatTimeout = HEARTBEAT_TIMEOUT_S
+    """The run's ``RunSpec.heartbeat_timeout_s``: every stage's heartbeat timeout."""
 
 
 class TrainStepResult(_Strict):
@@ -147,6 +156,8 @@ class TrainSFTInput(_Strict):
     task_queues: TaskQueues = Field(default_factory=TaskQueues)
     shared_device: bool = False
     """Sleep the inference engine while training (one device)."""
+    heartbeat_timeout_s: HeartbeatTimeout = HEARTBEAT_TIMEOUT_S
+    """Every stage's heartbeat timeout (``RunSpec.heartbeat_timeout_s``)."""
 
 
 class TrainSFTResult(_Strict):
@@ -171,6 +182,8 @@ class ServeModelInput(_Strict):
     """The run trains in mode ``shared`` (the engine sleeps while the trainer runs)."""
     bucket: str | None = None
     """The bucket the run's spec names (deprecated; checked against the workers')."""
+    heartbeat_timeout_s: HeartbeatTimeout = HEARTBEAT_TIMEOUT_S
+    """The run's ``RunSpec.heartbeat_timeout_s``: every stage's heartbeat timeout."""
 
 
 class ServeModelResult(_Strict):

@@ -53,6 +53,8 @@ ENV_WORKER_GRACE_S = "DGRPO_WORKER_GRACE_S"
 """Seconds a worker's running activities get to finish after SIGTERM (``dgrpo worker --grace-s``)."""
 ENV_TEMPORAL_WAIT_S = "DGRPO_TEMPORAL_WAIT_S"
 """Seconds a starting worker keeps trying to reach Temporal (``dgrpo worker --temporal-wait-s``)."""
+ENV_STORE_OUTAGE_S = "DGRPO_STORE_OUTAGE_S"
+"""Seconds each of a worker's object-store requests keeps retrying an unreachable store (default 90)."""
 ENV_ADAPTER_ROOT = "DGRPO_ADAPTER_ROOT"
 """The only directory our CPU server loads runtime adapters from (its ``--adapter-root`` default;
 else ``$DGRPO_HOME/adapters``, where the reload activity downloads checkpoints)."""
@@ -164,11 +166,18 @@ class WorkerLifecycle(BaseModel):
     failed so Temporal retries them on another worker at once (not after a heartbeat timeout)."""
     temporal_wait_s: float = Field(600.0, ge=0)
     """A worker started before Temporal (or during its restart) keeps trying to connect this long."""
+    store_outage_s: float = Field(90.0, ge=0)
+    """Each object-store request keeps retrying an unreachable or failing store about this long, so a store
+    restart or a short outage costs a wait, not an attempt; past it the activity fails and is retried."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerLifecycle:
         e = os.environ if env is None else env
-        given = {"grace_s": e.get(ENV_WORKER_GRACE_S), "temporal_wait_s": e.get(ENV_TEMPORAL_WAIT_S)}
+        given = {
+            "grace_s": e.get(ENV_WORKER_GRACE_S),
+            "temporal_wait_s": e.get(ENV_TEMPORAL_WAIT_S),
+            "store_outage_s": e.get(ENV_STORE_OUTAGE_S),
+        }
         return cls.model_validate({name: value for name, value in given.items() if value})
 
 

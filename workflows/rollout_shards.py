@@ -58,14 +58,18 @@ SINGLE_SHARD_MERGE_PATCH = "single-shard-merge"
 ``trajectories.parquet`` itself (a late attempt could overwrite it), with no merge."""
 
 
-async def roll_out_step(step: RolloutsInput, groups_per_shard: int, queues: TaskQueues) -> TrajectoriesRef:
-    """Roll out ``step`` in shards of at most ``groups_per_shard`` groups; the step's one stored table."""
+async def roll_out_step(
+    step: RolloutsInput, groups_per_shard: int, queues: TaskQueues, heartbeat_s: float | None = None
+) -> TrajectoriesRef:
+    """Roll out ``step`` in shards of at most ``groups_per_shard`` groups; the step's one stored table.
+    ``heartbeat_s``: the run's heartbeat timeout."""
     shards = shard_inputs(step, groups_per_shard)
     one = len(shards) == 1
     if not workflow.patched(SINGLE_SHARD_MERGE_PATCH if one else SHARDS_PATCH):
         return await run_stage(
-            ROLLOUTS, step, task_queue=queues.inference, step=step.step, result_type=TrajectoriesRef
-        )
+            ROLLOUTS, step, task_queue=queues.inference, step=step.step, heartbeat_s=heartbeat_s,
+            result_type=TrajectoriesRef,
+        )  # fmt: skip
     if one:
         shards = [step.model_copy(update={"merged": True})]
     calls = [
@@ -75,6 +79,7 @@ async def roll_out_step(step: RolloutsInput, groups_per_shard: int, queues: Task
                 shard,
                 task_queue=queues.inference,
                 step=step.step,
+                heartbeat_s=heartbeat_s,
                 result_type=TrajectoriesRef,
                 summary=f"step {step.step} shard {shard.shard + 1}/{shard.shards}",
             )
@@ -94,5 +99,6 @@ async def roll_out_step(step: RolloutsInput, groups_per_shard: int, queues: Task
         ),
         task_queue=queues.control,
         step=step.step,
+        heartbeat_s=heartbeat_s,
         result_type=TrajectoriesRef,
     )

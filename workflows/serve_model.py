@@ -24,7 +24,7 @@ from workflows.train_step import latest_checkpoint
 async def serve_newest(inp: ServeModelInput, on_phase: Callable[[str], None]) -> ServeModelResult:
     """The newest manifested checkpoint (or a freshly published checkpoint 0), loaded on the servers."""
     queues = inp.task_queues
-    checkpoint = await latest_checkpoint(inp.run_id, queues.trainer, 0)
+    checkpoint = await latest_checkpoint(inp.run_id, queues.trainer, 0, inp.heartbeat_timeout_s)
     if checkpoint is None:
         on_phase("publish")
         checkpoint = await run_stage(
@@ -32,6 +32,7 @@ async def serve_newest(inp: ServeModelInput, on_phase: Callable[[str], None]) ->
             InitialAdapterInput(run_id=inp.run_id, model=inp.model, seed=inp.seed),
             task_queue=queues.trainer,
             step=0,
+            heartbeat_s=inp.heartbeat_timeout_s,
             result_type=CheckpointRef,
         )
     else:
@@ -50,6 +51,7 @@ async def serve_newest(inp: ServeModelInput, on_phase: Callable[[str], None]) ->
         ),
         task_queue=queues.inference,
         step=checkpoint.step,
+        heartbeat_s=inp.heartbeat_timeout_s,
         result_type=ReloadResult,
     )
     return ServeModelResult(step=checkpoint.step, checkpoint=checkpoint, adapter=reloaded.adapter)

@@ -55,6 +55,7 @@ async def fine_tune_and_publish(
             ),
             task_queue=inp.task_queues.trainer,
             step=inp.step,
+            heartbeat_s=inp.heartbeat_timeout_s,
             result_type=SftResult,
         )
         clock.enter("publish")
@@ -68,8 +69,9 @@ async def fine_tune_and_publish(
         queue = worker_task_queue(inp.task_queues.trainer, trained.worker_id)
         try:
             checkpoint = await run_stage(
-                PUBLISH, publish, task_queue=queue, step=inp.step, result_type=CheckpointRef, reraise=True
-            )
+                PUBLISH, publish, task_queue=queue, step=inp.step, heartbeat_s=inp.heartbeat_timeout_s,
+                result_type=CheckpointRef, reraise=True,
+            )  # fmt: skip
         except ActivityError as err:
             if is_lost_worker(err) and attempt < RETRAINS_AFTER_LOST_WORKER:
                 workflow.logger.warning("step %d: trainer %s vanished before publishing; fine-tuning again",
@@ -98,7 +100,7 @@ class TrainSFT:
     async def run(self, inp: TrainSFTInput) -> TrainSFTResult:
         clock = PhaseClock(self._set_phase)
         queues = inp.task_queues
-        newest = await latest_checkpoint(inp.run_id, queues.trainer, inp.step)
+        newest = await latest_checkpoint(inp.run_id, queues.trainer, inp.step, inp.heartbeat_timeout_s)
         if newest is not None and newest.step == inp.step:  # a retried call whose step already finished
             adapter = await serve_checkpoint(inp, newest, clock)
             self._phase = "done"
@@ -116,7 +118,7 @@ class TrainSFT:
                 clock.enter("sleep")
                 await run_stage(
                     SERVING_CONTROL, ServingControlInput(action="sleep"), task_queue=queues.inference,
-                    step=inp.step,
+                    step=inp.step, heartbeat_s=inp.heartbeat_timeout_s,
                 )  # fmt: skip
             try:
                 trained, checkpoint = await fine_tune_and_publish(inp, newest, clock)

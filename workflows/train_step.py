@@ -96,6 +96,7 @@ async def serve_checkpoint(
         ),
         task_queue=inp.task_queues.inference,
         step=checkpoint.step,
+        heartbeat_s=inp.heartbeat_timeout_s,
         result_type=ReloadResult,
     )
     return reloaded.adapter
@@ -119,6 +120,7 @@ async def train_and_publish(
             ),
             task_queue=inp.task_queues.trainer,
             step=inp.step,
+            heartbeat_s=inp.heartbeat_timeout_s,
             result_type=TrainResult,
         )
         clock.enter("publish")
@@ -131,8 +133,9 @@ async def train_and_publish(
         queue = worker_task_queue(inp.task_queues.trainer, trained.worker_id)
         try:
             checkpoint = await run_stage(
-                PUBLISH, publish, task_queue=queue, step=inp.step, result_type=CheckpointRef, reraise=True
-            )
+                PUBLISH, publish, task_queue=queue, step=inp.step, heartbeat_s=inp.heartbeat_timeout_s,
+                result_type=CheckpointRef, reraise=True,
+            )  # fmt: skip
         except ActivityError as err:
             if is_lost_worker(err) and attempt < RETRAINS_AFTER_LOST_WORKER:
                 workflow.logger.warning(
@@ -156,6 +159,7 @@ async def train_and_serve(inp: TrainStepInput, on_phase: PhaseCallback | None = 
         AdvantagesInput(run_id=inp.run_id, step=inp.step, trajectories=inp.trajectories, train=inp.train),
         task_queue=queues.control,
         step=inp.step,
+        heartbeat_s=inp.heartbeat_timeout_s,
         result_type=AdvantagesResult,
     )
     if advantages.n_trajectories == 0:
@@ -170,8 +174,9 @@ async def train_and_serve(inp: TrainStepInput, on_phase: PhaseCallback | None = 
     if inp.shared_device:
         clock.enter("sleep")
         await run_stage(
-            SERVING_CONTROL, ServingControlInput(action="sleep"), task_queue=queues.inference, step=inp.step
-        )
+            SERVING_CONTROL, ServingControlInput(action="sleep"), task_queue=queues.inference, step=inp.step,
+            heartbeat_s=inp.heartbeat_timeout_s,
+        )  # fmt: skip
     try:
         trained, checkpoint = await train_and_publish(inp, advantages, clock)
     except BaseException:
@@ -209,6 +214,7 @@ async def advance_untrained(
             InitialAdapterInput(run_id=inp.run_id, model=inp.model, seed=inp.train.seed),
             task_queue=inp.task_queues.trainer,
             step=0,
+            heartbeat_s=inp.heartbeat_timeout_s,
             result_type=CheckpointRef,
         )
     workflow.logger.warning(
@@ -220,6 +226,7 @@ async def advance_untrained(
         RepublishInput(source=source, step=inp.step),
         task_queue=inp.task_queues.trainer,
         step=inp.step,
+        heartbeat_s=inp.heartbeat_timeout_s,
         result_type=CheckpointRef,
     )
     adapter = await serve_checkpoint(inp, checkpoint, clock)
@@ -238,16 +245,19 @@ async def wake_up(inp: TrainStepInput | TrainSFTInput, clock: PhaseClock) -> Non
     clock.enter("wake_up")
     await run_stage(
         SERVING_CONTROL, ServingControlInput(action="wake_up"), task_queue=inp.task_queues.inference,
-        step=inp.step,
+        step=inp.step, heartbeat_s=inp.heartbeat_timeout_s,
     )  # fmt: skip
 
 
-async def latest_checkpoint(run_id: str, trainer_queue: str, step: int) -> CheckpointRef | None:
+async def latest_checkpoint(
+    run_id: str, trainer_queue: str, step: int, heartbeat_s: float | None = None
+) -> CheckpointRef | None:
     return await run_stage(
         LATEST_CHECKPOINT,
         CheckpointLookup(run_id=run_id),
         task_queue=trainer_queue,
         step=step,
+        heartbeat_s=heartbeat_s,
         result_type=CheckpointRef | None,  # type: ignore[arg-type]
     )
 
@@ -269,7 +279,9 @@ class TrainStep:
     @workflow.run
     async def run(self, inp: TrainStepInput) -> TrainStepResult:
         if inp.start_from is None:
-            newest = await latest_checkpoint(inp.run_id, inp.task_queues.trainer, inp.step)
+            newest = await latest_checkpoint(
+                inp.run_id, inp.task_queues.trainer, inp.step, inp.heartbeat_timeout_s
+            )
             if newest is not None and newest.step == inp.step:
                 # A retried call whose step already finished: serve it, do not train twice.
                 adapter = await serve_checkpoint(inp, newest, PhaseClock(self._set_phase))

@@ -173,6 +173,7 @@ class TrainingRun:
                 seed=spec.train.seed,
                 shared=spec.mode == "shared",
                 bucket=spec.storage.bucket,
+                heartbeat_timeout_s=spec.heartbeat_timeout_s,
             ),
             self._enter,
         )
@@ -194,6 +195,7 @@ class TrainingRun:
                 StoreScenariosInput(run_id=spec.run_id, scenarios=scenarios),
                 task_queue=spec.task_queues.control,
                 step=state.step,
+                heartbeat_s=spec.heartbeat_timeout_s,
                 result_type=ObjectRef,
                 summary="store the inline scenarios",
             )
@@ -342,6 +344,7 @@ class TrainingRun:
             serving=spec.serving,
             task_queues=spec.task_queues,
             shared_device=spec.mode == "shared",
+            heartbeat_timeout_s=spec.heartbeat_timeout_s,
         )
 
     async def _rollouts_and_judge(
@@ -369,6 +372,7 @@ class TrainingRun:
             ),
             spec.groups_per_shard,
             spec.task_queues,
+            spec.heartbeat_timeout_s,
         )
         if spec.judge.kind != "rollout":
             if track:
@@ -384,6 +388,7 @@ class TrainingRun:
                 ),
                 task_queue=spec.task_queues.control,
                 step=target,
+                heartbeat_s=spec.heartbeat_timeout_s,
                 result_type=TrajectoriesRef,
             )
         if track:
@@ -408,6 +413,7 @@ class TrainingRun:
                 ),
                 task_queue=spec.task_queues.control,
                 step=step,
+                heartbeat_s=spec.heartbeat_timeout_s,
             )
         except StageFailed as err:
             workflow.logger.warning("metrics for step %d not logged: %s", step, err.message)
@@ -437,6 +443,7 @@ class TrainingRun:
                 ),
                 task_queue=spec.task_queues.control,
                 step=step,
+                heartbeat_s=spec.heartbeat_timeout_s,
             )
         except StageFailed as err:
             workflow.logger.warning("checkpoint retention after step %d failed: %s", step, err.message)
