@@ -2,7 +2,8 @@
 namespace, cannot reach the cluster's Temporal or S3, so it asks this process, started on the client host, one
 JSON line at a time on stdin; each answer is one JSON line on stdout ({"error": ...} when a request failed).
 
-    {"op": "start", "run_id": R, "steps": N, "groups": G, "group_size": K}   start the TrainingRun
+    {"op": "start", "run_id": R, "steps": N, "groups": G, "group_size": K,   start the TrainingRun
+        "heartbeat_timeout_s": H}
     {"op": "running", "activity": A, "after_s": S, "hosts": [H, ...]}       once A has run S s on one of the
         hosts: {"host", "run_id", "activity_id", "attempt"}
     {"op": "retried", "activity_id": A, "attempt": N}                      once attempt N of A failed or A completed
@@ -80,9 +81,12 @@ class Observer:
         self.handle: WorkflowHandle[Any, Any] | None = None
         self.result: asyncio.Future[RunStatus] | None = None
 
-    async def start(self, run_id: str, steps: int, groups: int, group_size: int) -> dict[str, Any]:
+    async def start(
+        self, run_id: str, steps: int, groups: int, group_size: int, heartbeat_timeout_s: float
+    ) -> dict[str, Any]:
         data = json.loads((REPO / "examples" / "run.json").read_text())
         data.update(run_id=run_id, steps=steps, groups_per_step=groups, group_size=group_size)
+        data.update(heartbeat_timeout_s=heartbeat_timeout_s)
         data.update(groups_per_shard=1, metrics={"wandb": False}, train={"learning_rate": 2e-4})
         data["model"]["name"] = run_id
         self.handle = await run_control.start_run(self.client, RunSpec.model_validate(data), self.store)

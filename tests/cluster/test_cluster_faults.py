@@ -5,14 +5,18 @@ share a step:
 1. step 1: the inference host running a shard is killed whole (every process, its directories gone) while the
    other carries on, and a fresh host of the same role replaces it (a rescheduled pod); then the trainer host,
    mid-train, likewise;
-2. step 2: the inference host running a shard is partitioned from Temporal and S3 for 60 s (struck once the
+2. step 2: the inference host running a shard is partitioned from Temporal and S3 for 20 s (struck once the
    shard's rollouts run), then healed: the shard is retried, and the partitioned attempt, cancelled on its host
    when its heartbeats failed, still uploads its shard once healed, as a zombie (when its rollouts had ended;
    cancelled while they ran, it writes nothing: the test says which it saw);
 3. step 3: S3 (served at an address of its own) unreachable from the host running a shard while it still
    reaches Temporal, until that attempt gives up (a worker rides out an S3 outage inside an attempt first);
-4. step 3: the trainer host partitioned mid-publish (its traffic slowed so a publish lasts), for 30 s; while it
+4. step 3: the trainer host partitioned mid-publish (its traffic slowed so a publish lasts), for 15 s; while it
    is cut off, every checkpoint that has a manifest already holds every file it lists.
+
+Faults cost what the settings for them say, set short here so the test takes minutes, not ten: the run's
+``heartbeat_timeout_s`` (8 s, the least a run may set) and the workers' ``DGRPO_STORE_OUTAGE_S`` (30 s: longer than
+the partition, so the partitioned attempt's upload is still riding it out when the host is healed).
 
 Then: the run completed; one checkpoint per step, every file sha256-verified against its manifest; every step's
 trajectories with its 8 rows, none doubled; every object a completed activity recorded in the history still
@@ -38,12 +42,20 @@ import pytest
 from fleet import HERE, PYTHON, REPO, image_cache, logs, start_stack, start_worker, wait_healthy
 from netns import SUBNET, Cluster, ip, tc, wait_for
 
+from schemas.settings import ENV_STORE_OUTAGE_S
+
 pytestmark = pytest.mark.slow
 
 STEPS, GROUPS, GROUP_SIZE = 3, 2, 4
 ROLES = {"control": "control", "inference-a": "inference", "inference-b": "inference", "trainer": "trainer"}
 INFERENCE = ["inference-a", "inference-b"]
-PARTITION_S, PUBLISH_PARTITION_S = 60.0, 30.0
+HEARTBEAT_S = 8.0
+"""The run's heartbeat timeout: a killed or cut-off host's activity is retried elsewhere this long after."""
+STORE_OUTAGE_S = 30.0
+"""The workers' ``DGRPO_STORE_OUTAGE_S``: how long a store request rides out a store it cannot reach."""
+PARTITION_S, PUBLISH_PARTITION_S = 20.0, 15.0
+"""Each well past the heartbeat timeout (the attempt is retried while its host is cut off), the first under the
+store outage a worker rides out (the partitioned attempt's upload is still retrying when the host is healed)."""
 
 
 class Observer:
@@ -94,7 +106,10 @@ class Fault:
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[tuple[Cluster, dict[str, str], Observer]]:
     with Cluster(["stack", *ROLES, "client"], image_cache=image_cache()) as c:
-        env = start_stack(c, s3_address=SUBNET.format(c.net, 200))
+        env = {
+            **start_stack(c, s3_address=SUBNET.format(c.net, 200)),
+            ENV_STORE_OUTAGE_S: str(STORE_OUTAGE_S),
+        }
         for name, role in ROLES.items():
             start_worker(c[name], role, env)
         for name, role in ROLES.items():
@@ -157,7 +172,8 @@ def test_a_run_survives_hosts_killed_partitioned_cut_from_s3_and_a_partitioned_p
 
     started = time.monotonic()
     try:
-        observer.ask("start", run_id=run_id, steps=STEPS, groups=GROUPS, group_size=GROUP_SIZE)
+        observer.ask("start", run_id=run_id, steps=STEPS, groups=GROUPS, group_size=GROUP_SIZE,
+                     heartbeat_timeout_s=HEARTBEAT_S)  # fmt: skip
         strike("host killed, replaced", "rollouts", INFERENCE, replace)
         strike("host killed, replaced", "train", ["trainer"], replace, after_s=1.0)
         observer.ask("phase", phase="rollouts", step=2)
@@ -167,8 +183,8 @@ def test_a_run_survives_hosts_killed_partitioned_cut_from_s3_and_a_partitioned_p
                         logged=f"rollouts for {run_id} step 2 ")  # fmt: skip
         observer.ask("phase", phase="rollouts", step=3)
         strike("S3 unreachable from one host", "rollouts", INFERENCE, cut_s3)
-        # A worker rides out an S3 outage of WORKER_OUTAGE_S (90 s) inside one attempt: S3 stays cut until the
-        # attempt gives up, so the shard must move to an attempt that can reach S3.
+        # A worker rides out an S3 outage of STORE_OUTAGE_S inside one attempt: S3 stays cut until the attempt
+        # gives up, so the shard must move to an attempt that can reach S3.
         observer.ask("retried", activity_id=faults[-1].activity_id, attempt=faults[-1].attempt)
         ip(*[a.replace("{}", "del") for a in s3_route])
         observer.ask("phase", phase="train", step=3)
