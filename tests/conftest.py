@@ -12,6 +12,14 @@ Fixtures (names are stable; other test modules rely on them):
   per test (``t-<random>``, removed afterwards), so tests never see each other's keys.
 - ``temporal_client`` (session, async) -> a connected ``temporalio.client.Client``.
 - ``task_queue`` (function) -> a unique task-queue name per test (``tq-<test name>-<random>``).
+- ``fleet_queues`` (session) -> ``TaskQueues`` of their own; ``fleet`` (session) -> ``workers.launcher.WorkerProcess``:
+  one real ``dgrpo worker all`` (CPU server + trainer child) on the stack, polling ``fleet_queues``, shared by the
+  modules whose runs need real workers but not workers of their own (run identity, liveness, real runs). A test
+  may break its children (the worker must replace them); its runs name themselves apart from the others'.
+- ``held_backend`` (session) -> the directory of one ``LocalBackend`` (its own embedded stack and ``dgrpo worker
+  all``), held open by a child process (tests/hold_backend.py) so every ART program and example that opens
+  ``LocalBackend(path=held_backend)`` reuses it instead of starting a stack and loading the model again. Such a
+  program must not stop it (no ``stop_all()``), and names its models apart from the others'.
 
 With pytest-xdist (``-n 2 --dist loadgroup``) each test file is one group, so module fixtures start once, and a
 directory whose session fixture is costly (the examples' ``LocalBackend``) is one group. It is not the README's
@@ -27,15 +35,20 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 from temporalio.client import Client
 
 from activities.object_store import ObjectStore
-from schemas.settings import ENV_CACHE, S3Settings, dgrpo_cache
+from host.processes import ChildProcess
+from schemas.config import TaskQueues
+from schemas.settings import ENV_CACHE, ENV_HOME, S3Settings, dgrpo_cache
+from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
 
 os.environ.setdefault(ENV_CACHE, dgrpo_cache())
@@ -43,6 +56,7 @@ os.environ.setdefault(ENV_CACHE, dgrpo_cache())
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
 ONE_GROUP_DIRECTORIES = {"examples"}
 """Directories whose tests share one costly session fixture: kept on one xdist worker."""
 
@@ -92,3 +106,47 @@ async def temporal_client(stack: EmbeddedStack) -> AsyncIterator[Client]:
 def task_queue(request: pytest.FixtureRequest) -> str:
     name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:60]
     return f"tq-{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def fleet_queues() -> TaskQueues:
+    suffix = uuid.uuid4().hex[:8]
+    return TaskQueues(control=f"fl-c-{suffix}", inference=f"fl-i-{suffix}", trainer=f"fl-t-{suffix}")
+
+
+@pytest.fixture(scope="session")
+def fleet(
+    stack: EmbeddedStack, fleet_queues: TaskQueues, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    home = tmp_path_factory.mktemp("fleet-home")
+    proc = WorkerProcess(
+        "all", home / "worker.log", task_queues=fleet_queues, env={ENV_HOME: str(home)}, cwd=REPO
+    )
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def held_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    base = tmp_path_factory.mktemp("held-backend")
+    home, ready = base / "home", base / "backend.ready"
+    holder = ChildProcess(
+        [sys.executable, "-m", "tests.hold_backend", str(home), str(ready)],
+        base / "backend.log",
+        name="the tests' shared LocalBackend",
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=REPO,
+        tied_to_parent=True,
+    )
+    holder.spawn()
+    try:
+        holder.wait_until(ready.exists, timeout_s=900)
+        yield home
+    finally:
+        from dgrpo.local import LocalBackend  # the facade loads slowly: only for the sessions that need it
+
+        holder.stop(timeout_s=60)
+        LocalBackend(path=home).stop_all()  # whatever the holder left running

@@ -6,7 +6,6 @@ import asyncio
 import json
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from dgrpo import run_control
 from schemas.config import RunSpec, TaskQueues
 from schemas.layout import MANIFEST_NAME, checkpoint_prefix, spec_key, trajectories_key
 from schemas.run_state import RunStatus
-from schemas.settings import ENV_HOME, EngineSettings, S3Settings
+from schemas.settings import EngineSettings, S3Settings
 from serving.client import ServingClient
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
@@ -38,24 +37,14 @@ TEMPORAL = str(Path(sys.executable).parent / "temporal")
 
 
 @pytest.fixture(scope="module")
-def queues() -> TaskQueues:
-    suffix = uuid.uuid4().hex[:8]
-    return TaskQueues(
-        control=f"it-control-{suffix}", inference=f"it-inference-{suffix}", trainer=f"it-trainer-{suffix}"
-    )
+def queues(fleet_queues: TaskQueues) -> TaskQueues:
+    return fleet_queues
 
 
 @pytest.fixture(scope="module")
-def workers(
-    stack: EmbeddedStack, queues: TaskQueues, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[WorkerProcess]:
-    home = tmp_path_factory.mktemp("worker-home")
-    proc = WorkerProcess("all", home / "worker.log", task_queues=queues, env={ENV_HOME: str(home)}, cwd=REPO)
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+def workers(fleet: WorkerProcess) -> WorkerProcess:
+    """The session's ``dgrpo worker all`` (tests/conftest.py)."""
+    return fleet
 
 
 def small_spec(run_id: str, queues: TaskQueues, **overrides: Any) -> RunSpec:
