@@ -36,9 +36,9 @@ def reward(choice: Choice) -> float:
     return 1.0 if length <= 3 else (MAX_TOKENS - length) / 32
 
 
-LEARNING_RATE = 5e-4
-"""Seed 0 on this CPU: mean reward 0.18, 0.22, 0.41, 0.74, 0.88 over five steps (at 2e-4 it took eight steps to
-rise from 0.17 to 0.48, the first four falling)."""
+LEARNING_RATE = 1e-3
+"""Seed 0 on this CPU: mean reward 0.18, 0.39, 0.77, 0.96 over four steps (5e-4: 0.18, 0.22, 0.41, 0.74; 2e-4 took
+eight steps to rise from 0.18 to 0.48, its first four falling)."""
 
 
 def run_grpo(seed: int, steps: int, learning_rate: float = LEARNING_RATE) -> list[float]:
@@ -78,7 +78,7 @@ def run_grpo(seed: int, steps: int, learning_rate: float = LEARNING_RATE) -> lis
 
 @pytest.mark.slow
 def test_grpo_raises_mean_reward_on_smollm2():
-    means = run_grpo(seed=0, steps=5)
+    means = run_grpo(seed=0, steps=4)
     start, end = statistics.fmean(means[:2]), statistics.fmean(means[-2:])
     log.warning(
         "mean reward: first two steps %.3f, last two %.3f, per step %s",
