@@ -12,8 +12,8 @@ Fixtures (names are stable; other test modules rely on them):
   per test (``t-<random>``, removed afterwards), so tests never see each other's keys.
 - ``temporal_client`` (session, async) -> a connected ``temporalio.client.Client``.
 - ``task_queue`` (function) -> a unique task-queue name per test (``tq-<test name>-<random>``).
-- ``fleet_queues`` (session) -> ``TaskQueues`` of their own; ``fleet`` (session) -> ``workers.launcher.WorkerProcess``:
-  one real ``dgrpo worker all`` (CPU server + trainer child) on the stack, polling ``fleet_queues``, shared by the
+- ``shared_queues`` (session) -> ``TaskQueues`` of their own; ``shared_worker`` (session) -> ``workers.launcher.WorkerProcess``:
+  one real ``dgrpo worker all`` (CPU server + trainer child) on the stack, polling ``shared_queues``, shared by the
   modules whose runs need real workers but not workers of their own (run identity, liveness, real runs). A test
   may break its children (the worker must replace them); its runs name themselves apart from the others'.
 - ``held_backend`` (session) -> the directory of one ``LocalBackend`` (its own embedded stack and ``dgrpo worker
@@ -37,7 +37,7 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -61,12 +61,43 @@ ONE_GROUP_DIRECTORIES = {"examples"}
 """Directories whose tests share one costly session fixture: kept on one xdist worker."""
 
 
+SHARED_WORKERS = ("held_backend", "shared_worker")
+"""Session fixtures that hold real workers (a CPU server and a trainer: several GB each). The modules that use one
+run one after another, where the last of them stands, and it is stopped once they are done, not at the session's
+end: so no more of them are held at a time than when each module started its own."""
+_release: dict[str, Callable[[], object]] = {}
+"""Stops a shared fixture's workers; a fixture registers it on start, its last user's teardown calls it."""
+_LAST_USER = pytest.StashKey[set[str]]()
+
+
+@pytest.hookimpl(trylast=True)  # after ``-m`` deselected: only the tests that run count
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """An xdist group per test file (per directory for ``ONE_GROUP_DIRECTORIES``); ignored without xdist."""
+    """Each ``SHARED_WORKERS`` fixture's modules moved together, and its last user noted; an xdist group per test
+    file (per directory for ``ONE_GROUP_DIRECTORIES``; ignored without xdist)."""
+    for name in SHARED_WORKERS:
+        users = {item.path for item in items if name in getattr(item, "fixturenames", ())}
+        if not users:
+            continue
+        moved = [item for item in items if item.path in users]
+        anchor = next(k for k, item in enumerate(items) if item.path == moved[-1].path)
+        rest = [item for item in items if item.path not in users]
+        at = sum(1 for item in items[:anchor] if item.path not in users)
+        items[:] = rest[:at] + moved + rest[at:]
+    for name in SHARED_WORKERS:
+        last = [item for item in items if name in getattr(item, "fixturenames", ())][-1:]
+        for item in last:
+            item.stash[_LAST_USER] = item.stash.get(_LAST_USER, set()) | {name}
     for item in items:
         parts = os.path.relpath(str(item.path), TESTS).split(os.sep)
         group = parts[0] if parts[0] in ONE_GROUP_DIRECTORIES else "/".join(parts)
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield
+    for name in item.stash.get(_LAST_USER, set()):
+        _release.pop(name, lambda: None)()
 
 
 @pytest.fixture(scope="session")
@@ -109,24 +140,25 @@ def task_queue(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def fleet_queues() -> TaskQueues:
+def shared_queues() -> TaskQueues:
     suffix = uuid.uuid4().hex[:8]
     return TaskQueues(control=f"fl-c-{suffix}", inference=f"fl-i-{suffix}", trainer=f"fl-t-{suffix}")
 
 
 @pytest.fixture(scope="session")
-def fleet(
-    stack: EmbeddedStack, fleet_queues: TaskQueues, tmp_path_factory: pytest.TempPathFactory
+def shared_worker(
+    stack: EmbeddedStack, shared_queues: TaskQueues, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerProcess]:
-    home = tmp_path_factory.mktemp("fleet-home")
+    home = tmp_path_factory.mktemp("shared-worker-home")
     proc = WorkerProcess(
-        "all", home / "worker.log", task_queues=fleet_queues, env={ENV_HOME: str(home)}, cwd=REPO
+        "all", home / "worker.log", task_queues=shared_queues, env={ENV_HOME: str(home)}, cwd=REPO
     )
-    proc.start()
+    _release["shared_worker"] = proc.stop
     try:
+        proc.start()
         yield proc
     finally:
-        proc.stop()
+        _release.pop("shared_worker", lambda: None)()
 
 
 @pytest.fixture(scope="session")
@@ -141,12 +173,17 @@ def held_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         cwd=REPO,
         tied_to_parent=True,
     )
-    holder.spawn()
-    try:
-        holder.wait_until(ready.exists, timeout_s=900)
-        yield home
-    finally:
+
+    def stop() -> None:
         from dgrpo.local import LocalBackend  # the facade loads slowly: only for the sessions that need it
 
         holder.stop(timeout_s=60)
         LocalBackend(path=home).stop_all()  # whatever the holder left running
+
+    _release["held_backend"] = stop
+    try:
+        holder.spawn()
+        holder.wait_until(ready.exists, timeout_s=900)
+        yield home
+    finally:
+        _release.pop("held_backend", lambda: None)()

@@ -42,18 +42,18 @@ HEARTBEAT_S = 8.0
 
 
 @pytest.fixture(scope="module")
-def queues(fleet_queues: TaskQueues) -> TaskQueues:
-    return fleet_queues
+def queues(shared_queues: TaskQueues) -> TaskQueues:
+    return shared_queues
 
 
 @pytest.fixture(scope="module")
-def worker(fleet: WorkerProcess) -> Iterator[WorkerProcess]:
+def worker(shared_worker: WorkerProcess) -> Iterator[WorkerProcess]:
     """The session's ``dgrpo worker all`` (tests/conftest.py): it replaces what these tests break, so the
     modules after this one find it whole (the replacements are what is tested here)."""
     try:
-        yield fleet
+        yield shared_worker
     finally:
-        for child in children(fleet, ""):  # a server a failed test left stopped answers again
+        for child in children(shared_worker, ""):  # a server a failed test left stopped answers again
             child.send_signal(signal.SIGCONT)
 
 

@@ -37,14 +37,14 @@ TEMPORAL = str(Path(sys.executable).parent / "temporal")
 
 
 @pytest.fixture(scope="module")
-def queues(fleet_queues: TaskQueues) -> TaskQueues:
-    return fleet_queues
+def queues(shared_queues: TaskQueues) -> TaskQueues:
+    return shared_queues
 
 
 @pytest.fixture(scope="module")
-def workers(fleet: WorkerProcess) -> WorkerProcess:
+def workers(shared_worker: WorkerProcess) -> WorkerProcess:
     """The session's ``dgrpo worker all`` (tests/conftest.py)."""
-    return fleet
+    return shared_worker
 
 
 def small_spec(run_id: str, queues: TaskQueues, **overrides: Any) -> RunSpec:
