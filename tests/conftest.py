@@ -16,6 +16,9 @@ Fixtures (names are stable; other test modules rely on them):
   one real ``dgrpo worker all`` (CPU server + trainer child) on the stack, polling ``shared_queues``, shared by the
   modules whose runs need real workers but not workers of their own (run identity, liveness, real runs). A test
   may break its children (the worker must replace them); its runs name themselves apart from the others'.
+- ``vllm_queues`` (session), ``vllm_worker`` (session): ``dgrpo worker all --engine vllm`` (vLLM's CPU build, rank-8
+  adapters at most, a request's own chat template taken): the serving contract runs against its server, then
+  tests/workflows/test_runs_on_vllm.py trains on it.
 - ``held_backend`` (session) -> the directory of one ``LocalBackend`` (its own embedded stack and ``dgrpo worker
   all``), held open by a child process (tests/hold_backend.py) so every ART program and example that opens
   ``LocalBackend(path=held_backend)`` reuses it instead of starting a stack and loading the model again. Such a
@@ -61,7 +64,7 @@ ONE_GROUP_DIRECTORIES = {"examples"}
 """Directories whose tests share one costly session fixture: kept on one xdist worker."""
 
 
-SHARED_WORKERS = ("held_backend", "shared_worker")
+SHARED_WORKERS = ("held_backend", "shared_worker", "vllm_worker")
 """Session fixtures that hold real workers (a CPU server and a trainer: several GB each). The modules that use one
 run one after another, where the last of them stands, and it is stopped once they are done, not at the session's
 end: so no more of them are held at a time than when each module started its own."""
@@ -159,6 +162,30 @@ def shared_worker(
         yield proc
     finally:
         _release.pop("shared_worker", lambda: None)()
+
+
+@pytest.fixture(scope="session")
+def vllm_queues() -> TaskQueues:
+    suffix = uuid.uuid4().hex[:8]
+    return TaskQueues(control=f"vl-c-{suffix}", inference=f"vl-i-{suffix}", trainer=f"vl-t-{suffix}")
+
+
+@pytest.fixture(scope="session")
+def vllm_worker(
+    stack: EmbeddedStack, vllm_queues: TaskQueues, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    """Nothing names vLLM's environment: the worker finds it (``.venv-vllm``, or ``$DGRPO_VLLM_PYTHON``)."""
+    home = tmp_path_factory.mktemp("vllm-worker")
+    proc = WorkerProcess(
+        "all", home / "worker.log", task_queues=vllm_queues, env={ENV_HOME: str(home)}, cwd=REPO,
+        extra_args=["--engine", "vllm", "--max-lora-rank", "8", "--trust-request-chat-template"],
+    )  # fmt: skip
+    _release["vllm_worker"] = proc.stop
+    try:
+        proc.start()
+        yield proc
+    finally:
+        _release.pop("vllm_worker", lambda: None)()
 
 
 @pytest.fixture(scope="session")

