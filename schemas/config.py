@@ -37,9 +37,10 @@ IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 HEARTBEAT_TIMEOUT_S = 20.0
 """Every stage's heartbeat timeout unless the run sets its own: how long a dead or hung worker can hold an
 activity before Temporal retries it on another worker (after the first retry interval, 2 s)."""
-HeartbeatTimeout = Annotated[float, Field(ge=8.0, le=30.0)]
-"""A run's heartbeat timeout in seconds. At least 8: a worker sends a heartbeat at least every 5 s
-(``workers/heartbeat_ticker.py``), and a shorter timeout would take a busy, live worker for a dead one."""
+HeartbeatTimeout = Annotated[float, Field(ge=10.0, le=30.0)]
+"""A run's heartbeat timeout in seconds. At least 10: a worker's heartbeats reach Temporal up to 5 s apart
+(``workers/heartbeat_ticker.py``); a shorter timeout takes a busy worker on a loaded machine for a dead one (at 8 s,
+a rollouts attempt on a machine at load 30 was timed out while its worker lived)."""
 
 DEFAULT_CONTROL_QUEUE = "dgrpo-control"
 DEFAULT_INFERENCE_QUEUE = "dgrpo-inference"
@@ -266,7 +267,7 @@ class RunSpec(_Strict):
     heartbeat_timeout_s: HeartbeatTimeout = HEARTBEAT_TIMEOUT_S
     """Seconds a worker may go silent before its activity is retried on another (every stage's heartbeat
     timeout): a killed, partitioned or hung worker costs the run about this plus 2 s. Shorter notices faults
-    sooner and leaves a loaded worker less room (the fault tests run at 8)."""
+    sooner and leaves a loaded worker less room (the fault tests run at 10)."""
 
     def deprecations(self) -> list[str]:
         """One line per deprecated setting this spec uses, saying what to do instead."""

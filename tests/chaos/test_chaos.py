@@ -7,8 +7,8 @@ running step 1's rollouts and the trainer running step 1's train are killed (eac
 supervisor would); in step 2 the control worker (it holds the workflow; its own activities last under a
 second, so it is killed while the rollouts run elsewhere), then Temporal (down 3 s), then the trainer running
 train, then S3 (down 20 s, while the retry of train runs); in step 3 the worker running rollouts, and the
-control worker again during train. The run's heartbeat timeout is the least a run may set (8 s, not the default
-20 s), so each kill costs about 10 s before its retry starts.
+control worker again during train. The run's heartbeat timeout is the least a run may set (10 s, not the default
+20 s), so each kill costs about 12 s before its retry starts.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from chaos_cluster import REPO, ChaosCluster, MomentPassed, retry_delays, unless
 pytestmark = pytest.mark.slow
 
 STEPS, GROUPS, GROUP_SIZE = 3, 2, 4
-HEARTBEAT_S = 8.0
+HEARTBEAT_S = 10.0
 """The run's heartbeat timeout: how long a killed worker's activity waits before its retry."""
 
 

@@ -15,7 +15,7 @@ share a step:
    is cut off, every checkpoint that has a manifest already holds every file it lists.
 
 Faults cost what the settings for them say, set short here so the test takes minutes, not ten: the run's
-``heartbeat_timeout_s`` (8 s, the least a run may set) and the workers' ``DGRPO_STORE_OUTAGE_S`` (30 s: longer than
+``heartbeat_timeout_s`` (10 s, the least a run may set) and the workers' ``DGRPO_STORE_OUTAGE_S`` (30 s: longer than
 the partition, so the partitioned attempt's upload is still riding it out when the host is healed).
 
 Then: the run completed; one checkpoint per step, every file sha256-verified against its manifest; every step's
@@ -49,7 +49,7 @@ pytestmark = pytest.mark.slow
 STEPS, GROUPS, GROUP_SIZE = 3, 2, 4
 ROLES = {"control": "control", "inference-a": "inference", "inference-b": "inference", "trainer": "trainer"}
 INFERENCE = ["inference-a", "inference-b"]
-HEARTBEAT_S = 8.0
+HEARTBEAT_S = 10.0
 """The run's heartbeat timeout: a killed or cut-off host's activity is retried elsewhere this long after."""
 STORE_OUTAGE_S = 30.0
 """The workers' ``DGRPO_STORE_OUTAGE_S``: how long a store request rides out a store it cannot reach."""

@@ -83,7 +83,7 @@ MALFORMED = [
     ("judge.kind", "gpt4", "judge.kind: Input should be 'rollout', 'ruler' or 'both'"),
     ("storage.bucket", "Bad_Bucket", "storage.bucket: String should match pattern"),
     ("mode", "async", "mode: Input should be 'sync', 'pipelined' or 'shared'"),
-    ("heartbeat_timeout_s", 5, "heartbeat_timeout_s: Input should be greater than or equal to 8"),
+    ("heartbeat_timeout_s", 8, "heartbeat_timeout_s: Input should be greater than or equal to 10"),
 ]
 
 

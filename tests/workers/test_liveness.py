@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 600.0
 """Liveness bound only: the run completes within this after the fault, or the fault went unnoticed."""
-HEARTBEAT_S = 8.0
+HEARTBEAT_S = 10.0
 """The runs' heartbeat timeout (the least a run may set): a killed trainer's attempt is retried this long after."""
 
 

@@ -63,7 +63,7 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float = 20.0)
 async def test_sync_run_orders_the_stages_and_answers_status(client: Client, task_queue: str) -> None:
     stubs = ScriptedActivities()
     stubs.train_gates[2] = asyncio.Event()
-    spec = make_spec(task_queue, f"sync-{task_queue}", heartbeat_timeout_s=9)
+    spec = make_spec(task_queue, f"sync-{task_queue}", heartbeat_timeout_s=11)
     async with running(stubs, client, task_queue):
         handle = await start(client, spec)
         await asyncio.wait_for(stubs.train_started[2].wait(), 20)
@@ -99,7 +99,7 @@ async def test_sync_run_orders_the_stages_and_answers_status(client: Client, tas
         if e.HasField("activity_task_scheduled_event_attributes")
     ]  # fmt: skip
     assert {name for name, _ in scheduled} >= {"latest_checkpoint", "publish_initial", *per_step}
-    assert {timeout for _, timeout in scheduled} == {timedelta(seconds=9)}  # the run's, at every stage
+    assert {timeout for _, timeout in scheduled} == {timedelta(seconds=11)}  # the run's, at every stage
 
 
 async def test_metrics_and_retention_run_beside_the_next_step_and_the_run_ends_after_them(
