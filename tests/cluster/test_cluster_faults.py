@@ -5,7 +5,7 @@ share a step:
 1. step 1: the inference host running a shard is killed whole (every process, its directories gone) while the
    other carries on, and a fresh host of the same role replaces it (a rescheduled pod); then the trainer host,
    mid-train, likewise;
-2. step 2: the inference host running a shard is partitioned from Temporal and S3 for 20 s (struck once the
+2. step 2: the inference host running a shard is partitioned from Temporal and S3 for 15 s (struck once the
    shard's rollouts run), then healed: the shard is retried, and the partitioned attempt, cancelled on its host
    when its heartbeats failed, still uploads its shard once healed, as a zombie (when its rollouts had ended;
    cancelled while they ran, it writes nothing: the test says which it saw);
@@ -15,7 +15,7 @@ share a step:
    is cut off, every checkpoint that has a manifest already holds every file it lists.
 
 Faults cost what the settings for them say, set short here so the test takes minutes, not ten: the run's
-``heartbeat_timeout_s`` (10 s, the least a run may set) and the workers' ``DGRPO_STORE_OUTAGE_S`` (30 s: longer than
+``heartbeat_timeout_s`` (10 s, the least a run may set) and the workers' ``DGRPO_STORE_OUTAGE_S`` (20 s: longer than
 the partition, so the partitioned attempt's upload is still riding it out when the host is healed).
 
 Then: the run completed; one checkpoint per step, every file sha256-verified against its manifest; every step's
@@ -51,10 +51,10 @@ ROLES = {"control": "control", "inference-a": "inference", "inference-b": "infer
 INFERENCE = ["inference-a", "inference-b"]
 HEARTBEAT_S = 10.0
 """The run's heartbeat timeout: a killed or cut-off host's activity is retried elsewhere this long after."""
-STORE_OUTAGE_S = 30.0
+STORE_OUTAGE_S = 20.0
 """The workers' ``DGRPO_STORE_OUTAGE_S``: how long a store request rides out a store it cannot reach."""
-PARTITION_S, PUBLISH_PARTITION_S = 20.0, 15.0
-"""Each well past the heartbeat timeout (the attempt is retried while its host is cut off), the first under the
+PARTITION_S, PUBLISH_PARTITION_S = 15.0, 15.0
+"""Each past the heartbeat timeout (the attempt is timed out while its host is cut off), the first under the
 store outage a worker rides out (the partitioned attempt's upload is still retrying when the host is healed)."""
 
 
