@@ -7,6 +7,8 @@ JSON line at a time on stdin; each answer is one JSON line on stdout ({"error": 
     {"op": "running", "activity": A, "after_s": S, "hosts": [H, ...]}       once A has run S s on one of the
         hosts: {"host", "run_id", "activity_id", "attempt"}
     {"op": "retried", "activity_id": A, "attempt": N}                      once attempt N of A failed or A completed
+    {"op": "completed", "activity_id": A, "within_s": W}                   once A completed: {"completed": true};
+        {"completed": false} if it has not in W s
     {"op": "late_write", "run_id": R, "activity_id": A, "attempt": N,       once that attempt's shard is stored:
         "within_s": W}                                                      {"key"}; {"key": null} if not in W s
     {"op": "phase", "phase": P, "step": N, "timeout_s": T}                  once the run is at P of step N
@@ -129,6 +131,17 @@ class Observer:
             f"the run ended before {activity_id} attempt {attempt} ended: {self.result.result()}"
         )
 
+    async def completed(self, activity_id: str, within_s: float) -> dict[str, Any]:
+        """Once ``activity_id`` is no longer pending (an attempt completed it), or ``within_s`` passed."""
+        assert self.handle is not None and self.result is not None
+        deadline = asyncio.get_running_loop().time() + within_s
+        while asyncio.get_running_loop().time() < deadline and not self.result.done():
+            _, pendings = await pending_activities(self.handle)
+            if all(p.activity_id != activity_id for p in pendings):
+                return {"completed": True}
+            await asyncio.sleep(0.2)
+        return {"completed": False}
+
     async def late_write(
         self, run_id: str, activity_id: str, attempt: int, within_s: float
     ) -> dict[str, Any]:
@@ -247,7 +260,7 @@ async def main() -> None:
     while line := await loop.run_in_executor(None, sys.stdin.readline):
         request = json.loads(line)
         ops = {"start": observer.start, "running": observer.running, "phase": observer.phase,
-               "retried": observer.retried,
+               "retried": observer.retried, "completed": observer.completed,
                "uploading": observer.uploading, "manifested": observer.manifested,
                "late_write": observer.late_write, "final": observer.final, "verify": observer.verify}  # fmt: skip
         try:
