@@ -24,8 +24,8 @@ Fixtures (names are stable; other test modules rely on them):
   ``LocalBackend(path=held_backend)`` reuses it instead of starting a stack and loading the model again. Such a
   program must not stop it (no ``stop_all()``), and names its models apart from the others'.
 
-With pytest-xdist (``-n 2 --dist loadgroup``) each test file is one group, so module fixtures start once, and a
-directory whose session fixture is costly (the examples' ``LocalBackend``) is one group. It is not the README's
+With pytest-xdist (``-n 2 --dist loadgroup``) each test file is one group, so module fixtures start once, and the
+modules sharing one of the ``SHARED_WORKERS`` fixtures are one group. It is not the README's
 command: on this 2-core machine the whole suite passed with it (747) in 2774 s against 2797 s serial, because
 the suite is CPU-bound (two CPU-heavy tests side by side each take about twice as long; the learning test
 three times).
@@ -60,8 +60,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
-ONE_GROUP_DIRECTORIES = {"examples"}
-"""Directories whose tests share one costly session fixture: kept on one xdist worker."""
 
 
 SHARED_WORKERS = ("held_backend", "shared_worker", "vllm_worker")
@@ -76,11 +74,13 @@ _LAST_USER = pytest.StashKey[set[str]]()
 @pytest.hookimpl(trylast=True)  # after ``-m`` deselected: only the tests that run count
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each ``SHARED_WORKERS`` fixture's modules moved together, and its last user noted; an xdist group per test
-    file (per directory for ``ONE_GROUP_DIRECTORIES``; ignored without xdist)."""
+    file, or per shared fixture for the modules that use one (ignored without xdist)."""
+    group = {item.path: "/".join(os.path.relpath(str(item.path), TESTS).split(os.sep)) for item in items}
     for name in SHARED_WORKERS:
         users = {item.path for item in items if name in getattr(item, "fixturenames", ())}
         if not users:
             continue
+        group.update(dict.fromkeys(users, name))
         moved = [item for item in items if item.path in users]
         anchor = next(k for k, item in enumerate(items) if item.path == moved[-1].path)
         rest = [item for item in items if item.path not in users]
@@ -91,9 +91,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for item in last:
             item.stash[_LAST_USER] = item.stash.get(_LAST_USER, set()) | {name}
     for item in items:
-        parts = os.path.relpath(str(item.path), TESTS).split(os.sep)
-        group = parts[0] if parts[0] in ONE_GROUP_DIRECTORIES else "/".join(parts)
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(group[item.path]))
 
 
 @pytest.hookimpl(hookwrapper=True)
