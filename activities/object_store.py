@@ -30,7 +30,7 @@ from schemas import layout
 from schemas import settings as env_names
 from schemas.errors import CorruptCheckpointError, ForeignObjectError, StoreAuthError, StoreError
 from schemas.refs import CheckpointRef, Manifest, ManifestEntry, ObjectRef
-from schemas.settings import S3Settings
+from schemas.settings import S3Settings, WorkerLifecycle
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,9 @@ def sha256_file(path: str | Path) -> tuple[str, int]:
 
 
 RETRY_BACKOFF_MAX_S = 8.0
-WORKER_OUTAGE_S = 90.0
-"""How long a worker's store requests keep retrying: a store restart or a 60 s outage costs a wait, not a run."""
+WORKER_OUTAGE_S = WorkerLifecycle().store_outage_s
+"""How long a worker's store requests keep retrying unless its operator says otherwise
+(``WorkerLifecycle.store_outage_s``): a store restart or a 60 s outage costs a wait, not a run."""
 
 
 def _http_client(outage_s: float) -> urllib3.PoolManager:

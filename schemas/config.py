@@ -38,6 +38,14 @@ from schemas.refs import NAME_PATTERN, ObjectRef
 
 IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 
+HEARTBEAT_TIMEOUT_S = 20.0
+"""Every stage's heartbeat timeout unless the run sets its own: how long a dead or hung worker can hold an
+activity before Temporal retries it on another worker (after the first retry interval, 2 s)."""
+HeartbeatTimeout = Annotated[float, Field(ge=10.0, le=30.0)]
+"""A run's heartbeat timeout in seconds. At least 10: a worker's heartbeats reach Temporal up to 5 s apart
+(``workers/heartbeat_ticker.py``); a shorter timeout takes a busy worker on a loaded machine for a dead one (at 8 s,
+a rollouts attempt on a machine at load 30 was timed out while its worker lived)."""
+
 DEFAULT_CONTROL_QUEUE = "dgrpo-control"
 DEFAULT_INFERENCE_QUEUE = "dgrpo-inference"
 DEFAULT_TRAINER_QUEUE = "dgrpo-trainer"
@@ -331,6 +339,11 @@ class RunSpec(_Strict):
             fairness_key=fairness_key(self.owner or self.model.project),
             fairness_weight=self.fairness_weight,
         )
+
+    heartbeat_timeout_s: HeartbeatTimeout = HEARTBEAT_TIMEOUT_S
+    """Seconds a worker may go silent before its activity is retried on another (every stage's heartbeat
+    timeout): a killed, partitioned or hung worker costs the run about this plus 2 s. Shorter notices faults
+    sooner and leaves a loaded worker less room (the fault tests run at 10)."""
 
     def deprecations(self) -> list[str]:
         """One line per deprecated setting this spec uses, saying what to do instead."""

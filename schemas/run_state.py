@@ -7,7 +7,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.activities import RunTexts, SftConfig, SftResult
-from schemas.config import ModelSpec, Scheduling, ServingSpec, TaskQueues, TrainConfig
+from schemas.config import (
+    HEARTBEAT_TIMEOUT_S,
+    HeartbeatTimeout,
+    ModelSpec,
+    Scheduling,
+    ServingSpec,
+    TaskQueues,
+    TrainConfig,
+)
 from schemas.refs import CheckpointRef, Name, ObjectRef, TrajectoriesRef
 
 Phase = Literal[
@@ -129,6 +137,8 @@ class TrainStepInput(_Strict):
     step advances and nothing is trained, as in ART >= 0.4.4) instead of failing with ``NoLearningSignal``."""
     scheduling: Scheduling = Field(default_factory=Scheduling)
     """The priority and fairness of every activity of the step (the run's)."""
+    heartbeat_timeout_s: HeartbeatTimeout = HEARTBEAT_TIMEOUT_S
+    """The run's ``RunSpec.heartbeat_timeout_s``: every stage's heartbeat timeout."""
 
 
 class TrainStepResult(_Strict):
@@ -162,6 +172,8 @@ class TrainSFTInput(_Strict):
     """Sleep the inference engine while training (one device)."""
     scheduling: Scheduling = Field(default_factory=Scheduling)
     """The priority and fairness of every activity of the call (the run's)."""
+    heartbeat_timeout_s: HeartbeatTimeout = HEARTBEAT_TIMEOUT_S
+    """Every stage's heartbeat timeout (``RunSpec.heartbeat_timeout_s``)."""
 
 
 class TrainSFTResult(_Strict):
@@ -188,6 +200,8 @@ class ServeModelInput(_Strict):
     """The bucket the run's spec names (deprecated; checked against the workers')."""
     scheduling: Scheduling = Field(default_factory=Scheduling)
     """The priority and fairness of every activity of the call (the run's)."""
+    heartbeat_timeout_s: HeartbeatTimeout = HEARTBEAT_TIMEOUT_S
+    """The run's ``RunSpec.heartbeat_timeout_s``: every stage's heartbeat timeout."""
 
 
 class ServeModelResult(_Strict):

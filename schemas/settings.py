@@ -59,6 +59,8 @@ environment without the workers' packages (Python 3.12 without torch, as ART >= 
 workers' environment, e.g. ``DGRPO_WORKER_PYTHON=/opt/dgrpo/.venv/bin/python``."""
 ENV_STAGE_BOUNDS = "DGRPO_STAGE_BOUNDS"
 """``STAGE=SECONDS,...``: how long a stage of a worker's activities may go without advancing."""
+ENV_STORE_OUTAGE_S = "DGRPO_STORE_OUTAGE_S"
+"""Seconds each of a worker's object-store requests keeps retrying an unreachable store (default 90)."""
 ENV_ADAPTER_ROOT = "DGRPO_ADAPTER_ROOT"
 """The only directory our CPU server loads runtime adapters from (its ``--adapter-root`` default;
 else ``$DGRPO_HOME/adapters``, where the reload activity downloads checkpoints)."""
@@ -228,6 +230,9 @@ class WorkerLifecycle(BaseModel):
     stage_bounds_s: dict[Stage, float] = Field(default_factory=lambda: dict(DEFAULT_STAGE_BOUNDS_S))
     """How long each stage of an activity may go without advancing; past it the activity's heartbeats stop,
     so Temporal retries it (``$DGRPO_STAGE_BOUNDS``, ``STAGE=SECONDS,...``, over ``DEFAULT_STAGE_BOUNDS_S``)."""
+    store_outage_s: float = Field(90.0, ge=0)
+    """Each object-store request keeps retrying an unreachable or failing store about this long, so a store
+    restart or a short outage costs a wait, not an attempt; past it the activity fails and is retried."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerLifecycle:
@@ -235,6 +240,7 @@ class WorkerLifecycle(BaseModel):
         given: dict[str, object] = {
             "grace_s": e.get(ENV_WORKER_GRACE_S),
             "temporal_wait_s": e.get(ENV_TEMPORAL_WAIT_S),
+            "store_outage_s": e.get(ENV_STORE_OUTAGE_S),
         }
         if e.get(ENV_STAGE_BOUNDS):
             given["stage_bounds_s"] = {**DEFAULT_STAGE_BOUNDS_S, **parse_stage_bounds(e[ENV_STAGE_BOUNDS])}

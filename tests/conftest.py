@@ -16,9 +16,20 @@ Fixtures (names are stable; other test modules rely on them):
   trainers of this session (in-process and worker subprocesses) read a local ``base_model`` from under it.
 - ``tiny_qwen3`` (session) -> a Qwen3-architecture model with random weights (``QWEN3_TINY``, 3.2M parameters,
   SmolLM2's tokenizer with a tool-calling chat template), made once under the session's temp directory.
+- ``shared_queues`` (session) -> ``TaskQueues`` of their own; ``shared_worker`` (session) -> ``workers.launcher.WorkerProcess``:
+  one real ``dgrpo worker all`` (CPU server + trainer child) on the stack, polling ``shared_queues``, shared by the
+  modules whose runs need real workers but not workers of their own (run identity, liveness, real runs). A test
+  may break its children (the worker must replace them); its runs name themselves apart from the others'.
+- ``vllm_queues`` (session), ``vllm_worker`` (session): ``dgrpo worker all --engine vllm`` (vLLM's CPU build, rank-8
+  adapters at most, a request's own chat template taken, the API key ``vllm_api_key`` (session) wanted): the serving contract runs against its server, then
+  tests/workflows/test_runs_on_vllm.py trains on it.
+- ``held_backend`` (session) -> the directory of one ``LocalBackend`` (its own embedded stack and ``dgrpo worker
+  all``), held open by a child process (tests/hold_backend.py) so every ART program and example that opens
+  ``LocalBackend(path=held_backend)`` reuses it instead of starting a stack and loading the model again. Such a
+  program must not stop it (no ``stop_all()``), and names its models apart from the others'.
 
-With pytest-xdist (``-n 2 --dist loadgroup``) each test file is one group, so module fixtures start once, and a
-directory whose session fixture is costly (the examples' ``LocalBackend``) is one group. It is not the README's
+With pytest-xdist (``-n 2 --dist loadgroup``) each test file is one group, so module fixtures start once, and the
+modules sharing one of the ``SHARED_WORKERS`` fixtures are one group. It is not the README's
 command: on this 2-core machine the whole suite passed with it (747) in 2774 s against 2797 s serial, because
 the suite is CPU-bound (two CPU-heavy tests side by side each take about twice as long; the learning test
 three times).
@@ -31,8 +42,10 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
+import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -42,7 +55,10 @@ from temporalio.client import Client
 from activities.object_store import ObjectStore
 from base_models.random_shapes import QWEN3_TINY, make_random_model
 from base_models.resolve import ensure_smollm2
-from schemas.settings import ENV_CACHE, ENV_MODEL_ROOTS, S3Settings, dgrpo_cache
+from host.processes import ChildProcess
+from schemas.config import TaskQueues
+from schemas.settings import ENV_CACHE, ENV_HOME, ENV_MODEL_ROOTS, ENV_SERVE_API_KEY, S3Settings, dgrpo_cache
+from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
 
 os.environ.setdefault(ENV_CACHE, dgrpo_cache())
@@ -50,16 +66,46 @@ os.environ.setdefault(ENV_CACHE, dgrpo_cache())
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-ONE_GROUP_DIRECTORIES = {"examples"}
-"""Directories whose tests share one costly session fixture: kept on one xdist worker."""
+REPO = os.path.dirname(TESTS)
 
 
+SHARED_WORKERS = ("held_backend", "shared_worker", "vllm_worker")
+"""Session fixtures that hold real workers (a CPU server and a trainer: several GB each). The modules that use one
+run one after another, where the last of them stands, and it is stopped once they are done, not at the session's
+end: so no more of them are held at a time than when each module started its own."""
+_release: dict[str, Callable[[], object]] = {}
+"""Stops a shared fixture's workers; a fixture registers it on start, its last user's teardown calls it."""
+_LAST_USER = pytest.StashKey[set[str]]()
+
+
+@pytest.hookimpl(trylast=True)  # after ``-m`` deselected: only the tests that run count
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """An xdist group per test file (per directory for ``ONE_GROUP_DIRECTORIES``); ignored without xdist."""
+    """Each ``SHARED_WORKERS`` fixture's modules moved together, and its last user noted; an xdist group per test
+    file, or per shared fixture for the modules that use one (ignored without xdist)."""
+    group = {item.path: "/".join(os.path.relpath(str(item.path), TESTS).split(os.sep)) for item in items}
+    for name in SHARED_WORKERS:
+        users = {item.path for item in items if name in getattr(item, "fixturenames", ())}
+        if not users:
+            continue
+        group.update(dict.fromkeys(users, name))
+        moved = [item for item in items if item.path in users]
+        anchor = next(k for k, item in enumerate(items) if item.path == moved[-1].path)
+        rest = [item for item in items if item.path not in users]
+        at = sum(1 for item in items[:anchor] if item.path not in users)
+        items[:] = rest[:at] + moved + rest[at:]
+    for name in SHARED_WORKERS:
+        last = [item for item in items if name in getattr(item, "fixturenames", ())][-1:]
+        for item in last:
+            item.stash[_LAST_USER] = item.stash.get(_LAST_USER, set()) | {name}
     for item in items:
-        parts = os.path.relpath(str(item.path), TESTS).split(os.sep)
-        group = parts[0] if parts[0] in ONE_GROUP_DIRECTORIES else "/".join(parts)
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(group[item.path]))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield
+    for name in item.stash.get(_LAST_USER, set()):
+        _release.pop(name, lambda: None)()
 
 
 @pytest.fixture(scope="session")
@@ -115,3 +161,84 @@ def model_roots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Qwen3-architecture model with random weights (``QWEN3_TINY``) and SmolLM2's tokenizer (~16 MB)."""
     return make_random_model(QWEN3_TINY, tmp_path_factory.mktemp("models") / "qwen3-tiny", ensure_smollm2())
+
+
+@pytest.fixture(scope="session")
+def shared_queues() -> TaskQueues:
+    suffix = uuid.uuid4().hex[:8]
+    return TaskQueues(control=f"fl-c-{suffix}", inference=f"fl-i-{suffix}", trainer=f"fl-t-{suffix}")
+
+
+@pytest.fixture(scope="session")
+def shared_worker(
+    stack: EmbeddedStack, shared_queues: TaskQueues, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    home = tmp_path_factory.mktemp("shared-worker-home")
+    proc = WorkerProcess(
+        "all", home / "worker.log", task_queues=shared_queues, env={ENV_HOME: str(home)}, cwd=REPO
+    )
+    _release["shared_worker"] = proc.stop
+    try:
+        proc.start()
+        yield proc
+    finally:
+        _release.pop("shared_worker", lambda: None)()
+
+
+@pytest.fixture(scope="session")
+def vllm_queues() -> TaskQueues:
+    suffix = uuid.uuid4().hex[:8]
+    return TaskQueues(control=f"vl-c-{suffix}", inference=f"vl-i-{suffix}", trainer=f"vl-t-{suffix}")
+
+
+@pytest.fixture(scope="session")
+def vllm_api_key() -> str:
+    """The key ``vllm_worker``'s vLLM server wants on every path but /health (``DGRPO_SERVE_API_KEY``)."""
+    return secrets.token_hex(16)
+
+
+@pytest.fixture(scope="session")
+def vllm_worker(
+    stack: EmbeddedStack, vllm_queues: TaskQueues, vllm_api_key: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    """Nothing names vLLM's environment: the worker finds it (``.venv-vllm``, or ``$DGRPO_VLLM_PYTHON``)."""
+    home = tmp_path_factory.mktemp("vllm-worker")
+    env = {ENV_HOME: str(home), ENV_SERVE_API_KEY: vllm_api_key}
+    proc = WorkerProcess(
+        "all", home / "worker.log", task_queues=vllm_queues, env=env, cwd=REPO,
+        extra_args=["--engine", "vllm", "--max-lora-rank", "8", "--trust-request-chat-template"],
+    )  # fmt: skip
+    _release["vllm_worker"] = proc.stop
+    try:
+        proc.start()
+        yield proc
+    finally:
+        _release.pop("vllm_worker", lambda: None)()
+
+
+@pytest.fixture(scope="session")
+def held_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    base = tmp_path_factory.mktemp("held-backend")
+    home, ready = base / "home", base / "backend.ready"
+    holder = ChildProcess(
+        [sys.executable, "-m", "tests.hold_backend", str(home), str(ready)],
+        base / "backend.log",
+        name="the tests' shared LocalBackend",
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=REPO,
+        tied_to_parent=True,
+    )
+
+    def stop() -> None:
+        from dgrpo.local import LocalBackend  # the facade loads slowly: only for the sessions that need it
+
+        holder.stop(timeout_s=60)
+        LocalBackend(path=home).stop_all()  # whatever the holder left running
+
+    _release["held_backend"] = stop
+    try:
+        holder.spawn()
+        holder.wait_until(ready.exists, timeout_s=900)
+        yield home
+    finally:
+        _release.pop("held_backend", lambda: None)()

@@ -36,7 +36,7 @@ from temporalio.client import Client
 from temporalio.common import WorkerDeploymentVersion
 from temporalio.worker import Interceptor, Worker, WorkerDeploymentConfig
 
-from activities.object_store import WORKER_OUTAGE_S, ObjectStore
+from activities.object_store import ObjectStore
 from activities.serving import ServingActivities
 from host.processes import HOST, free_port
 from schemas.config import TaskQueues
@@ -287,7 +287,7 @@ async def run_workers(
         if client is None:
             log.info("%s worker stopped before Temporal answered", opts.role)
             return
-    store = ObjectStore.from_env(WORKER_OUTAGE_S)
+    store = ObjectStore.from_env(opts.lifecycle.store_outage_s)
     await asyncio.to_thread(store.ensure_bucket)
     async with contextlib.AsyncExitStack() as exits:
         server_urls: list[str] = []

@@ -59,7 +59,11 @@ SINGLE_SHARD_MERGE_PATCH = "single-shard-merge"
 
 
 async def roll_out_step(
-    step: RolloutsInput, groups_per_shard: int, queues: TaskQueues, scheduling: Scheduling
+    step: RolloutsInput,
+    groups_per_shard: int,
+    queues: TaskQueues,
+    scheduling: Scheduling,
+    heartbeat_s: float | None = None,
 ) -> TrajectoriesRef:
     """Roll out ``step`` in shards of at most ``groups_per_shard`` groups; the step's one stored table."""
     shards = shard_inputs(step, groups_per_shard)
@@ -71,6 +75,7 @@ async def roll_out_step(
             task_queue=queues.inference,
             step=step.step,
             scheduling=scheduling,
+            heartbeat_s=heartbeat_s,
             result_type=TrajectoriesRef,
         )
     if one:
@@ -83,6 +88,7 @@ async def roll_out_step(
                 task_queue=queues.inference,
                 step=step.step,
                 scheduling=scheduling,
+                heartbeat_s=heartbeat_s,
                 result_type=TrajectoriesRef,
                 summary=f"step {step.step} shard {shard.shard + 1}/{shard.shards}",
             )
@@ -103,5 +109,6 @@ async def roll_out_step(
         task_queue=queues.control,
         step=step.step,
         scheduling=scheduling,
+        heartbeat_s=heartbeat_s,
         result_type=TrajectoriesRef,
     )

@@ -24,7 +24,9 @@ from workflows.train_step import latest_checkpoint
 async def serve_newest(inp: ServeModelInput, on_phase: Callable[[str], None]) -> ServeModelResult:
     """The newest manifested checkpoint (or a freshly published checkpoint 0), loaded on the servers."""
     queues = inp.task_queues
-    checkpoint = await latest_checkpoint(inp.run_id, queues.trainer, 0, inp.scheduling)
+    checkpoint = await latest_checkpoint(
+        inp.run_id, queues.trainer, 0, inp.scheduling, inp.heartbeat_timeout_s
+    )
     if checkpoint is None:
         on_phase("publish")
         checkpoint = await run_stage(
@@ -33,6 +35,7 @@ async def serve_newest(inp: ServeModelInput, on_phase: Callable[[str], None]) ->
             task_queue=queues.trainer,
             step=0,
             scheduling=inp.scheduling,
+            heartbeat_s=inp.heartbeat_timeout_s,
             result_type=CheckpointRef,
         )
     else:
@@ -52,6 +55,7 @@ async def serve_newest(inp: ServeModelInput, on_phase: Callable[[str], None]) ->
         task_queue=queues.inference,
         step=checkpoint.step,
         scheduling=inp.scheduling,
+        heartbeat_s=inp.heartbeat_timeout_s,
         result_type=ReloadResult,
     )
     return ServeModelResult(step=checkpoint.step, checkpoint=checkpoint, adapter=reloaded.adapter)

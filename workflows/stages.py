@@ -18,14 +18,15 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError,
 
 with workflow.unsafe.imports_passed_through():
     from schemas.activities import ActivityName
-    from schemas.config import Scheduling
+    from schemas.config import HEARTBEAT_TIMEOUT_S, Scheduling
     from schemas.errors import NON_RETRYABLE
 
 T = TypeVar("T")
 
-HEARTBEAT = timedelta(seconds=20)
-"""Every stage's heartbeat timeout: how long a dead or hung worker can hold an activity. With the 2 s first
-retry interval, a killed worker's activity starts again on another worker within about 22 s."""
+HEARTBEAT = timedelta(seconds=HEARTBEAT_TIMEOUT_S)
+"""Every stage's heartbeat timeout unless the run sets its own (``RunSpec.heartbeat_timeout_s``): how long a
+dead or hung worker can hold an activity. With the 2 s first retry interval, a killed worker's activity starts
+again on another worker within about 22 s."""
 
 QUEUE_WAIT = timedelta(hours=1)
 """What a stage's bound allows, beyond its attempts, for retry backoff and for waiting on a worker to poll."""
@@ -41,6 +42,12 @@ class Stage:
     max_attempts: int = 5
     schedule_to_start: timedelta | None = None
     """Set where the activity is pinned to one worker that may have died (publish)."""
+
+    def heartbeat_timeout(self, run_s: float | None) -> timedelta | None:
+        """The run's heartbeat timeout (``run_s`` seconds) for a stage that heartbeats; None: the stage's own."""
+        if run_s is None or self.heartbeat is None:
+            return self.heartbeat
+        return timedelta(seconds=run_s)
 
     @property
     def schedule_to_close(self) -> timedelta:
@@ -119,12 +126,15 @@ async def run_stage(
     task_queue: str,
     step: int,
     scheduling: Scheduling,
+    heartbeat_s: float | None = None,
     result_type: type[T] | None = None,
     reraise: bool = False,
     summary: str | None = None,
 ) -> T:
     """Execute ``stage`` on ``task_queue`` with the run's ``scheduling``; a final failure becomes a
-    ``StageFailed`` with a clear message. ``summary``: what the UI shows for the call (default ``step <step>``)."""
+    ``StageFailed`` with a clear message. ``heartbeat_s``: the run's heartbeat timeout
+    (``RunSpec.heartbeat_timeout_s``; None: ``HEARTBEAT``). ``summary``: what the UI shows for the call
+    (default ``step <step>``)."""
     try:
         return await workflow.execute_activity(
             stage.name,
@@ -133,7 +143,7 @@ async def run_stage(
             start_to_close_timeout=stage.start_to_close,
             schedule_to_close_timeout=stage.schedule_to_close,  # commands match on id and type: replay-safe
             schedule_to_start_timeout=stage.schedule_to_start,
-            heartbeat_timeout=stage.heartbeat,
+            heartbeat_timeout=stage.heartbeat_timeout(heartbeat_s),  # options are not replayed: replay-safe
             retry_policy=stage.retry_policy(),
             priority=priority(scheduling),  # replay matches commands on id and type, not priority
             result_type=result_type,

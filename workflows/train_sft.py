@@ -56,6 +56,7 @@ async def fine_tune_and_publish(
             task_queue=inp.task_queues.trainer,
             step=inp.step,
             scheduling=inp.scheduling,
+            heartbeat_s=inp.heartbeat_timeout_s,
             result_type=SftResult,
         )
         clock.enter("publish")
@@ -74,6 +75,7 @@ async def fine_tune_and_publish(
                 task_queue=queue,
                 step=inp.step,
                 scheduling=inp.scheduling,
+                heartbeat_s=inp.heartbeat_timeout_s,
                 result_type=CheckpointRef,
                 reraise=True,
             )
@@ -105,7 +107,9 @@ class TrainSFT:
     async def run(self, inp: TrainSFTInput) -> TrainSFTResult:
         clock = PhaseClock(self._set_phase)
         queues = inp.task_queues
-        newest = await latest_checkpoint(inp.run_id, queues.trainer, inp.step, inp.scheduling)
+        newest = await latest_checkpoint(
+            inp.run_id, queues.trainer, inp.step, inp.scheduling, inp.heartbeat_timeout_s
+        )
         if newest is not None and newest.step == inp.step:  # a retried call whose step already finished
             adapter = await serve_checkpoint(inp, newest, clock)
             self._phase = "done"
@@ -123,7 +127,7 @@ class TrainSFT:
                 clock.enter("sleep")
                 await run_stage(
                     SERVING_CONTROL, ServingControlInput(action="sleep"), task_queue=queues.inference,
-                    step=inp.step, scheduling=inp.scheduling,
+                    step=inp.step, scheduling=inp.scheduling, heartbeat_s=inp.heartbeat_timeout_s,
                 )  # fmt: skip
             try:
                 trained, checkpoint = await fine_tune_and_publish(inp, newest, clock)

@@ -99,6 +99,7 @@ async def serve_checkpoint(
         task_queue=inp.task_queues.inference,
         step=checkpoint.step,
         scheduling=inp.scheduling,
+        heartbeat_s=inp.heartbeat_timeout_s,
         result_type=ReloadResult,
     )
     return reloaded.adapter
@@ -124,6 +125,7 @@ async def train_and_publish(
             task_queue=inp.task_queues.trainer,
             step=inp.step,
             scheduling=inp.scheduling,
+            heartbeat_s=inp.heartbeat_timeout_s,
             result_type=TrainResult,
         )
         clock.enter("publish")
@@ -141,6 +143,7 @@ async def train_and_publish(
                 task_queue=queue,
                 step=inp.step,
                 scheduling=inp.scheduling,
+                heartbeat_s=inp.heartbeat_timeout_s,
                 result_type=CheckpointRef,
                 reraise=True,
             )
@@ -168,6 +171,7 @@ async def train_and_serve(inp: TrainStepInput, on_phase: PhaseCallback | None = 
         task_queue=queues.control,
         step=inp.step,
         scheduling=inp.scheduling,
+        heartbeat_s=inp.heartbeat_timeout_s,
         result_type=AdvantagesResult,
     )
     if advantages.n_trajectories == 0:
@@ -187,6 +191,7 @@ async def train_and_serve(inp: TrainStepInput, on_phase: PhaseCallback | None = 
             task_queue=queues.inference,
             step=inp.step,
             scheduling=inp.scheduling,
+            heartbeat_s=inp.heartbeat_timeout_s,
         )
     try:
         trained, checkpoint = await train_and_publish(inp, advantages, clock)
@@ -227,6 +232,7 @@ async def advance_untrained(
             task_queue=inp.task_queues.trainer,
             step=0,
             scheduling=inp.scheduling,
+            heartbeat_s=inp.heartbeat_timeout_s,
             result_type=CheckpointRef,
         )
     workflow.logger.warning(
@@ -239,6 +245,7 @@ async def advance_untrained(
         task_queue=inp.task_queues.trainer,
         step=inp.step,
         scheduling=inp.scheduling,
+        heartbeat_s=inp.heartbeat_timeout_s,
         result_type=CheckpointRef,
     )
     adapter = await serve_checkpoint(inp, checkpoint, clock)
@@ -257,12 +264,12 @@ async def wake_up(inp: TrainStepInput | TrainSFTInput, clock: PhaseClock) -> Non
     clock.enter("wake_up")
     await run_stage(
         SERVING_CONTROL, ServingControlInput(action="wake_up"), task_queue=inp.task_queues.inference,
-        step=inp.step, scheduling=inp.scheduling,
+        step=inp.step, scheduling=inp.scheduling, heartbeat_s=inp.heartbeat_timeout_s,
     )  # fmt: skip
 
 
 async def latest_checkpoint(
-    run_id: str, trainer_queue: str, step: int, scheduling: Scheduling
+    run_id: str, trainer_queue: str, step: int, scheduling: Scheduling, heartbeat_s: float | None = None
 ) -> CheckpointRef | None:
     return await run_stage(
         LATEST_CHECKPOINT,
@@ -270,6 +277,7 @@ async def latest_checkpoint(
         task_queue=trainer_queue,
         step=step,
         scheduling=scheduling,
+        heartbeat_s=heartbeat_s,
         result_type=CheckpointRef | None,  # type: ignore[arg-type]
     )
 
@@ -291,7 +299,9 @@ class TrainStep:
     @workflow.run
     async def run(self, inp: TrainStepInput) -> TrainStepResult:
         if inp.start_from is None:
-            newest = await latest_checkpoint(inp.run_id, inp.task_queues.trainer, inp.step, inp.scheduling)
+            newest = await latest_checkpoint(
+                inp.run_id, inp.task_queues.trainer, inp.step, inp.scheduling, inp.heartbeat_timeout_s
+            )
             if newest is not None and newest.step == inp.step:
                 # A retried call whose step already finished: serve it, do not train twice.
                 adapter = await serve_checkpoint(inp, newest, PhaseClock(self._set_phase))

@@ -184,6 +184,7 @@ class TrainingRun:
                 shared=spec.mode == "shared",
                 bucket=spec.storage.bucket,
                 scheduling=spec.scheduling(),
+                heartbeat_timeout_s=spec.heartbeat_timeout_s,
             ),
             self._enter,
         )
@@ -206,6 +207,7 @@ class TrainingRun:
                 task_queue=spec.task_queues.control,
                 step=state.step,
                 scheduling=spec.scheduling(),
+                heartbeat_s=spec.heartbeat_timeout_s,
                 result_type=ObjectRef,
                 summary="store the inline scenarios",
             )
@@ -227,6 +229,7 @@ class TrainingRun:
                 task_queue=spec.task_queues.control,
                 step=state.step,
                 scheduling=spec.scheduling(),
+                heartbeat_s=spec.heartbeat_timeout_s,
                 result_type=RunTexts,
                 summary="store the chat template and rubric",
             )
@@ -381,6 +384,7 @@ class TrainingRun:
             task_queues=spec.task_queues,
             shared_device=spec.mode == "shared",
             scheduling=spec.scheduling(),
+            heartbeat_timeout_s=spec.heartbeat_timeout_s,
         )
 
     async def _rollouts_and_judge(
@@ -410,6 +414,7 @@ class TrainingRun:
             spec.groups_per_shard,
             spec.task_queues,
             spec.scheduling(),
+            spec.heartbeat_timeout_s,
         )
         if spec.judge.kind != "rollout":
             if track:
@@ -429,6 +434,7 @@ class TrainingRun:
                 task_queue=spec.task_queues.control,
                 step=target,
                 scheduling=spec.scheduling(),
+                heartbeat_s=spec.heartbeat_timeout_s,
                 result_type=TrajectoriesRef,
             )
         if track:
@@ -454,6 +460,7 @@ class TrainingRun:
                 task_queue=spec.task_queues.control,
                 step=step,
                 scheduling=spec.scheduling(),
+                heartbeat_s=spec.heartbeat_timeout_s,
             )
         except StageFailed as err:
             workflow.logger.warning("metrics for step %d not logged: %s", step, err.message)
@@ -484,6 +491,7 @@ class TrainingRun:
                 task_queue=spec.task_queues.control,
                 step=step,
                 scheduling=spec.scheduling(),
+                heartbeat_s=spec.heartbeat_timeout_s,
             )
         except StageFailed as err:
             workflow.logger.warning("checkpoint retention after step %d failed: %s", step, err.message)

@@ -2,10 +2,13 @@
 namespace, cannot reach the cluster's Temporal or S3, so it asks this process, started on the client host, one
 JSON line at a time on stdin; each answer is one JSON line on stdout ({"error": ...} when a request failed).
 
-    {"op": "start", "run_id": R, "steps": N, "groups": G, "group_size": K}   start the TrainingRun
+    {"op": "start", "run_id": R, "steps": N, "groups": G, "group_size": K,   start the TrainingRun
+        "heartbeat_timeout_s": H}
     {"op": "running", "activity": A, "after_s": S, "hosts": [H, ...]}       once A has run S s on one of the
         hosts: {"host", "run_id", "activity_id", "attempt"}
     {"op": "retried", "activity_id": A, "attempt": N}                      once attempt N of A failed or A completed
+    {"op": "completed", "activity_id": A, "within_s": W}                   once A completed: {"completed": true};
+        {"completed": false} if it has not in W s
     {"op": "late_write", "run_id": R, "activity_id": A, "attempt": N,       once that attempt's shard is stored:
         "within_s": W}                                                      {"key"}; {"key": null} if not in W s
     {"op": "phase", "phase": P, "step": N, "timeout_s": T}                  once the run is at P of step N
@@ -80,9 +83,12 @@ class Observer:
         self.handle: WorkflowHandle[Any, Any] | None = None
         self.result: asyncio.Future[RunStatus] | None = None
 
-    async def start(self, run_id: str, steps: int, groups: int, group_size: int) -> dict[str, Any]:
+    async def start(
+        self, run_id: str, steps: int, groups: int, group_size: int, heartbeat_timeout_s: float
+    ) -> dict[str, Any]:
         data = json.loads((REPO / "examples" / "run.json").read_text())
         data.update(run_id=run_id, steps=steps, groups_per_step=groups, group_size=group_size)
+        data.update(heartbeat_timeout_s=heartbeat_timeout_s)
         data.update(groups_per_shard=1, metrics={"wandb": False}, train={"learning_rate": 2e-4})
         data["model"]["name"] = run_id
         self.handle = await run_control.start_run(self.client, RunSpec.model_validate(data), self.store)
@@ -124,6 +130,17 @@ class Observer:
         raise MomentPassed(
             f"the run ended before {activity_id} attempt {attempt} ended: {self.result.result()}"
         )
+
+    async def completed(self, activity_id: str, within_s: float) -> dict[str, Any]:
+        """Once ``activity_id`` is no longer pending (an attempt completed it), or ``within_s`` passed."""
+        assert self.handle is not None and self.result is not None
+        deadline = asyncio.get_running_loop().time() + within_s
+        while asyncio.get_running_loop().time() < deadline and not self.result.done():
+            _, pendings = await pending_activities(self.handle)
+            if all(p.activity_id != activity_id for p in pendings):
+                return {"completed": True}
+            await asyncio.sleep(0.2)
+        return {"completed": False}
 
     async def late_write(
         self, run_id: str, activity_id: str, attempt: int, within_s: float
@@ -243,7 +260,7 @@ async def main() -> None:
     while line := await loop.run_in_executor(None, sys.stdin.readline):
         request = json.loads(line)
         ops = {"start": observer.start, "running": observer.running, "phase": observer.phase,
-               "retried": observer.retried,
+               "retried": observer.retried, "completed": observer.completed,
                "uploading": observer.uploading, "manifested": observer.manifested,
                "late_write": observer.late_write, "final": observer.final, "verify": observer.verify}  # fmt: skip
         try:

@@ -5,14 +5,20 @@ share a step:
 1. step 1: the inference host running a shard is killed whole (every process, its directories gone) while the
    other carries on, and a fresh host of the same role replaces it (a rescheduled pod); then the trainer host,
    mid-train, likewise;
-2. step 2: the inference host running a shard is partitioned from Temporal and S3 for 60 s (struck once the
-   shard's rollouts run), then healed: the shard is retried, and the partitioned attempt, cancelled on its host
-   when its heartbeats failed, still uploads its shard once healed, as a zombie (when its rollouts had ended;
-   cancelled while they ran, it writes nothing: the test says which it saw);
+2. step 2: the inference host running a shard is partitioned from Temporal and S3 (struck once the shard's
+   rollouts run) until the shard's retry has completed on the other host (at most 60 s), then healed: the
+   partitioned attempt, cancelled on its host when its heartbeats failed, still uploads its shard once healed,
+   as a zombie, after the retry's shard is recorded (when its rollouts had ended; cancelled while they ran, it
+   writes nothing: the test says which it saw);
 3. step 3: S3 (served at an address of its own) unreachable from the host running a shard while it still
    reaches Temporal, until that attempt gives up (a worker rides out an S3 outage inside an attempt first);
-4. step 3: the trainer host partitioned mid-publish (its traffic slowed so a publish lasts), for 30 s; while it
+4. step 3: the trainer host partitioned mid-publish (its traffic slowed so a publish lasts), for 15 s; while it
    is cut off, every checkpoint that has a manifest already holds every file it lists.
+
+Faults cost what the settings for them say, set short here so the test takes minutes, not ten: the run's
+``heartbeat_timeout_s`` (10 s, the least a run may set) and the workers' ``DGRPO_STORE_OUTAGE_S`` (30 s, which
+against an unreachable store rides out about a minute: longer than the partition, so the partitioned attempt's
+upload is still retrying when the host is healed).
 
 Then: the run completed; one checkpoint per step, every file sha256-verified against its manifest; every step's
 trajectories with its 8 rows, none doubled; every object a completed activity recorded in the history still
@@ -38,12 +44,21 @@ import pytest
 from fleet import HERE, PYTHON, REPO, image_cache, logs, start_stack, start_worker, wait_healthy
 from netns import SUBNET, Cluster, ip, tc, wait_for
 
+from schemas.settings import ENV_STORE_OUTAGE_S
+
 pytestmark = pytest.mark.slow
 
 STEPS, GROUPS, GROUP_SIZE = 3, 2, 4
 ROLES = {"control": "control", "inference-a": "inference", "inference-b": "inference", "trainer": "trainer"}
 INFERENCE = ["inference-a", "inference-b"]
-PARTITION_S, PUBLISH_PARTITION_S = 60.0, 30.0
+HEARTBEAT_S = 10.0
+"""The run's heartbeat timeout: a killed or cut-off host's activity is retried elsewhere this long after."""
+STORE_OUTAGE_S = 30.0
+"""The workers' ``DGRPO_STORE_OUTAGE_S``: how long a store request rides out a store it cannot reach (each retry
+also waits its 3 s connect timeout there, so about a minute)."""
+PARTITION_S, PUBLISH_PARTITION_S = 60.0, 15.0
+"""The rollouts partition's longest (it ends once the shard's retry completed), and the publish partition's:
+each past the heartbeat timeout, so the attempt is timed out while its host is cut off."""
 
 
 class Observer:
@@ -94,7 +109,10 @@ class Fault:
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[tuple[Cluster, dict[str, str], Observer]]:
     with Cluster(["stack", *ROLES, "client"], image_cache=image_cache()) as c:
-        env = start_stack(c, s3_address=SUBNET.format(c.net, 200))
+        env = {
+            **start_stack(c, s3_address=SUBNET.format(c.net, 200)),
+            ENV_STORE_OUTAGE_S: str(STORE_OUTAGE_S),
+        }
         for name, role in ROLES.items():
             start_worker(c[name], role, env)
         for name, role in ROLES.items():
@@ -157,18 +175,23 @@ def test_a_run_survives_hosts_killed_partitioned_cut_from_s3_and_a_partitioned_p
 
     started = time.monotonic()
     try:
-        observer.ask("start", run_id=run_id, steps=STEPS, groups=GROUPS, group_size=GROUP_SIZE)
+        observer.ask("start", run_id=run_id, steps=STEPS, groups=GROUPS, group_size=GROUP_SIZE,
+                     heartbeat_timeout_s=HEARTBEAT_S)  # fmt: skip
         strike("host killed, replaced", "rollouts", INFERENCE, replace)
         strike("host killed, replaced", "train", ["trainer"], replace, after_s=1.0)
         observer.ask("phase", phase="rollouts", step=2)
         # Struck once the shard's rollouts run (its adapter loaded): the attempt then has a shard to upload
         # when it wakes.
-        zombie = strike(f"host partitioned {PARTITION_S:.0f} s", "rollouts", INFERENCE, partition(PARTITION_S),
-                        logged=f"rollouts for {run_id} step 2 ")  # fmt: skip
+        zombie = strike("host partitioned until the shard's retry completed", "rollouts", INFERENCE,
+                        partition(PARTITION_S), logged=f"rollouts for {run_id} step 2 ")  # fmt: skip
+        # Healed once the retry completed: the zombie's late upload comes after the shard the run recorded.
+        observer.ask("completed", activity_id=faults[-1].activity_id, within_s=PARTITION_S)
+        timers[-1].cancel()
+        c.heal(zombie)
         observer.ask("phase", phase="rollouts", step=3)
         strike("S3 unreachable from one host", "rollouts", INFERENCE, cut_s3)
-        # A worker rides out an S3 outage of WORKER_OUTAGE_S (90 s) inside one attempt: S3 stays cut until the
-        # attempt gives up, so the shard must move to an attempt that can reach S3.
+        # A worker rides out an S3 outage of STORE_OUTAGE_S inside one attempt: S3 stays cut until the attempt
+        # gives up, so the shard must move to an attempt that can reach S3.
         observer.ask("retried", activity_id=faults[-1].activity_id, attempt=faults[-1].attempt)
         ip(*[a.replace("{}", "del") for a in s3_route])
         observer.ask("phase", phase="train", step=3)

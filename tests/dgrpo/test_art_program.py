@@ -107,12 +107,8 @@ async def program(home: Path) -> dict[str, Any]:
 
 
 # ---- the test ---------------------------------------------------------------------------------------
-async def test_an_art_program_trains_two_steps_and_logs(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    try:
-        seen = await program(home)
-    finally:
-        LocalBackend(path=home).stop_all()  # whatever a failure left running
+async def test_an_art_program_trains_two_steps_and_logs(held_backend: Path) -> None:
+    seen = await program(held_backend)  # its LocalBackend reuses the session's workers
 
     first = seen["groups"][0]
     for traj in (t for g in first for t in g):

@@ -59,64 +59,63 @@ def logprob_of(token: str, top: list[Any]) -> float:
     return found[0] if found else min(t.logprob for t in top) - 1e-3
 
 
-async def test_train_sft_teaches_the_served_model_then_backend_train_and_log(tmp_path: Path) -> None:
-    home = tmp_path / "home"
+async def test_train_sft_teaches_the_served_model_then_backend_train_and_log(
+    held_backend: Path, tmp_path: Path
+) -> None:
     examples = [
         art.Trajectory(messages_and_choices=[*chat(i), {"role": "assistant", "content": TARGET}], reward=0)
         for i in range(4)
     ]
-    try:
-        with LocalBackend(path=home) as backend:
-            model = art.TrainableModel(name="sft", project="art-sft")
-            await model.register(backend)
-            reply_before, top_before = await greedy_reply(model)
+    # The session's LocalBackend, reused (its server takes a model's own chat template).
+    with LocalBackend(path=held_backend) as backend:
+        model = art.TrainableModel(name="sft", project="art-sft")
+        await model.register(backend)
+        reply_before, top_before = await greedy_reply(model)
 
-            # The first step from a JSONL file (ART's art.utils.sft), which calls model.train_sft.
-            sft_file = tmp_path / "examples.jsonl"
-            sft_file.write_text("".join(json.dumps({"messages": t.messages()}) + "\n" for t in examples))
-            first = await train_sft_from_file(
-                model, str(sft_file), batch_size=2, peak_lr=2e-3, schedule_type="constant", warmup_ratio=0
-            )
-            assert first is not None
-            # ART's seam: model.train_sft went through backend._train_sft; its step is the backend's _get_step.
-            first_steps = (await backend._get_step(model), await model.get_step())
-            second = await backend.train_sft(model, examples, art.TrainSFTConfig(learning_rate=[2e-3, 1e-3]))
-            await model.log(metrics=second.metrics, step=second.step, split="train")
-            second_steps = (await backend._get_step(model), await model.get_step())
-            reply_after, top_after = await greedy_reply(model)
-            served = model.get_inference_name()
-            records = metrics_by_step(backend.object_store(), model.run_id)
+        # The first step from a JSONL file (ART's art.utils.sft), which calls model.train_sft.
+        sft_file = tmp_path / "examples.jsonl"
+        sft_file.write_text("".join(json.dumps({"messages": t.messages()}) + "\n" for t in examples))
+        first = await train_sft_from_file(
+            model, str(sft_file), batch_size=2, peak_lr=2e-3, schedule_type="constant", warmup_ratio=0
+        )
+        assert first is not None
+        # ART's seam: model.train_sft went through backend._train_sft; its step is the backend's _get_step.
+        first_steps = (await backend._get_step(model), await model.get_step())
+        second = await backend.train_sft(model, examples, art.TrainSFTConfig(learning_rate=[2e-3, 1e-3]))
+        await model.log(metrics=second.metrics, step=second.step, split="train")
+        second_steps = (await backend._get_step(model), await model.get_step())
+        reply_after, top_after = await greedy_reply(model)
+        served = model.get_inference_name()
+        records = metrics_by_step(backend.object_store(), model.run_id)
 
-            # A model with a chat template of its own: LocalBackend's server renders its chats with it, and
-            # its trainer renders its SFT examples with it.
-            own = art.TrainableModel(name="own", project="art-sft", _internal_config={"chat_template": OWN})
-            await own.register(backend)
-            asked = await own.openai_client().chat.completions.create(
-                model=own.name,
-                messages=chat(0),
-                max_tokens=2,
-                extra_body={"return_token_ids": True},  # type: ignore[arg-type]
-            )
-            own_prompt = art.Choice.model_validate(asked.choices[0]).prompt_token_ids
-            own_sft = await backend.train_sft(own, examples[:2], art.TrainSFTConfig(batch_size=2))
+        # A model with a chat template of its own: LocalBackend's server renders its chats with it, and
+        # its trainer renders its SFT examples with it.
+        own = art.TrainableModel(name="own", project="art-sft", _internal_config={"chat_template": OWN})
+        await own.register(backend)
+        asked = await own.openai_client().chat.completions.create(
+            model=own.name,
+            messages=chat(0),
+            max_tokens=2,
+            extra_body={"return_token_ids": True},  # type: ignore[arg-type]
+        )
+        own_prompt = art.Choice.model_validate(asked.choices[0]).prompt_token_ids
+        own_sft = await backend.train_sft(own, examples[:2], art.TrainSFTConfig(batch_size=2))
 
-            # backend.train on a TemporalBackend pointed at the same cluster, as ART 0.5's main loop.
-            remote = art.TemporalBackend(
-                address=backend.stack.temporal_address,
-                inference_url=backend.inference_url(),
-                s3=backend.stack.s3_settings,
-            )
-            again = art.TrainableModel(name="sft", project="art-sft")
-            await again.register(remote)
-            step_before_rl = await again.get_step()
-            groups = await art.gather_trajectory_groups(
-                art.TrajectoryGroup(rollout(again, s) for _ in range(3)) for s in scenarios()[:2]
-            )
-            result = await remote.train(again, groups, learning_rate=2e-4)
-            await again.log(groups, metrics=result.metrics, step=result.step, split="train")
-            rl_records = metrics_by_step(remote.object_store(), again.run_id)
-    finally:
-        LocalBackend(path=home).stop_all()
+        # backend.train on a TemporalBackend pointed at the same cluster, as ART 0.5's main loop.
+        remote = art.TemporalBackend(
+            address=backend.stack.temporal_address,
+            inference_url=backend.inference_url(),
+            s3=backend.stack.s3_settings,
+        )
+        again = art.TrainableModel(name="sft", project="art-sft")
+        await again.register(remote)
+        step_before_rl = await again.get_step()
+        groups = await art.gather_trajectory_groups(
+            art.TrajectoryGroup(rollout(again, s) for _ in range(3)) for s in scenarios()[:2]
+        )
+        result = await remote.train(again, groups, learning_rate=2e-4)
+        await again.log(groups, metrics=result.metrics, step=result.step, split="train")
+        rl_records = metrics_by_step(remote.object_store(), again.run_id)
 
     # Each call is one step, published and served; the loss on the examples fell between the calls.
     assert (first.step, second.step, served) == (1, 2, "art--sft-sft@2")

@@ -5,7 +5,6 @@ outside), ``yield_trajectory`` hands a built trajectory over, and rollouts writt
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ import pytest
 import dgrpo as art
 from dgrpo.local import LocalBackend
 from schemas.trajectory import Choice
-from serving.launchers import CpuServerProcess
 
 SERVED_MODEL = "smollm2-135m-instruct"
 TOOLS = [
@@ -24,13 +22,9 @@ TOOLS = [
 
 
 @pytest.fixture(scope="module")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = CpuServerProcess(SERVED_MODEL, log_path=tmp_path_factory.mktemp("capture") / "serve.log")
-    server.start()
-    try:
-        yield server.client.openai_base_url
-    finally:
-        server.stop()
+def server_url(held_backend: Path) -> str:
+    """The CPU server of the session's LocalBackend (tests/conftest.py), serving the base model."""
+    return LocalBackend(path=held_backend).inference_url()
 
 
 @pytest.fixture
@@ -208,22 +202,18 @@ async def colour_rollout(model: art.TrainableModel, seed: int) -> str:
 
 
 @pytest.mark.slow
-async def test_captured_rollouts_train_a_step(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    try:
-        with LocalBackend(path=home) as backend:
-            model = art.TrainableModel(name="captured", project="capture", base_model=SERVED_MODEL)
-            await model.register(backend)
-            groups = await art.gather_trajectory_groups(
-                art.TrajectoryGroup(
-                    art.capture_auto_trajectory(colour_rollout(model, 10 * g + i)) for i in range(3)
-                )
-                for g in range(2)
+async def test_captured_rollouts_train_a_step(held_backend: Path) -> None:
+    with LocalBackend(path=held_backend) as backend:  # the session's, reused
+        model = art.TrainableModel(name="captured", project="capture", base_model=SERVED_MODEL)
+        await model.register(backend)
+        groups = await art.gather_trajectory_groups(
+            art.TrajectoryGroup(
+                art.capture_auto_trajectory(colour_rollout(model, 10 * g + i)) for i in range(3)
             )
-            result = await backend.train(model, groups, learning_rate=2e-4)
-            step = await model.get_step()
-    finally:
-        LocalBackend(path=home).stop_all()
+            for g in range(2)
+        )
+        result = await backend.train(model, groups, learning_rate=2e-4)
+        step = await model.get_step()
 
     for traj in (t for g in groups for t in g):
         assert [m["role"] for m in traj.messages()] == ["user", "assistant"]

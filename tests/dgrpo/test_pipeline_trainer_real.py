@@ -23,29 +23,23 @@ async def evaluate(model: art.TrainableModel, step: int, config: Any) -> list[ar
     return await art.gather_trajectory_groups([group], pbar_desc=f"eval {step}")
 
 
-async def test_pipeline_trainer_trains_two_pipelined_steps_and_evaluates(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    try:
-        with LocalBackend(path=home) as backend:
-            model = art.TrainableModel(
-                name="pipe", project="art-pipeline", base_model="smollm2-135m-instruct"
-            )
-            await model.register(backend)
-            trainer = PipelineTrainer(
-                model,
-                backend,
-                make_group_rollout_fn(rollout, n=3),
-                scenarios()[:4],
-                None,
-                eval_fn=evaluate,
-                min_batch_size=2,
-                learning_rate=2e-4,
-            )
-            status = await trainer.train()
-            step = await model.get_step()
-            records = metrics_by_step(backend.object_store(), model.run_id)
-    finally:
-        LocalBackend(path=home).stop_all()
+async def test_pipeline_trainer_trains_two_pipelined_steps_and_evaluates(held_backend: Path) -> None:
+    with LocalBackend(path=held_backend) as backend:  # the session's, reused
+        model = art.TrainableModel(name="pipe", project="art-pipeline", base_model="smollm2-135m-instruct")
+        await model.register(backend)
+        trainer = PipelineTrainer(
+            model,
+            backend,
+            make_group_rollout_fn(rollout, n=3),
+            scenarios()[:4],
+            None,
+            eval_fn=evaluate,
+            min_batch_size=2,
+            learning_rate=2e-4,
+        )
+        status = await trainer.train()
+        step = await model.get_step()
+        records = metrics_by_step(backend.object_store(), model.run_id)
     assert (status.mode, status.step, status.phase, step) == ("pipelined", 2, "done", 2)
     assert [h.step for h in status.history] == [1, 2]
     for s in (1, 2):  # TrainingRun's numbers under ART's names
@@ -56,8 +50,9 @@ async def test_pipeline_trainer_trains_two_pipelined_steps_and_evaluates(tmp_pat
     assert records[2]["val/data/step_num_trajectories"] == 2 and "val/reward" in records[2]
 
 
-async def test_a_closure_rollout_trains_in_this_process_through_backend_train(tmp_path: Path) -> None:
-    home = tmp_path / "home"
+async def test_a_closure_rollout_trains_in_this_process_through_backend_train(
+    held_backend: Path, tmp_path: Path
+) -> None:
     seen: list[int] = []
 
     async def grouped(
@@ -66,24 +61,21 @@ async def test_a_closure_rollout_trains_in_this_process_through_backend_train(tm
         seen.append(scenario["answer"])  # a closure: the workers could not import it
         return await art.TrajectoryGroup(rollout(model, scenario) for _ in range(3))
 
-    try:
-        with LocalBackend(path=home) as backend:
-            model = art.TrainableModel(
-                name="here",
-                project="art-pipeline",
-                base_model="smollm2-135m-instruct",
-                base_path=str(tmp_path),
-            )
-            await model.register(backend)
-            trainer = PipelineTrainer(
-                model, backend, grouped, scenarios()[:4], None, min_batch_size=2, max_batch_size=2,
-                learning_rate=2e-4, eval_fn=None,
-            )  # fmt: skip
-            assert not trainer.durable
-            await trainer.train()
-            step = await model.get_step()
-    finally:
-        LocalBackend(path=home).stop_all()
+    with LocalBackend(path=held_backend) as backend:  # the session's, reused
+        model = art.TrainableModel(
+            name="here",
+            project="art-pipeline",
+            base_model="smollm2-135m-instruct",
+            base_path=str(tmp_path),
+        )
+        await model.register(backend)
+        trainer = PipelineTrainer(
+            model, backend, grouped, scenarios()[:4], None, min_batch_size=2, max_batch_size=2,
+            learning_rate=2e-4, eval_fn=None,
+        )  # fmt: skip
+        assert not trainer.durable
+        await trainer.train()
+        step = await model.get_step()
     rows = [
         json.loads(line)
         for line in (tmp_path / "art-pipeline/models/here/history.jsonl").read_text().splitlines()

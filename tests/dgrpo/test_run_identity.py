@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -18,32 +16,22 @@ from schemas.config import LoraConfig, TaskQueues, TrainConfig
 from schemas.layout import model_key, trajectories_key
 from schemas.refs import ObjectRef, TrajectoriesRef
 from schemas.run_state import TrainStepInput
-from schemas.settings import ENV_HOME
 from schemas.trajectory import Choice, Trajectory, TrajectoryGroup
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def queues() -> TaskQueues:
-    suffix = uuid.uuid4().hex[:8]
-    return TaskQueues(control=f"id-control-{suffix}", inference=f"id-inf-{suffix}", trainer=f"id-tr-{suffix}")
+def queues(shared_queues: TaskQueues) -> TaskQueues:
+    return shared_queues
 
 
 @pytest.fixture(scope="module")
-def workers(
-    stack: EmbeddedStack, queues: TaskQueues, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[WorkerProcess]:
-    home = tmp_path_factory.mktemp("id-worker-home")
-    proc = WorkerProcess("all", home / "worker.log", task_queues=queues, env={ENV_HOME: str(home)}, cwd=REPO)
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+def workers(shared_worker: WorkerProcess) -> WorkerProcess:
+    """The session's ``dgrpo worker all`` (tests/conftest.py)."""
+    return shared_worker
 
 
 def backend(stack: EmbeddedStack, workers: WorkerProcess, queues: TaskQueues) -> dgrpo.TemporalBackend:

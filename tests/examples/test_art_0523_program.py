@@ -65,12 +65,12 @@ async def train(home: Path, steps: int) -> tuple[art.TrainableModel, list[list[a
 
 @pytest.mark.slow
 @pytest.mark.art_compat
-async def test_a_0523_program_with_captured_rollouts_trains_two_steps(example_home: Path) -> None:
+async def test_a_0523_program_with_captured_rollouts_trains_two_steps(held_backend: Path) -> None:
     started = time.monotonic()
-    model, trained = await train(example_home, steps=2)
+    model, trained = await train(held_backend, steps=2)
     print(f"the 0.5.23 program trained 2 steps in {time.monotonic() - started:.0f} s")
     assert await model.get_step() == 2
-    records, checkpoints = stored_run(example_home, model.run_id)
+    records, checkpoints = stored_run(held_backend, model.run_id)
     assert checkpoints[-1] == 2
     for step, groups in enumerate(trained, start=1):
         trajectories = [t for g in groups for t in g]

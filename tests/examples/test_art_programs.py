@@ -57,10 +57,10 @@ def judge(monkeypatch: pytest.MonkeyPatch) -> Iterator[StubServer]:
 
 
 @pytest.fixture
-def backup(example_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[BackupBucket]:
+def backup(held_backend: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[BackupBucket]:
     """The backend's own SeaweedFS as the program's "AWS" bucket (only the AWS variables), and a working
     directory of its own for ART's local files (``.art/``)."""
-    settings = EmbeddedStack(example_home).s3_settings
+    settings = EmbeddedStack(held_backend).s3_settings
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{settings.endpoint.removeprefix('http://')}")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", settings.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", settings.secret_key.get_secret_value())
@@ -105,15 +105,15 @@ def check_trained(
 
 @pytest.mark.slow
 async def test_a_2048_program_trains_judged_by_an_openai_named_judge_and_resumes_from_its_backup(
-    example_home: Path, judge: StubServer, backup: BackupBucket, tmp_path: Path
+    held_backend: Path, judge: StubServer, backup: BackupBucket, tmp_path: Path
 ) -> None:
-    model, trained = await game_2048.train(str(example_home))
+    model, trained = await game_2048.train(str(held_backend))
     run_id = run_id_of("art-2048-copies", "2048-002")
     assert model.run_id == run_id
-    recorded = ModelSpec.model_validate_json(store_of(example_home).get_bytes(layout.model_key(run_id)))
+    recorded = ModelSpec.model_validate_json(store_of(held_backend).get_bytes(layout.model_key(run_id)))
     assert (recorded.name, recorded.project) == ("2048-002", "art-2048-copies")  # the copy's names, as set
     assert model.max_seq_len == 1024 and model.config is not None and model.config.max_moves == 1
-    check_trained(example_home, run_id, trained, per_step=game_2048.ROLLOUTS)
+    check_trained(held_backend, run_id, trained, per_step=game_2048.ROLLOUTS)
     for t in (t for groups in trained for g in groups for t in g):
         assert t.reward == t.metrics["ruler_score"] and "independent_reward" in t.metrics  # the judge's
     assert judge.calls == 2 and {r["model"] for r in judge.requests} == {"o4-mini"}
@@ -127,24 +127,24 @@ async def test_a_2048_program_trains_judged_by_an_openai_named_judge_and_resumes
         model.base_model = "another/base"  # registered: its checkpoints belong to the base it has
 
     # Lose the store's checkpoints and the local files; the same program, run again, resumes from the backup.
-    store_of(example_home).delete_prefix(layout.checkpoints_prefix(run_id))
+    store_of(held_backend).delete_prefix(layout.checkpoints_prefix(run_id))
     shutil.rmtree(tmp_path / ".art")
-    resumed, again = await game_2048.train(str(example_home))
+    resumed, again = await game_2048.train(str(held_backend))
     assert again == [] and await resumed.get_step() == 2  # imported steps 1 and 2: nothing left to train
     assert resumed.get_inference_name() == layout.adapter_name(run_id, 2)
-    assert stored_run(example_home, run_id)[1] == [1, 2]
+    assert stored_run(held_backend, run_id)[1] == [1, 2]
     history = history_rows("art-2048-copies", "models", "2048-002")
     assert sorted({row["step"] for row in history}) == [1, 2]  # model.log's rows came back too
 
 
 @pytest.mark.slow
 async def test_a_self_play_program_trains_with_its_gather_by_index_teacher_and_deploy_step(
-    example_home: Path, judge: StubServer, backup: BackupBucket, capsys: pytest.CaptureFixture[str]
+    held_backend: Path, judge: StubServer, backup: BackupBucket, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.warns(ArtSettingIgnored, match=r"engine_args.num_scheduler_steps=1"):
-        model, trained = await self_play.train(str(example_home))
+        model, trained = await self_play.train(str(held_backend))
     run_id = run_id_of(self_play.PROJECT, self_play.NAME)
-    records = check_trained(example_home, run_id, trained, per_step=2 * self_play.GAMES)
+    records = check_trained(held_backend, run_id, trained, per_step=2 * self_play.GAMES)
     assert all(len(g.trajectories) == self_play.GAMES for groups in trained for g in groups)  # x's and o's
     teacher_asks = [
         r for r in judge.requests if r.get("reasoning_effort") == "low"
@@ -163,21 +163,21 @@ async def test_a_self_play_program_trains_with_its_gather_by_index_teacher_and_d
             max_completion_tokens=4,
             extra_body={"guided_choice": ["B2"]},
         )
-    path = Path(await self_play.deploy_step(str(example_home), step=2))
+    path = Path(await self_play.deploy_step(str(held_backend), step=2))
     assert is_local_checkpoint(path, self_play.PROJECT, "models", self_play.NAME, step=2)
     assert "not deployed: deploy_model(provider='together')" in capsys.readouterr().out
 
 
 @pytest.mark.slow
 async def test_a_temporal_clue_program_trains_with_its_gpu_setting_accepted_and_backs_up(
-    example_home: Path, backup: BackupBucket
+    held_backend: Path, backup: BackupBucket
 ) -> None:
     with pytest.warns(
         ArtSettingIgnored, match=r"init_args.gpu_memory_utilization=0.775.*--gpu-memory-utilization"
     ):
-        _, trained = await temporal_clue.train(str(example_home))
+        _, trained = await temporal_clue.train(str(held_backend))
     run_id = run_id_of("art-temporal-clue", "001")
-    records = check_trained(example_home, run_id, trained, per_step=3)
+    records = check_trained(held_backend, run_id, trained, per_step=3)
     assert "val/reward" in records[0] and "val/acc" in records[1]  # model.log(val_groups) before each step
     base = "art-temporal-clue/models/001/"
     keys = set(backup.keys(base))

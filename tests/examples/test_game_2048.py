@@ -56,13 +56,13 @@ def test_rewards_rank_wins_then_progress_then_format() -> None:
 
 @pytest.mark.slow
 async def test_it_trains_two_steps_and_logs_its_games(
-    example_home: Path, capsys: pytest.CaptureFixture[str]
+    held_backend: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["--home", str(example_home), "--steps", "2", "--group-size", "3", "--max-moves", "2"]
+    argv = ["--home", str(held_backend), "--steps", "2", "--group-size", "3", "--max-moves", "2"]
     sizes = ["--max-tokens", "8", "--winning-value", "64", "--learning-rate", "2e-4"]
     gathered = await g.train(g.parse_args([*argv, *sizes]))
     assert "tutorial-001 is at step 2" in capsys.readouterr().out
-    records, checkpoints = stored_run(example_home, run_id_of("2048", "tutorial-001"))
+    records, checkpoints = stored_run(held_backend, run_id_of("2048", "tutorial-001"))
     assert checkpoints[-1] == 2  # delete_checkpoints kept the newest before each step
     for step, groups in enumerate(gathered):
         trajectories = [t for group in groups for t in group]

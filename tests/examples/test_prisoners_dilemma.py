@@ -53,12 +53,12 @@ def assert_trained_two_steps(home: Path, name: str) -> None:
 
 @pytest.mark.slow
 async def test_it_trains_two_steps_on_the_examples_backend(
-    example_home: Path, capsys: pytest.CaptureFixture[str]
+    held_backend: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The ported program unchanged on the examples' ``LocalBackend`` (our CPU engine)."""
-    assert await pd.main(pd.parse_args(["--home", str(example_home), "--name", "cpu", *ARGS])) == 0
+    assert await pd.main(pd.parse_args(["--home", str(held_backend), "--name", "cpu", *ARGS])) == 0
     assert "cpu is at step 2" in capsys.readouterr().out
-    assert_trained_two_steps(example_home, "cpu")
+    assert_trained_two_steps(held_backend, "cpu")
 
 
 @pytest.mark.extended  # beyond CI's 30 minutes (issue 23): run with `pytest -m extended`

@@ -51,11 +51,11 @@ def test_round_winner() -> None:
 
 @pytest.mark.slow
 async def test_it_trains_two_steps_and_logs_its_games(
-    example_home: Path, capsys: pytest.CaptureFixture[str]
+    held_backend: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = [
         "--home",
-        str(example_home),
+        str(held_backend),
         "--steps",
         "2",
         "--group-size",
@@ -68,7 +68,7 @@ async def test_it_trains_two_steps_and_logs_its_games(
     sizes = ["--max-tokens", "8", "--learning-rate", "2e-4"]
     gathered = await rps.train(rps.parse_args([*argv, *sizes]))
     assert "001 is at step 2" in capsys.readouterr().out
-    records, checkpoints = stored_run(example_home, run_id_of("rock-paper-tool-use", "001"))
+    records, checkpoints = stored_run(held_backend, run_id_of("rock-paper-tool-use", "001"))
     assert checkpoints == [1, 2]
     for step, trajectories in enumerate(gathered):
         assert len({t.reward for t in trajectories}) > 1  # a learning signal in every step's group

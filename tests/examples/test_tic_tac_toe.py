@@ -98,12 +98,12 @@ def test_a_reply_closer_to_the_format_earns_more() -> None:
 
 @pytest.mark.slow
 async def test_it_trains_two_steps_and_logs_the_base_model(
-    example_home: Path, capsys: pytest.CaptureFixture[str]
+    held_backend: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["--path", str(example_home), "--steps", "2", "--group-size", "3", "--learning-rate", "2e-4"]
+    argv = ["--path", str(held_backend), "--steps", "2", "--group-size", "3", "--learning-rate", "2e-4"]
     played = await ttt.train(ttt.parse_args([*argv, "--benchmark"]))
     assert "smollm2-ttt is at step 2" in capsys.readouterr().out
-    records, checkpoints = stored_run(example_home, run_id_of("tic-tac-toe", "smollm2-ttt"))
+    records, checkpoints = stored_run(held_backend, run_id_of("tic-tac-toe", "smollm2-ttt"))
     assert checkpoints[-1] == 2
     for step, groups in enumerate(played.train):
         trajectories = [t for group in groups for t in group]
@@ -115,6 +115,6 @@ async def test_it_trains_two_steps_and_logs_the_base_model(
         )
         assert trained["data/step_num_trajectories"] == 3
     val = [t for group in played.val for t in group]
-    base, _ = stored_run(example_home, run_id_of("tic-tac-toe", "base"))
+    base, _ = stored_run(held_backend, run_id_of("tic-tac-toe", "base"))
     assert base[0]["val/reward"] == pytest.approx(statistics.fmean(t.reward for t in val))
     assert base[0]["val/data/step_num_trajectories"] == 3

@@ -96,6 +96,7 @@ MALFORMED = [
     ("train.seed", 2**70, "train.seed: Input should be less than or equal to 4294967295"),
     ("task_queues.trainer", "", "task_queues.trainer: String should have at least 1 character"),
     ("judge.rubric", "x" * (3 << 20), "judge.rubric: String should have at most 65536 characters"),
+    ("heartbeat_timeout_s", 8, "heartbeat_timeout_s: Input should be greater than or equal to 10"),
 ]  # fmt: skip
 
 

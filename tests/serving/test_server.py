@@ -8,6 +8,7 @@ this session's pytest temp dir), so every test here also shows the client sends 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import shutil
@@ -23,7 +24,8 @@ import openai
 import pytest
 import torch
 from peft import PeftModel
-from serving_adapters import FIXED_ANSWER, TRAIN_QUESTIONS, chat, random_adapter, train_fixed_answer_adapter
+from serving_adapters import FIXED_ANSWER, TRAIN_QUESTIONS, chat, random_adapter
+from serving_contract import RETURN_IDS, greedy, recorded_choice
 from temporalio.testing import ActivityEnvironment
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -43,25 +45,30 @@ BASE = SMOLLM2_NAME
 API_KEY = secrets.token_hex(16)
 RENDER_TIMEOUT_S = 2.0
 """The server (trusting requests' own chat templates) stops a render after this long."""
+MAX_LORA_RANK = 8
 
 
 @pytest.fixture(scope="module")
-def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("adapters")
-    return {
-        "fixed": train_fixed_answer_adapter(root / "fixed"),
-        "random": random_adapter(root / "random", seed=1),
-    }
+def adapters(served_adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The session's adapters, and ``wide``: rank 16 in its config, above the server's ``--max-lora-rank``."""
+    wide = random_adapter(tmp_path_factory.mktemp("adapters") / "wide", seed=3)
+    config = json.loads((wide / "adapter_config.json").read_text())
+    config["r"] = 2 * MAX_LORA_RANK  # refused by the config alone, before any weight is read
+    (wide / "adapter_config.json").write_text(json.dumps(config))
+    return {**served_adapters, "wide": wide}
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CpuServerProcess]:
+    """At most rank-8 adapters, taking a request's own chat template (a worker's ``--trust-request-chat-template``),
+    with an API key."""
+    settings = EngineSettings(max_lora_rank=MAX_LORA_RANK, trust_request_chat_template=True)
     with pytest.MonkeyPatch.context() as mp:  # the server and every ServingClient read these
         mp.setenv(ENV_SERVE_API_KEY, API_KEY)
         mp.setenv(ENV_ADAPTER_ROOT, str(tmp_path_factory.getbasetemp()))
         server = CpuServerProcess(
             BASE,
-            EngineSettings(trust_request_chat_template=True),
+            settings,
             threads=1,
             log_path=tmp_path_factory.mktemp("serve") / "serve.log",
             extra_args=["--render-timeout-s", str(RENDER_TIMEOUT_S)],
@@ -185,6 +192,40 @@ async def test_a_trained_adapter_changes_outputs(
         assert base.choices[0].message.content != FIXED_ANSWER
 
 
+async def test_reload_in_place_swaps_the_weights_behind_a_name(
+    client: ServingClient, sdk: openai.AsyncOpenAI, adapters: dict[str, Path]
+) -> None:
+    await client.unload_adapter("swap@1")
+    assert await client.load_adapter("swap@1", str(adapters["random"]))
+    assert await greedy(sdk, "swap@1", TRAIN_QUESTIONS[1]) != FIXED_ANSWER
+    assert await client.load_adapter("swap@1", str(adapters["fixed"]), replace=True)  # vLLM's load_inplace
+    assert await greedy(sdk, "swap@1", TRAIN_QUESTIONS[1]) == FIXED_ANSWER
+    assert await client.unload_adapter("swap@1")
+
+
+OWN_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] | upper }}: {{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>ASSISTANT:{% endif %}"
+)
+"""A run's own chat template (``model.chat_template``): roles upper-cased, none of SmolLM2's own markup."""
+
+
+async def test_a_request_renders_with_the_chat_template_it_brings(
+    sdk: openai.AsyncOpenAI, tokenizer: Any
+) -> None:
+    messages = [{"role": "user", "content": "Name a colour."}]
+    response = await sdk.chat.completions.create(
+        model=BASE, messages=messages, max_tokens=4, seed=0,  # type: ignore[arg-type]
+        extra_body={"chat_template": OWN_TEMPLATE},
+    )  # fmt: skip
+    expected = tokenizer.apply_chat_template(
+        messages, chat_template=OWN_TEMPLATE, add_generation_prompt=True, tokenize=False
+    )
+    assert expected.endswith("<|im_start|>USER: Name a colour.<|im_end|>\n<|im_start|>ASSISTANT:")
+    prompt_ids = Choice.model_validate(response.choices[0]).prompt_token_ids
+    assert prompt_ids == tokenizer(expected, add_special_tokens=False)["input_ids"]
+
+
 async def test_load_and_unload_under_32_concurrent_requests(
     client: ServingClient, sdk: openai.AsyncOpenAI, adapters: dict[str, Path]
 ) -> None:
@@ -262,7 +303,10 @@ async def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(
             "ghost@1", str(adapters["random"]), sha256={"adapter_model.safetensors": "0" * 64}
         )
     assert mismatch.value.status == 400 and "sha256 mismatch" in mismatch.value.message
-    assert "ghost@1" not in await client.adapters()
+    with pytest.raises(ServingError) as wide:  # --max-lora-rank 8 and a rank-16 adapter
+        await client.load_adapter("wide@1", str(adapters["wide"]))
+    assert wide.value.status == 400 and "rank 16" in wide.value.message
+    assert "ghost@1" not in await client.adapters() and "wide@1" not in await client.adapters()
     assert not await client.unload_adapter("ghost@1")
     assert await client.health()
     ok = await sdk.chat.completions.create(model=BASE, messages=hi, max_tokens=4)  # type: ignore[arg-type]
@@ -397,6 +441,12 @@ async def test_tools_reach_the_prompt(sdk: openai.AsyncOpenAI, tokenizer: Any) -
     assert "<tools>" in prompt and '"get_weather"' in prompt
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
     assert "<tool_response>\nsunny\n</tool_response>" in prompt
+    # What a tool-using rollout sends (examples/tool_agent.py): tools and tool_choice "auto", answered.
+    asked = await sdk.chat.completions.create(
+        model=BASE, messages=chat("What is the weather in Paris? Use the tool."), tools=tools,  # type: ignore[arg-type]
+        tool_choice="auto", max_tokens=48, temperature=0,
+    )  # fmt: skip
+    assert asked.choices[0].message.tool_calls or asked.choices[0].message.content
 
 
 async def test_sleep_holds_requests_until_wake_up(client: ServingClient, sdk: openai.AsyncOpenAI) -> None:
@@ -526,3 +576,45 @@ async def test_rollouts_and_the_default_judge_send_the_servers_key(
     )  # fmt: skip
     scored = await ActivityEnvironment().run(judge.judge, judge_input)
     assert scored.n_trajectories == 2
+
+
+async def test_logit_bias_bans_and_forces_tokens_and_logprobs_stay_raw(
+    sdk: openai.AsyncOpenAI, tokenizer: Any
+) -> None:
+    """As vLLM (tests/serving/test_serving_contract.py): -100 keeps a token from being drawn, +100 draws it, and
+    the logprob returned is the raw distribution's, so a forced unlikely token shows as unlikely."""
+
+    async def first_token(bias: dict[str, float] | None) -> tuple[int, float]:
+        r = await sdk.chat.completions.create(
+            model=BASE, messages=chat("Name a colour."), max_tokens=1, temperature=0, logprobs=True,  # type: ignore[arg-type]
+            logit_bias=bias, extra_body=RETURN_IDS,
+        )  # fmt: skip
+        choice = recorded_choice(r)
+        logprobs = choice.sampled_logprobs()
+        assert choice.token_ids and logprobs
+        return choice.token_ids[0], logprobs[0]
+
+    free, free_logprob = await first_token(None)
+    banned, _ = await first_token({str(free): -100})
+    assert banned != free
+    forced_id = tokenizer(" zebra", add_special_tokens=False)["input_ids"][0]
+    forced, forced_logprob = await first_token({str(forced_id): 100})
+    assert forced == forced_id and forced_logprob < free_logprob - 3
+
+
+async def test_guided_decoding_is_refused_never_ignored(sdk: openai.AsyncOpenAI) -> None:
+    """Our engine samples freely, so what vLLM would constrain (``structured_outputs``, ART's ``guided_choice``,
+    as dgrpo's routed client sends it or as sent raw) gets a 400 instead of an unconstrained answer."""
+    from activities.rollout_model import route_request_body
+
+    body = {"model": BASE, "messages": chat("Pick a square."), "max_tokens": 8, "guided_choice": ["B2", "C3"]}
+    routed = route_request_body(body, "/v1/chat/completions", "student", lambda: BASE)
+    ask = {k: v for k, v in routed.items() if k not in ("model", "messages", "max_tokens")}
+    for extra in (ask, {"guided_choice": ["B2"]}):
+        with pytest.raises(openai.BadRequestError, match="not enforced by this server"):
+            await sdk.chat.completions.create(
+                model=BASE,
+                messages=chat("Pick a square."),
+                max_tokens=8,
+                extra_body=extra,  # type: ignore[arg-type]
+            )

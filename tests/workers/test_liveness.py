@@ -27,7 +27,7 @@ from dgrpo.client import run_control
 from schemas.config import RunSpec, TaskQueues
 from schemas.layout import MANIFEST_NAME, checkpoint_prefix
 from schemas.run_state import RunStatus
-from schemas.settings import ENV_HOME, S3Settings
+from schemas.settings import S3Settings
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
 from workers.temporal import connect_client
@@ -37,27 +37,24 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 600.0
 """Liveness bound only: the run completes within this after the fault, or the fault went unnoticed."""
+HEARTBEAT_S = 10.0
+"""The runs' heartbeat timeout (the least a run may set): a killed trainer's attempt is retried this long after."""
 
 
 @pytest.fixture(scope="module")
-def queues() -> TaskQueues:
-    suffix = uuid.uuid4().hex[:8]
-    return TaskQueues(control=f"lv-c-{suffix}", inference=f"lv-i-{suffix}", trainer=f"lv-t-{suffix}")
+def queues(shared_queues: TaskQueues) -> TaskQueues:
+    return shared_queues
 
 
 @pytest.fixture(scope="module")
-def worker(
-    stack: EmbeddedStack, queues: TaskQueues, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[WorkerProcess]:
-    home = tmp_path_factory.mktemp("liveness")
-    proc = WorkerProcess("all", home / "worker.log", task_queues=queues, env={ENV_HOME: str(home)}, cwd=REPO)
-    proc.start()
+def worker(shared_worker: WorkerProcess) -> Iterator[WorkerProcess]:
+    """The session's ``dgrpo worker all`` (tests/conftest.py): it replaces what these tests break, so the
+    modules after this one find it whole (the replacements are what is tested here)."""
     try:
-        yield proc
+        yield shared_worker
     finally:
-        for child in children(proc, ""):  # a stopped process handles no SIGTERM until continued
+        for child in children(shared_worker, ""):  # a server a failed test left stopped answers again
             child.send_signal(signal.SIGCONT)
-        proc.stop()
 
 
 def children(worker: WorkerProcess, marker: str) -> list[psutil.Process]:
@@ -81,6 +78,7 @@ def one_child(worker: WorkerProcess, marker: str) -> psutil.Process:
 def small_spec(run_id: str, queues: TaskQueues) -> RunSpec:
     data = json.loads((REPO / "examples" / "run.json").read_text())
     data.update(run_id=run_id, steps=2, task_queues=queues.model_dump(), metrics={"wandb": False})
+    data.update(heartbeat_timeout_s=HEARTBEAT_S)
     data["model"]["name"] = run_id
     data["train"] = {"learning_rate": 2e-4}
     return RunSpec.model_validate(data)

@@ -15,7 +15,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from dgrpo.client import run_control
 from schemas.config import RunSpec, TaskQueues
 from schemas.layout import MANIFEST_NAME, checkpoint_prefix
 from schemas.run_state import RunStatus
-from schemas.settings import ENV_HOME, S3Settings
+from schemas.settings import S3Settings
 from workers.launcher import WorkerProcess
 from workers.stack import EmbeddedStack
 from workers.temporal import connect_client
@@ -50,26 +50,15 @@ async def client(stack: EmbeddedStack) -> AsyncIterator[Client]:
 
 
 @pytest.fixture(scope="module")
-def queues() -> TaskQueues:
-    suffix = uuid.uuid4().hex[:8]
-    return TaskQueues(control=f"vl-c-{suffix}", inference=f"vl-i-{suffix}", trainer=f"vl-t-{suffix}")
+def queues(vllm_queues: TaskQueues) -> TaskQueues:
+    return vllm_queues
 
 
 @pytest.fixture(scope="module")
-def worker(
-    stack: EmbeddedStack, queues: TaskQueues, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[WorkerProcess]:
-    """``dgrpo worker all --engine vllm``: nothing names vLLM's environment, the worker finds .venv-vllm."""
-    home = tmp_path_factory.mktemp("vllm-worker")
-    proc = WorkerProcess(
-        "all", home / "worker.log", task_queues=queues, env={ENV_HOME: str(home)}, cwd=REPO,
-        extra_args=["--engine", "vllm", "--max-lora-rank", "16"],
-    )  # fmt: skip
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+def worker(vllm_worker: WorkerProcess) -> WorkerProcess:
+    """The session's ``dgrpo worker all --engine vllm`` (tests/conftest.py), whose server the serving contract
+    has just been run against."""
+    return vllm_worker
 
 
 def vllm_servers(worker: WorkerProcess) -> list[psutil.Process]:
@@ -90,10 +79,10 @@ def vllm_server(worker: WorkerProcess) -> psutil.Process:
     return found[0]
 
 
-async def served_again(worker: WorkerProcess, killed: int, adapter: str) -> float:
+async def served_again(worker: WorkerProcess, key: str, killed: int, adapter: str) -> float:
     """Seconds until a vLLM process other than ``killed`` lists ``adapter`` (the worker loaded it back)."""
     start = time.monotonic()
-    sdk = openai.AsyncOpenAI(base_url=worker.server_urls[0], api_key="unused", max_retries=0, timeout=5)
+    sdk = openai.AsyncOpenAI(base_url=worker.server_urls[0], api_key=key, max_retries=0, timeout=5)
     while True:
         if any(p.pid != killed for p in vllm_servers(worker)):
             try:
@@ -111,6 +100,7 @@ def spec_for(run_id: str, queues: TaskQueues, mode: str) -> RunSpec:
     )
     data.update(serving={"engine": "vllm"})
     data["model"]["name"] = run_id
+    data["model"]["lora"] = {"rank": 8, "alpha": 16}  # the worker's --max-lora-rank
     data["train"] = {"learning_rate": 2e-4}
     return RunSpec.model_validate(data)
 
@@ -135,9 +125,9 @@ def assert_complete(final: RunStatus, store: ObjectStore, spec: RunSpec) -> None
         assert store.exists(checkpoint_prefix(spec.run_id, step) + MANIFEST_NAME), f"no checkpoint {step}"
 
 
-async def assert_served_by_vllm(worker: WorkerProcess, spec: RunSpec) -> None:
+async def assert_served_by_vllm(worker: WorkerProcess, key: str, spec: RunSpec) -> None:
     """vLLM serves the last step's adapter (reloaded in place by name each step) and answers with it."""
-    sdk = openai.AsyncOpenAI(base_url=worker.server_urls[0], api_key="unused", max_retries=2, timeout=120)
+    sdk = openai.AsyncOpenAI(base_url=worker.server_urls[0], api_key=key, max_retries=2, timeout=120)
     served = {m.id for m in (await sdk.models.list()).data}
     assert f"{spec.run_id}@{STEPS}" in served, served
     reply = await sdk.chat.completions.create(
@@ -152,13 +142,17 @@ async def run(client: Client, spec: RunSpec) -> RunStatus:
 
 
 async def test_a_sync_run_on_vllm(
-    client: Client, worker: WorkerProcess, queues: TaskQueues, s3_settings: S3Settings
+    client: Client,
+    worker: WorkerProcess,
+    vllm_api_key: str,
+    queues: TaskQueues,
+    s3_settings: S3Settings,
 ) -> None:
     spec = spec_for(f"vl-sync-{uuid.uuid4().hex[:6]}", queues, "sync")
     final = await run(client, spec)
     store = ObjectStore(s3_settings)
     assert_complete(final, store, spec)
-    await assert_served_by_vllm(worker, spec)
+    await assert_served_by_vllm(worker, vllm_api_key, spec)
     ratios = mean_ratios(store, spec)
     print(f"sync on vLLM: reward {[h.reward_mean for h in final.history]}, mean importance ratio {ratios}")
     assert all(abs(r - 1) < 1e-3 for r in ratios), f"vLLM fp32 samples far from the trainer's: {ratios}"
@@ -166,13 +160,17 @@ async def test_a_sync_run_on_vllm(
 
 
 async def test_a_pipelined_run_on_vllm(
-    client: Client, worker: WorkerProcess, queues: TaskQueues, s3_settings: S3Settings
+    client: Client,
+    worker: WorkerProcess,
+    vllm_api_key: str,
+    queues: TaskQueues,
+    s3_settings: S3Settings,
 ) -> None:
     spec = spec_for(f"vl-pipe-{uuid.uuid4().hex[:6]}", queues, "pipelined")
     final = await run(client, spec)
     store = ObjectStore(s3_settings)
     assert_complete(final, store, spec)
-    await assert_served_by_vllm(worker, spec)
+    await assert_served_by_vllm(worker, vllm_api_key, spec)
     assert final.dropped_stale_groups == 0
     assert [h.policy_step for h in final.history] == [0, 0]  # step 2 rolled out while step 1 trained
     print(f"pipelined on vLLM: mean importance ratio {mean_ratios(store, spec)}")
@@ -180,7 +178,11 @@ async def test_a_pipelined_run_on_vllm(
 
 @pytest.mark.extended  # beyond CI's 30 minutes (issue 23): run with `pytest -m extended`
 async def test_a_killed_vllm_server_is_started_again_with_its_adapters(
-    client: Client, worker: WorkerProcess, queues: TaskQueues, s3_settings: S3Settings
+    client: Client,
+    worker: WorkerProcess,
+    vllm_api_key: str,
+    queues: TaskQueues,
+    s3_settings: S3Settings,
 ) -> None:
     """kill -9 of vLLM's API process while step 2 rolls out on step 1's adapter: the worker ends what it left
     behind (its engine core), starts vLLM again, loads the adapters back, and the retried rollouts finish."""
@@ -192,7 +194,7 @@ async def test_a_killed_vllm_server_is_started_again_with_its_adapters(
         assert time.monotonic() < deadline and s.phase != "done", f"the run never rolled out step 2: {s}"
         await asyncio.sleep(0.2)
     os.kill(server.pid, signal.SIGKILL)
-    back = asyncio.create_task(served_again(worker, server.pid, f"{spec.run_id}@1"))
+    back = asyncio.create_task(served_again(worker, vllm_api_key, server.pid, f"{spec.run_id}@1"))
     final = await asyncio.wait_for(handle.result(), RUN_TIMEOUT_S)
     seconds = await asyncio.wait_for(back, 10)  # it served step 2's rollouts, so it has long been back
     print(f"vLLM killed mid-rollout: serving {spec.run_id}@1 again after {seconds:.0f} s")
@@ -206,4 +208,4 @@ async def test_a_killed_vllm_server_is_started_again_with_its_adapters(
         line for line in log.splitlines() if "inference server restarted; adapters loaded again" in line
     ]
     assert restored and f"{spec.run_id}@1" in restored[-1], restored
-    await assert_served_by_vllm(worker, spec)
+    await assert_served_by_vllm(worker, vllm_api_key, spec)

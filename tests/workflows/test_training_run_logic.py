@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -62,7 +63,7 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float = 20.0)
 async def test_sync_run_orders_the_stages_and_answers_status(client: Client, task_queue: str) -> None:
     stubs = ScriptedActivities()
     stubs.train_gates[2] = asyncio.Event()
-    spec = make_spec(task_queue, f"sync-{task_queue}")
+    spec = make_spec(task_queue, f"sync-{task_queue}", heartbeat_timeout_s=11)
     async with running(stubs, client, task_queue):
         handle = await start(client, spec)
         await asyncio.wait_for(stubs.train_started[2].wait(), 20)
@@ -91,6 +92,14 @@ async def test_sync_run_orders_the_stages_and_answers_status(client: Client, tas
     assert "judge" not in per_step  # judge.kind == "rollout": the rollout's own reward is the score
     assert [m.metrics["train/reward"] for m in stubs.metrics] == pytest.approx([0.0, 0.1, 0.2])
     assert [m.metrics["offpolicy/policy_age_steps"] for m in stubs.metrics] == [0.0, 0.0, 0.0]
+    scheduled = [
+        (e.activity_task_scheduled_event_attributes.activity_type.name,
+         e.activity_task_scheduled_event_attributes.heartbeat_timeout.ToTimedelta())
+        async for e in handle.fetch_history_events()
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]  # fmt: skip
+    assert {name for name, _ in scheduled} >= {"latest_checkpoint", "publish_initial", *per_step}
+    assert {timeout for _, timeout in scheduled} == {timedelta(seconds=11)}  # the run's, at every stage
 
 
 async def test_metrics_and_retention_run_beside_the_next_step_and_the_run_ends_after_them(

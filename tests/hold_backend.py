@@ -1,9 +1,10 @@
 """Hold a ``LocalBackend`` (the embedded stack and ``dgrpo worker all``) open until SIGTERM.
 
-The example tests share one: each example's own ``LocalBackend(path=...)`` then reuses these workers, as
-a second ART client reuses a running backend, instead of starting a stack and loading the model again.
+The example programs and the ART programs of tests/dgrpo share one (``held_backend`` in tests/conftest.py): each
+program's own ``LocalBackend(path=...)`` then reuses these workers, as a second ART client reuses a running
+backend, instead of starting a stack and loading the model again.
 
-    python -m tests.examples.hold_backend HOME READY_FILE
+    python -m tests.hold_backend HOME READY_FILE
 """
 
 from __future__ import annotations
