@@ -34,6 +34,9 @@ NON_FINITE_UPDATE = "NonFiniteUpdate"
 """A step's loss, gradient norm or adapter weights are NaN or infinite: the update is refused, never published."""
 ENGINE_RESTARTED = "EngineRestarted"
 """The inference server stopped answering (or died) and was restarted; the work that used it is retried."""
+STAGED_STATE_LOST = "StagedStateLost"
+"""A trainer no longer holds the unpublished step it was asked to continue from (pipelined mode): the workflow
+trains from that step's checkpoint once it is manifested instead."""
 
 RETRYABLE: dict[str, bool] = {
     CONFIG_ERROR: False,
@@ -48,6 +51,7 @@ RETRYABLE: dict[str, bool] = {
     BAD_LOGPROB: False,
     NON_FINITE_UPDATE: False,
     ENGINE_RESTARTED: True,
+    STAGED_STATE_LOST: False,
 }
 """Every failure type, and whether another attempt can help."""
 NON_RETRYABLE: tuple[str, ...] = tuple(name for name, retry in RETRYABLE.items() if not retry)
@@ -137,3 +141,9 @@ class NonFiniteUpdateError(DgrpoError, ArithmeticError):
     """A step's loss, gradient norm or adapter weights are not finite; nothing is applied or published."""
 
     failure_type = NON_FINITE_UPDATE
+
+
+class StagedStateLostError(DgrpoError):
+    """The trainer asked to continue from its own staged step no longer holds it (another staging replaced it)."""
+
+    failure_type = STAGED_STATE_LOST
