@@ -77,6 +77,9 @@ STAGES = ("rollouts", "advantages", "train", "publish", "reload")
 TARGETS = {"train": 0.15, "publish": 0.15, "reload": 0.15, "advantages": 0.05}
 """Seconds a stage may take beyond its compute (issue 35), medians on this CPU."""
 COMPUTE = "compute"
+BESIDE = "stager"
+"""Threads whose work runs beside the stages (the trainer writing a step's files): what a stage waits for
+them shows as its own wait."""
 STAGE_OF = {"compute_advantages": "advantages", "merge_rollouts": "rollouts", "judge": "rollouts"}
 """Activities counted in another stage than their name."""
 
@@ -99,7 +102,7 @@ class Spans:
         return stack
 
     def _add(self, label: str, elapsed: float, children: float) -> None:
-        if self.stage is None:
+        if self.stage is None or threading.current_thread().name.startswith(BESIDE):
             return
         self.seconds[(self.stage, label)] += elapsed - children
         outer = self.within.get(label)
@@ -107,7 +110,10 @@ class Spans:
             self.seconds[(self.stage, outer)] -= elapsed
 
     def wrap(self, owner: Any, name: str, label: str, within: str | None = None) -> None:
-        """Time ``owner.name`` under ``label`` from now on."""
+        """Time ``owner.name`` under ``label`` from now on (nothing, where the code has no such name: the same
+        bench runs on an older checkout)."""
+        if not hasattr(owner, name):
+            return
         original: Callable[..., Any] = getattr(owner, name)
         if within is not None:
             self.within[label] = within
@@ -152,7 +158,7 @@ class Spans:
 def instrument(spans: Spans) -> None:
     """Label every piece of the stages this bench knows of."""
     store = ObjectStore
-    for name in ("get_bytes", "_put_stream", "get_file", "exists", "list"):
+    for name in ("get_bytes", "_put_stream", "get_file", "_get_verified", "exists", "list"):
         spans.wrap(store, name, "S3")
     for module in (object_store, checkpoints):
         spans.wrap(module, "sha256_file", "sha256")
@@ -168,6 +174,8 @@ def instrument(spans: Spans) -> None:
     spans.wrap(Trainer, "load_state", "state load")
     spans.wrap(Trainer, "init_adapter", "state load")
     spans.wrap(Trainer, "save_state", "state serialisation")
+    spans.wrap(Trainer, "snapshot", "state copy")
+    spans.wrap(TrainerActivities, "_written", "waiting for staged files")
     spans.wrap(TrainerActivities, "trainer_for", "model load")
     spans.wrap(training_module, "check_finite_adapter", "finite check")
     spans.wrap(ServingClient, "load_adapter", "server request")
@@ -175,6 +183,7 @@ def instrument(spans: Spans) -> None:
     spans.wrap(ServingClient, "unload_adapter", "server request")
     spans.wrap(server_module, "verify_adapter_dir", "server: sha256", within="server request")
     spans.wrap(GenerationEngine, "_load_adapter", "server: adapter load", within="server request")
+    spans.wrap(GenerationEngine, "_delete_adapter", "server: adapter unload", within="server request")
 
 
 class InProcessServer:
