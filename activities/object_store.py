@@ -60,6 +60,8 @@ def sha256_file(path: str | Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+PART_SIZE = 64 << 20
+"""Objects up to this size go up in one PUT; larger ones in parts of this size."""
 UPLOADS_AT_ONCE = 4
 """Files of one directory uploaded at once (a checkpoint's adapter, optimizer state and small files)."""
 RETRY_BACKOFF_MAX_S = 8.0
@@ -164,7 +166,10 @@ class ObjectStore:
 
     def _put_stream(self, key: str, data: BinaryIO, size: int, sha256: str) -> ObjectRef:
         with self._errors(f"upload {self.uri(key)}"):
-            self.client.put_object(self.bucket, key, data, size, metadata={"sha256": sha256})
+            # One PUT up to PART_SIZE (minio's default cuts 5 MiB parts: a multipart upload, each part a round trip)
+            self.client.put_object(
+                self.bucket, key, data, size, metadata={"sha256": sha256}, part_size=PART_SIZE
+            )
         return ObjectRef(uri=self.uri(key), size=size, sha256=sha256)
 
     def put_bytes(self, key: str, data: bytes) -> ObjectRef:
