@@ -354,7 +354,8 @@ class TrainerActivities:
         """The warm trainer, rebuilt only when the model or precision changes."""
         key = f"{model.base_model}|{model.lora.model_dump_json()}|{precision}"
         if self.trainer is None or self._trainer_key != key:
-            self.trainer, self.held = None, None
+            self.trainer = None
+            self._hold(None)
             gc.collect()
             self.trainer, self._trainer_key = Trainer(model, precision), key
         return self.trainer
@@ -422,7 +423,7 @@ class TrainerActivities:
                 self._continue(trainer, inp.model, inp.continue_from)
             else:
                 self._restore(trainer, inp.run_id, inp.model, inp.start_from, inp.train.seed)
-            self.held = None  # the model is about to change
+            self._hold(None)  # the model is about to change
             computing = time.monotonic()
             stats = train_step_or_oom(
                 trainer, tokenized.sequences, inp.train, inp.step, micro_batch, progress, should_stop
@@ -466,7 +467,7 @@ class TrainerActivities:
         with self._lock:
             trainer = self.trainer_for(inp.model, inp.sft.precision)
             self._restore(trainer, inp.run_id, inp.model, inp.start_from, inp.sft.seed)
-            self.held = None  # the model is about to change
+            self._hold(None)  # the model is about to change
             stats = or_out_of_memory(
                 trainer,
                 micro_batch,
@@ -532,8 +533,13 @@ class TrainerActivities:
         written = self._writer.submit(stage_checkpoint, held.directory, snapshot.write, state, metrics)
         with self._held_lock:
             self._writing[held.directory] = written
-        self.held = held
+        self._hold(held)
         return held
+
+    def _hold(self, held: Held | None) -> None:
+        """Say what the model holds now (under the lock ``_published`` notes a manifest under)."""
+        with self._held_lock:
+            self.held = held
 
     def _written(self, directory: Path) -> None:
         """Wait for the staged files of ``directory`` to be written (raising the write's failure)."""
@@ -604,7 +610,7 @@ class TrainerActivities:
                 staged_id=held.staged_id,
             )
             stage_checkpoint(held.directory, trainer.save_state, state, {})
-            self.held = held
+            self._hold(held)
         check_finite_adapter(held.directory)
         ref = publish_staged(self.store, held.directory, inp.run_id, 0, state.model_dump())
         self._published(state, ref)
