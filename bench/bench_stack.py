@@ -205,11 +205,18 @@ async def activity_spans(client: Client, workflow_id: str) -> list[ActivitySpan]
     return spans
 
 
+SCORING = (ActivityName.ROLLOUTS, ActivityName.MERGE_ROLLOUTS, ActivityName.JUDGE)
+"""The activities that make a step's data: its scored rollouts (advantages are durability's, and cheap)."""
+
+
 def trainer_idle(spans: list[ActivitySpan]) -> dict[int, float]:
-    """Step n -> seconds the trainer sat idle before training step n that neither its data (step n's
-    advantages) nor the previous training explains: train n's start - max(train n-1's end, advantages n's end)."""
+    """Step n -> seconds the trainer sat idle before training step n that neither its data (step n's scored
+    rollouts) nor the previous training explains: train n's start - max(train n-1's end, step n scored)."""
     trains = {s.step: s for s in spans if s.name == ActivityName.TRAIN}  # a step's last training
-    ready = {s.step: s.closed for s in spans if s.name == ActivityName.ADVANTAGES}
+    ready: dict[int, float] = {}
+    for s in spans:  # a step's last scoring activity (of its last round, when it was rolled out again)
+        if s.name in SCORING:
+            ready[s.step] = max(ready.get(s.step, 0.0), s.closed)
     return {
         n: train.started - max(trains[n - 1].closed, ready[n])
         for n, train in sorted(trains.items())

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import uuid
@@ -102,8 +103,11 @@ async def real(steps: int, rounds: int, epochs: int, home: Path) -> dict[str, An
     worker = WorkerProcess("all", home / "logs" / "bench-workers.log", task_queues=on)
     worker.start()
     client = await connect_client()
-    out: dict[str, Any] = {mode: {"mean_step_s": [], "trainer_idle_s": [], "beyond_compute_s": []}
-                           for mode in ("sync", "pipelined")}  # fmt: skip
+    out: dict[str, Any] = {
+        mode: {"mean_step_s": [], "trainer_idle_s": [], "beyond_compute_s": [], "beyond_activities_s": [],
+               "spans": []}
+        for mode in ("sync", "pipelined")
+    }  # fmt: skip
     try:
         for r in range(rounds):
             for mode in ("sync", "pipelined"):
@@ -117,6 +121,8 @@ async def real(steps: int, rounds: int, epochs: int, home: Path) -> dict[str, An
                 mode_out["mean_step_s"].append(sum(later) / len(later))
                 mode_out["trainer_idle_s"] += [v for n, v in trainer_idle(spans).items() if n >= 2]
                 mode_out["beyond_compute_s"] += beyond_compute(run, spans)
+                mode_out["beyond_activities_s"] += beyond_compute(run, spans, activities=True)
+                mode_out["spans"].append([dataclasses.asdict(s) for s in spans])
                 print(f"  steps: {[round(s, 1) for s in run.step_seconds().values()]}", flush=True)
                 print(
                     f"  trainer idle (s): {[round(v, 2) for v in trainer_idle(spans).values()]}", flush=True
@@ -126,14 +132,18 @@ async def real(steps: int, rounds: int, epochs: int, home: Path) -> dict[str, An
     return out
 
 
-def beyond_compute(run: TimedRun, spans: list[Any]) -> list[float]:
-    """Per step 2..N: its wall minus its rollouts activities and the trainer's forward/backward/optimizer."""
+def beyond_compute(run: TimedRun, spans: list[Any], activities: bool = False) -> list[float]:
+    """Per step 2..N: its wall minus its rollouts activities and the trainer's forward/backward/optimizer (with
+    ``activities``, minus its whole train activity: what older trainers, which do not report their compute, allow)."""
     out = []
     for n, wall in run.step_seconds().items():
         rollouts = sum(s.closed - s.started for s in spans if s.name == ActivityName.ROLLOUTS and s.step == n)
         trains = [s for s in spans if s.name == ActivityName.TRAIN and s.step == n and s.result]
-        compute = trains[-1].result.get("compute_seconds", 0.0) if trains else 0.0  # type: ignore[union-attr]
-        if n >= 2 and compute:
+        if n < 2 or not trains:
+            continue
+        result: dict[str, Any] = trains[-1].result
+        compute = trains[-1].closed - trains[-1].started if activities else result.get("compute_seconds", 0.0)
+        if compute:
             out.append(wall - rollouts - compute)
     return out
 
@@ -170,14 +180,16 @@ def report(results: dict[str, Any]) -> str:
             "",
             f"Real demo on this CPU, {results['epochs']} epochs a step (steps 2..N of each run, modes alternated)",
             "",
-            "| mode | mean s/step per round | trainer idle s, median (range) | beyond compute s, median (range) |",
-            "|---|---|---:|---:|",
+            "| mode | mean s/step per round | trainer idle s | beyond compute s | beyond rollouts and train "
+            "activities s |",
+            "|---|---|---:|---:|---:|",
         ]
         for mode, m in real_out.items():
             means = ", ".join(f"{x:.1f}" for x in m["mean_step_s"])
-            lines.append(
-                f"| {mode} | {means} | {_summary(m['trainer_idle_s'])} | {_summary(m['beyond_compute_s'])} |"
-            )
+            lines.append(f"| {mode} | {means} | {_summary(m['trainer_idle_s'])} | {_summary(m['beyond_compute_s'])} "
+                         f"| {_summary(m['beyond_activities_s'])} |")  # fmt: skip
+        lines += ["", "medians (range) over steps 2..N; trainer idle: before each training, beyond what its data "
+                  "(scored rollouts) and the previous training explain"]  # fmt: skip
     lines += ["", f"command: {command_line()}"]
     return "\n".join(lines)
 
