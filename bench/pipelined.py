@@ -186,8 +186,11 @@ def report(results: dict[str, Any]) -> str:
         ]
         for mode, m in real_out.items():
             means = ", ".join(f"{x:.1f}" for x in m["mean_step_s"])
-            lines.append(f"| {mode} | {means} | {_summary(m['trainer_idle_s'])} | {_summary(m['beyond_compute_s'])} "
-                         f"| {_summary(m['beyond_activities_s'])} |")  # fmt: skip
+            sync = mode == "sync"  # pipelined rollouts overlap training: a step is not their sum
+            beyond = [_summary(m[k]) if sync else "-" for k in ("beyond_compute_s", "beyond_activities_s")]
+            lines.append(
+                f"| {mode} | {means} | {_summary(m['trainer_idle_s'])} | {beyond[0]} | {beyond[1]} |"
+            )
         lines += ["", "medians (range) over steps 2..N; trainer idle: before each training, beyond what its data "
                   "(scored rollouts) and the previous training explain"]  # fmt: skip
     lines += ["", f"command: {command_line()}"]
