@@ -111,6 +111,19 @@ def train_steps(acts: TrainerActivities, run_id: str, refs, steps: range, start,
     return start
 
 
+def after_one_update(acts: TrainerActivities) -> Callable[[], bool]:
+    """A ``should_stop`` that stops a training once its optimizer has stepped (the model changed)."""
+    seen: list[float] = []
+
+    def should_stop() -> bool:
+        optimizer = acts.trainer.optimizer if acts.trainer is not None else None
+        steps = [float(s["step"]) for s in optimizer.state.values()] if optimizer is not None else []
+        seen.append(max(steps, default=0.0))
+        return seen[-1] > seen[0]
+
+    return should_stop
+
+
 def test_resume_from_published_checkpoint_or_from_a_staged_step_is_exact(
     object_store, tmp_path, trainer, monkeypatch: pytest.MonkeyPatch
 ):
@@ -187,8 +200,11 @@ def resume_and_continue(object_store, tmp_path, trainer) -> None:
         def should_stop() -> bool:
             if step > 1 and step - 1 not in published:
                 publish = PublishInput(run_id="run-d", step=step - 1, staging_dir=staging_dir)
-                with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                pool = concurrent.futures.ThreadPoolExecutor(1)
+                try:  # a publish that waits for this training fails the test here, after 60 s
                     published[step - 1] = pool.submit(d.publish_sync, publish).result(timeout=60)
+                finally:
+                    pool.shutdown(wait=False)
             return False
 
         return should_stop
@@ -197,8 +213,8 @@ def resume_and_continue(object_store, tmp_path, trainer) -> None:
         inp = TrainInput(run_id="run-d", step=step, model=MODEL, advantages=refs[step], train=config,
                          start_from=start if staged is None else None, continue_from=staged)  # fmt: skip
         if step == 3:
-            with pytest.raises(InterruptedError):  # the attempt stops after its first micro-batch
-                d.train_sync(inp, config.micro_batch_size, should_stop=iter([False, True]).__next__)
+            with pytest.raises(InterruptedError):  # the attempt stops after its first epoch's update
+                d.train_sync(inp, config.micro_batch_size, should_stop=after_one_update(d))
         result = d.train_sync(inp, config.micro_batch_size, should_stop=publish_beside(step))
         staged = StagedRef(run_id="run-d", step=step, worker_id="worker-d", staged_id=result.staged_id)
         staging_dir = result.staging_dir
