@@ -5,15 +5,19 @@ A checkpoint directory (local staging dir or ``runs/<run>/checkpoints/<step:06d>
 - ``adapter_config.json`` + ``adapter_model.safetensors``: the LoRA adapter in PEFT format, at the top
   level, so the downloaded directory loads as is with ``PeftModel.from_pretrained`` or vLLM's
   ``/v1/load_lora_adapter`` (``lora_path`` = the directory).
-- ``optimizer.pt``: the AdamW state (absent at step 0), so resume is exact.
+- ``optimizer.safetensors``: the AdamW state (absent at step 0), so resume is exact (``optimizer.pt``, a
+  ``torch.save``, in checkpoints written before; activities/state_files.py reads both).
 - ``trainer_state.json``: step, run id, base model, seed, the micro-batch the step finished with.
 - ``rng_state.pt``: torch's RNG state after the step.
 - ``metrics.json``: the step's training metrics.
 - ``manifest.json`` (in S3 only): every file with its sha256, written last by ``ObjectStore.put_dir``.
+- ``.sha256.json`` (staged only, never uploaded): each file's sha256 as staging wrote it, so publishing does
+  not read the files twice.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -28,12 +32,14 @@ from host.files import write_dir_atomic, write_json_atomic
 from schemas import layout
 from schemas.config import ModelSpec
 from schemas.errors import CheckpointMismatchError, CorruptCheckpointError, UnsafePathError
-from schemas.refs import CheckpointRef
+from schemas.refs import CheckpointRef, Manifest
 
 log = logging.getLogger(__name__)
 
 TRAINER_STATE_FILE = "trainer_state.json"
 METRICS_FILE = "metrics.json"
+HASHES_FILE = ".sha256.json"
+"""In a staged checkpoint: each file's sha256, computed from the bytes staging wrote."""
 VERIFIED_MARKER = ".manifest_sha256"
 """In a downloaded checkpoint: the sha256 of the manifest its files were verified against."""
 
@@ -52,6 +58,8 @@ class TrainerState(BaseModel):
     worker_id: str = ""
     lora: dict[str, Any] | None = None
     """The run's ``model.lora`` the adapter was trained with (None in checkpoints written before it was kept)."""
+    staged_id: str = ""
+    """Names the staging that produced the checkpoint on its trainer (empty in checkpoints written before)."""
 
 
 class OomState(BaseModel):
@@ -101,16 +109,21 @@ def read_oom_state(root: str | Path, run_id: str, step: int) -> OomState | None:
 
 def stage_checkpoint(
     target: Path,
-    save_adapter: Callable[[Path], None],
+    save_adapter: Callable[[Path], dict[str, str] | None],
     state: TrainerState,
     metrics: dict[str, float],
 ) -> Path:
-    """Write a checkpoint dir atomically: into a temp dir, then renamed over ``target``."""
+    """Write a checkpoint dir atomically: into a temp dir, then renamed over ``target``. ``save_adapter``
+    writes the trainer's files and may return their sha256 (kept in ``HASHES_FILE`` for publishing)."""
 
     def fill(staging: Path) -> None:
-        save_adapter(staging)
+        hashes = save_adapter(staging)
         write_json_atomic(staging / TRAINER_STATE_FILE, state.model_dump(mode="json"))
         write_json_atomic(staging / METRICS_FILE, metrics)
+        if hashes is not None:
+            for name in (TRAINER_STATE_FILE, METRICS_FILE):
+                hashes[name] = sha256_file(staging / name)[0]
+            write_json_atomic(staging / HASHES_FILE, hashes)
 
     return write_dir_atomic(target, fill)
 
@@ -148,12 +161,15 @@ def publish_staged(
     if not (staging / TRAINER_STATE_FILE).is_file():
         raise CorruptCheckpointError(f"{staging} is not a staged checkpoint (no {TRAINER_STATE_FILE})")
     prefix = layout.checkpoint_prefix(run_id, step)
-    local = {
-        p.relative_to(staging).as_posix(): sha256_file(p)[0]
-        for p in staging.rglob("*")
-        if p.is_file() and p.name != layout.MANIFEST_NAME
-    }
+    hashes = staged_hashes(staging)
     if store.is_complete(prefix):
+        local = {
+            rel: hashes.get(rel) or sha256_file(p)[0]
+            for p in staging.rglob("*")
+            if p.is_file()
+            and not p.name.startswith(".")
+            and (rel := p.relative_to(staging).as_posix()) != layout.MANIFEST_NAME
+        }
         try:
             manifest, sha = store.read_manifest(prefix)
         except CorruptCheckpointError:
@@ -162,7 +178,23 @@ def publish_staged(
             log.info("checkpoint %s already published with the same files", store.uri(prefix))
             return CheckpointRef(run_id=run_id, step=step, uri=store.uri(prefix), manifest_sha256=sha)
     meta = {k: v for k, v in (metadata or {}).items() if isinstance(v, str | int | float | bool) or v is None}
-    return store.publish_checkpoint(staging, run_id, step, meta)
+    return store.publish_checkpoint(staging, run_id, step, meta, hashes)
+
+
+def staged_hashes(staging: Path) -> dict[str, str]:
+    """The sha256 of each file as staging wrote it (``HASHES_FILE``); empty when it kept none."""
+    path = staging / HASHES_FILE
+    if not path.is_file():
+        return {}
+    try:
+        hashes = json.loads(path.read_text())
+    except ValueError:
+        return {}
+    return (
+        {k: v for k, v in hashes.items() if isinstance(k, str) and isinstance(v, str)}
+        if isinstance(hashes, dict)
+        else {}
+    )
 
 
 def republish_checkpoint(
@@ -179,18 +211,22 @@ def republish_checkpoint(
     return publish_staged(store, target, source.run_id, step, {"copied_from_step": source.step})
 
 
-def download_checkpoint(store: ObjectStore, ref: CheckpointRef, local: Path) -> Path:
+def download_checkpoint(
+    store: ObjectStore, ref: CheckpointRef, local: Path, only: Callable[[str], bool] | None = None
+) -> Manifest | None:
     """Download the published checkpoint ``ref`` (``ObjectStore.get_checkpoint``: its manifest is the one
-    published, every file sha256-verified) into ``local``; a copy verified against that manifest is reused."""
+    published, every file sha256-verified) into ``local``: all its files, or ``only`` some (the adapter's, to
+    serve it). A copy verified against that manifest is reused: then None, else the manifest."""
     marker = local / VERIFIED_MARKER
-    if marker.is_file() and marker.read_text() == ref.manifest_sha256:
-        return local
+    verified = ref.manifest_sha256 if only is None else f"{ref.manifest_sha256} (some files)"
+    if marker.is_file() and marker.read_text() == verified:
+        return None
     if local.exists():
         shutil.rmtree(local)
     tmp = local.with_name(f".{local.name}.download")
     if tmp.exists():
         shutil.rmtree(tmp)
-    store.get_checkpoint(ref, tmp)
-    (tmp / VERIFIED_MARKER).write_text(ref.manifest_sha256)
+    manifest = store.get_checkpoint(ref, tmp, only)
+    (tmp / VERIFIED_MARKER).write_text(verified)
     os.replace(tmp, local)
-    return local
+    return manifest

@@ -9,13 +9,14 @@ a missing manifest or a sha256/size mismatch ``CorruptCheckpointError``.
 from __future__ import annotations
 
 import builtins
+import concurrent.futures
 import hashlib
 import io
 import logging
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, cast
@@ -61,6 +62,10 @@ def sha256_file(path: str | Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+PART_SIZE = 64 << 20
+"""Objects up to this size go up in one PUT; larger ones in parts of this size."""
+UPLOADS_AT_ONCE = 4
+"""Files of one directory uploaded at once (a checkpoint's adapter, optimizer state and small files)."""
 RETRY_BACKOFF_MAX_S = 8.0
 WORKER_OUTAGE_S = WorkerLifecycle().store_outage_s
 """How long a worker's store requests keep retrying unless its operator says otherwise
@@ -182,8 +187,14 @@ class ObjectStore:
 
     def _put_stream(self, key: str, data: BinaryIO, size: int, sha256: str) -> ObjectRef:
         with self._errors(f"upload {self.uri(key)}"):
+            # One PUT up to PART_SIZE (minio's default cuts 5 MiB parts: a multipart upload, each part a round trip)
             self.client.put_object(
-                self.bucket, key, cast(BinaryIO, _Advancing(data)), size, metadata={"sha256": sha256}
+                self.bucket,
+                key,
+                cast(BinaryIO, _Advancing(data)),
+                size,
+                metadata={"sha256": sha256},
+                part_size=PART_SIZE,
             )
         return ObjectRef(uri=self.uri(key), size=size, sha256=sha256)
 
@@ -268,9 +279,15 @@ class ObjectStore:
 
     # ---- directories with manifests (checkpoints) -------------------------------------------------
     def put_dir(
-        self, local_dir: str | Path, prefix: str, metadata: ManifestMetadata | None = None
+        self,
+        local_dir: str | Path,
+        prefix: str,
+        metadata: ManifestMetadata | None = None,
+        sha256: dict[str, str] | None = None,
     ) -> ObjectRef:
-        """Upload every file under ``local_dir``, then the manifest LAST; returns the manifest's ref.
+        """Upload every file under ``local_dir`` (several at once), then the manifest LAST; returns the manifest's
+        ref. Hidden files (a name starting with ``.``) are local bookkeeping and stay behind. ``sha256``: the
+        files' digests where the caller has them (computed as it wrote them), so they are not read twice.
 
         A reader that finds the manifest knows every file listed in it is already in place.
         """
@@ -278,13 +295,24 @@ class ObjectStore:
         prefix = self.key(prefix).rstrip("/") + "/"
         if not root.is_dir():
             raise FileNotFoundError(f"{root} is not a directory")
-        entries: list[ManifestEntry] = []
-        for path in sorted(p for p in root.rglob("*") if p.is_file()):
-            rel = path.relative_to(root).as_posix()
-            if rel == layout.MANIFEST_NAME:
-                continue  # a manifest from an earlier download; a fresh one is written below
-            ref = self.put_file(path, prefix + rel)
-            entries.append(ManifestEntry(path=rel, size=ref.size, sha256=ref.sha256))
+        files = [
+            (path, path.relative_to(root).as_posix())
+            for path in sorted(p for p in root.rglob("*") if p.is_file())
+            if not path.name.startswith(".") and path.relative_to(root).as_posix() != layout.MANIFEST_NAME
+        ]  # a manifest from an earlier download is not uploaded: a fresh one is written below
+        known = sha256 or {}
+
+        def put(path: Path, rel: str) -> ManifestEntry:
+            digest = known.get(rel)
+            if digest is None:
+                ref = self.put_file(path, prefix + rel)
+            else:
+                with open(path, "rb") as f:
+                    ref = self._put_stream(prefix + rel, f, os.fstat(f.fileno()).st_size, digest)
+            return ManifestEntry(path=rel, size=ref.size, sha256=ref.sha256)
+
+        with concurrent.futures.ThreadPoolExecutor(UPLOADS_AT_ONCE) as uploads:
+            entries = list(uploads.map(lambda file: put(*file), files))
         manifest = Manifest(files=entries, metadata=dict(metadata or {}))
         return self.put_bytes(prefix + layout.MANIFEST_NAME, manifest.model_dump_json(indent=2).encode())
 
@@ -307,38 +335,76 @@ class ObjectStore:
             raise CorruptCheckpointError(f"{self.uri(key)} is not a valid manifest: {err}") from None
         return manifest, hashlib.sha256(raw).hexdigest()
 
-    def get_dir(self, prefix: str, local_dir: str | Path) -> Manifest:
-        """Download a manifested upload into ``local_dir``, verifying every file's size and sha256."""
+    def get_dir(
+        self,
+        prefix: str,
+        local_dir: str | Path,
+        manifest: Manifest | None = None,
+        only: Callable[[str], bool] | None = None,
+    ) -> Manifest:
+        """Download a manifested upload into ``local_dir`` (several files at once), verifying every file's size
+        and sha256 as it arrives. ``manifest``: the one already read; ``only``: the files (manifest paths) to
+        download, default all."""
         prefix = self.key(prefix).rstrip("/") + "/"
-        manifest, _ = self.read_manifest(prefix)
+        if manifest is None:
+            manifest, _ = self.read_manifest(prefix)
         root = Path(local_dir)
         root.mkdir(parents=True, exist_ok=True)
-        for entry in manifest.files:
+        entries = [e for e in manifest.files if only is None or only(e.path)]
+        for entry in entries:
             rel = PurePosixPath(entry.path)
             if rel.is_absolute() or ".." in rel.parts:
                 raise CorruptCheckpointError(
                     f"{self.uri(prefix)}: manifest path {entry.path!r} leaves the prefix"
                 )
-            target = root / rel
-            self.get_file(prefix + entry.path, target)
-            sha256, size = sha256_file(target)
+
+        def get(entry: ManifestEntry) -> None:
+            sha256, size = self._get_verified(prefix + entry.path, root / entry.path)
             if size != entry.size or sha256 != entry.sha256:
-                target.unlink()
+                (root / entry.path).unlink()
                 raise CorruptCheckpointError(
                     f"{self.uri(prefix + entry.path)} does not match its manifest: size {size} vs {entry.size}, "
                     f"sha256 {sha256[:12]}… vs {entry.sha256[:12]}…; the checkpoint is corrupt or was overwritten"
                 )
+
+        with concurrent.futures.ThreadPoolExecutor(UPLOADS_AT_ONCE) as downloads:
+            list(downloads.map(get, entries))
         return manifest
 
-    def get_checkpoint(self, ref: CheckpointRef, local_dir: str | Path) -> Manifest:
-        """Download a published checkpoint, refusing it if its manifest is not the one published."""
-        _, sha256 = self.read_manifest(ref.uri)
+    def _get_verified(self, key: str, local: Path) -> tuple[str, int]:
+        """Download ``key`` to ``local`` atomically, hashing it as it arrives; its sha256 and size."""
+        local.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.")
+        digest, size = hashlib.sha256(), 0
+        try:
+            with self._errors(f"download {self.uri(key)}"), os.fdopen(fd, "wb") as out:
+                response = self.client.get_object(self.bucket, key)
+                try:
+                    for chunk in response.stream(_CHUNK):
+                        digest.update(chunk)
+                        out.write(chunk)
+                        size += len(chunk)
+                finally:
+                    response.close()
+                    response.release_conn()
+            os.replace(tmp, local)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return digest.hexdigest(), size
+
+    def get_checkpoint(
+        self, ref: CheckpointRef, local_dir: str | Path, only: Callable[[str], bool] | None = None
+    ) -> Manifest:
+        """Download a published checkpoint (``only`` some of its files), refusing it if its manifest is not the
+        one published."""
+        prefix = self.key(ref.uri).rstrip("/") + "/"
+        manifest, sha256 = self.read_manifest(prefix)
         if sha256 != ref.manifest_sha256:
             raise CorruptCheckpointError(
                 f"{ref.uri}: its manifest changed since step {ref.step} was published "
                 f"(sha256 {sha256[:12]}… vs {ref.manifest_sha256[:12]}…); it was overwritten"
             )
-        return self.get_dir(ref.uri, local_dir)
+        return self.get_dir(prefix, local_dir, manifest, only)
 
     def is_complete(self, prefix: str) -> bool:
         """True when the prefix has its manifest (the upload finished)."""
@@ -346,12 +412,17 @@ class ObjectStore:
 
     # ---- checkpoints of a run -----------------------------------------------------------------------
     def publish_checkpoint(
-        self, local_dir: str | Path, run_id: str, step: int, metadata: ManifestMetadata | None = None
+        self,
+        local_dir: str | Path,
+        run_id: str,
+        step: int,
+        metadata: ManifestMetadata | None = None,
+        sha256: dict[str, str] | None = None,
     ) -> CheckpointRef:
-        """Upload ``local_dir`` as the run's checkpoint of ``step`` (manifest last)."""
+        """Upload ``local_dir`` as the run's checkpoint of ``step`` (manifest last; ``sha256`` as in ``put_dir``)."""
         prefix = layout.checkpoint_prefix(run_id, step)
         meta: ManifestMetadata = {"run_id": run_id, "step": step, **(metadata or {})}
-        ref = self.put_dir(local_dir, prefix, meta)
+        ref = self.put_dir(local_dir, prefix, meta, sha256)
         return CheckpointRef(run_id=run_id, step=step, uri=self.uri(prefix), manifest_sha256=ref.sha256)
 
     def checkpoint_steps(self, run_id: str) -> builtins.list[int]:

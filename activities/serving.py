@@ -52,6 +52,9 @@ from serving.client import ServingClient, ServingError
 
 log = logging.getLogger(__name__)
 
+Listings = dict[str, dict[str, str]]
+"""A server's base URL -> its adapters (name -> directory), as one reload last saw them."""
+
 ADAPTER_FILE_PREFIX = "adapter_"
 """Checkpoint files the server reads (``adapter_config.json``, ``adapter_model.safetensors``)."""
 
@@ -89,6 +92,11 @@ class AdapterLeases:
     def least_recently_used(self, names: Iterable[str]) -> list[str]:
         """``names`` oldest use first; one never loaded or used by this worker counts as oldest."""
         return sorted(names, key=lambda n: (self._used.get(n, float("-inf")), n))
+
+
+def _serves(path: str) -> bool:
+    """Whether a checkpoint file is one the server reads (the optimizer state stays in the store)."""
+    return path.startswith(ADAPTER_FILE_PREFIX)
 
 
 def _heartbeat(*details: Any) -> None:
@@ -196,10 +204,13 @@ class ServingActivities:
                                    non_retryable=True)  # fmt: skip
         ref = input.checkpoint
         name = adapter_name(ref.run_id, ref.step)
-        local = await self._download_and_load(self.clients, name, ref)
+        listed: Listings = {}
+        local = await self._download_and_load(self.clients, name, ref, listed)
         self.served[name] = local
-        unloaded = await self._evict(ref.run_id, keep=input.serving.keep_adapters, current=name)
-        unloaded += await self._cap(current=name)
+        unloaded = await self._evict(
+            ref.run_id, keep=input.serving.keep_adapters, current=name, listed=listed
+        )
+        unloaded += await self._cap(current=name, listed=listed)
         self._forget(unloaded)
         fleet_metrics().steps_served.add(1)
         return ReloadResult(
@@ -237,25 +248,31 @@ class ServingActivities:
         return name
 
     async def _download_and_load(
-        self, clients: Sequence[ServingClient], name: str, ref: CheckpointRef
+        self, clients: Sequence[ServingClient], name: str, ref: CheckpointRef, listed: Listings | None = None
     ) -> Path:
-        """Download ``ref`` (sha256-verified) and load it as ``name`` on ``clients``; its local copy."""
+        """Download ``ref`` (sha256-verified) and load it as ``name`` on ``clients``; its local copy. ``listed``
+        gets each client's adapters as they are after the load."""
+        listed = {} if listed is None else listed
         local = self.local_dir(ref.run_id, ref.step)
         _heartbeat("download", name)
         try:
             with progress.stage("download"):  # a download that hangs stops the heartbeats
-                await asyncio.to_thread(download_checkpoint, self.store, ref, local)
-                manifest, _ = await asyncio.to_thread(self.store.read_manifest, self.store.key(ref.uri))
+                fresh = await asyncio.to_thread(download_checkpoint, self.store, ref, local, _serves)
+                # A copy downloaded now was verified as it arrived; one downloaded before is verified by the server.
+                sha256 = None
+                if fresh is None:
+                    manifest, _ = await asyncio.to_thread(self.store.read_manifest, self.store.key(ref.uri))
+                    sha256 = {e.path: e.sha256 for e in manifest.files if _serves(e.path)}
         except DgrpoError as err:  # a corrupt or overwritten checkpoint, an unreachable or refusing store
             raise application_error(err) from err
-        sha256 = {e.path: e.sha256 for e in manifest.files if e.path.startswith(ADAPTER_FILE_PREFIX)}
         for client in clients:
             _heartbeat("load", name, client.base_url)
             # The same name loaded from another directory is another run's adapter (two runs that share a
             # model name and a server), and the same directory with other content is an earlier checkpoint of
             # this step (a run id reused after its checkpoints were deleted): this checkpoint replaces either.
             # A retry finds its own path and content.
-            loaded_from = (await client.adapters()).get(name)
+            adapters = listed[client.base_url] = await client.adapters()
+            loaded_from = adapters.get(name)
             replace = loaded_from is not None and (
                 Path(loaded_from) != local or self.contents.get(name) != ref.manifest_sha256
             )
@@ -282,6 +299,7 @@ class ServingActivities:
             log.info("%s %s on %s", "loaded" if loaded else "already had", name, client.base_url)
             if loaded:
                 fleet_metrics().adapter_loads.add(1)
+            adapters[name] = str(local)
         self.contents[name] = ref.manifest_sha256
         self.leases.touch(name)
         return local
@@ -297,12 +315,19 @@ class ServingActivities:
                     fleet_metrics().adapter_loads.add(1)
         return sorted(self.served)
 
-    async def _evict(self, run_id: str, keep: int, current: str) -> list[str]:
+    async def _listing(self, client: ServingClient, listed: Listings) -> dict[str, str]:
+        """``client``'s adapters: as ``listed`` keeps them (this reload's own changes applied), else asked."""
+        if client.base_url not in listed:
+            listed[client.base_url] = await client.adapters()
+        return listed[client.base_url]
+
+    async def _evict(self, run_id: str, keep: int, current: str, listed: Listings | None = None) -> list[str]:
         """Unload this run's adapters older than the newest ``keep``; never ``current`` or a held one."""
         unloaded: set[str] = set()
         held = self.leases.held() | {current}
+        listed = {} if listed is None else listed
         for client in self.clients:
-            loaded = await client.adapters()
+            loaded = await self._listing(client, listed)
             steps = sorted(
                 ((step, n) for n in loaded if (step := _adapter_step(run_id, n)) is not None),
                 reverse=True,
@@ -314,20 +339,24 @@ class ServingActivities:
                 if await client.unload_adapter(evict):
                     unloaded.add(evict)
                     fleet_metrics().adapter_unloads.add(1)
+                loaded.pop(evict, None)
         return sorted(unloaded)
 
-    async def _cap(self, current: str) -> list[str]:
+    async def _cap(self, current: str, listed: Listings | None = None) -> list[str]:
         """Unload, from each server holding more than ``--max-loras`` adapters, the least recently used that
         no rollout holds (never ``current``), until it holds ``--max-loras``; what was unloaded."""
         unloaded: list[str] = []
+        listed = {} if listed is None else listed
         for client in self.clients:
-            loaded = [n for n in await client.adapters() if _run_and_step(n) is not None]
+            listing = await self._listing(client, listed)
+            loaded = [n for n in listing if _run_and_step(n) is not None]
             excess = len(loaded) - self.engine.max_loras
             if excess <= 0:
                 continue
             held = self.leases.held() | {current}
             for evict in self.leases.least_recently_used(n for n in loaded if n not in held)[:excess]:
                 _heartbeat("unload", evict, client.base_url)
+                listing.pop(evict, None)
                 if await client.unload_adapter(evict):
                     unloaded.append(evict)
                     fleet_metrics().adapter_unloads.add(1)

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -42,6 +43,7 @@ from activities.device import default_device, free_memory_bytes, resolve_precisi
 from activities.grpo_loss import LossOutput, LossParams, grpo_loss, token_logprobs
 from activities.lora_targets import lora_target_modules
 from activities.memory_plan import MemoryPlan, model_dims, plan_micro_batch
+from activities.state_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, Snapshot, read_optimizer_state
 from activities.tokenize import TrainSequence
 from base_models.resolve import pad_token_id, resolve_base_model
 from host.cpu_share import CpuShare
@@ -51,9 +53,6 @@ from schemas.settings import model_roots
 
 log = logging.getLogger(__name__)
 
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-OPTIMIZER_FILE = "optimizer.pt"
-RNG_STATE_FILE = "rng_state.pt"
 ENV_BACKEND = "DGRPO_TRAINER_BACKEND"
 
 Progress = Callable[[int, int, int], None]
@@ -152,6 +151,11 @@ class Trainer:
         self.gradient_checkpointing = False
         """Each decoder layer recomputed in the backward pass (``use_gradient_checkpointing``)."""
         self.optimizer: torch.optim.AdamW | None = None
+        self._adapter = self._adapter_tensors()
+        """The adapter's live tensors under PEFT's state-dict names: saved and loaded without PEFT's module walks."""
+        with tempfile.TemporaryDirectory() as written:  # PEFT's own adapter_config.json, written once
+            self.model.save_pretrained(written)
+            self._adapter_config = (Path(written) / ADAPTER_CONFIG).read_text()
         # A 4D attention mask needs transformers' SDPA attention (unsloth patches attention its own way).
         self.share_prefixes = not unsloth and base.config._attn_implementation == "sdpa"
         """Sequences that share a prompt are trained as packs (activities/shared_prefix.py)."""
@@ -207,27 +211,45 @@ class Trainer:
                 if isinstance(module, LoraLayer):
                     module.reset_lora_parameters("default", True)
 
+    def _adapter_tensors(self) -> dict[str, torch.Tensor] | None:
+        """PEFT's state dict of the adapter when its entries are the trained parameters themselves (they share
+        storage), else None (then every save and load asks PEFT)."""
+        state = get_peft_model_state_dict(self.model)
+        trained = {p.data_ptr() for p in self.params}
+        return dict(state) if all(t.data_ptr() in trained for t in state.values()) else None
+
+    def _live_adapter(self) -> dict[str, torch.Tensor]:
+        return self._adapter if self._adapter is not None else get_peft_model_state_dict(self.model)
+
     def load_state(self, directory: str | Path) -> None:
         """Adapter weights and (when present) optimizer state from a checkpoint dir."""
         directory = Path(directory)
-        result: Any = set_peft_model_state_dict(self.model, load_file(str(directory / ADAPTER_WEIGHTS)))
-        if result.unexpected_keys:
-            raise ValueError(f"{directory}: adapter has unexpected keys {result.unexpected_keys[:3]}")
+        weights = load_file(str(directory / ADAPTER_WEIGHTS))
+        if self._adapter is None or weights.keys() != self._adapter.keys():
+            result: Any = set_peft_model_state_dict(self.model, weights)
+            if result.unexpected_keys:
+                raise ValueError(f"{directory}: adapter has unexpected keys {result.unexpected_keys[:3]}")
+        else:
+            with torch.no_grad():
+                for name, tensor in weights.items():
+                    self._adapter[name].copy_(tensor)
         self.optimizer = None
-        if (directory / OPTIMIZER_FILE).is_file():
+        state = read_optimizer_state(directory)
+        if state is not None:
             self.optimizer = self.new_optimizer(TrainConfig())
-            self.optimizer.load_state_dict(torch.load(directory / OPTIMIZER_FILE, weights_only=True))
+            self.optimizer.load_state_dict(state)
 
-    def save_state(self, directory: str | Path) -> None:
-        """Adapter in PEFT format (adapter_config.json + safetensors), the optimizer state and torch's RNG."""
-        directory = Path(directory)
-        self.model.save_pretrained(str(directory))
-        if self.optimizer is not None:
-            torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
-        torch.save(torch.get_rng_state(), directory / RNG_STATE_FILE)
+    def snapshot(self) -> Snapshot:
+        """A copy of the adapter, the optimizer state and torch's RNG, to write while the model trains on."""
+        return Snapshot.take(self._live_adapter(), self._adapter_config, self.optimizer)
+
+    def save_state(self, directory: str | Path) -> dict[str, str]:
+        """Adapter in PEFT format (adapter_config.json + safetensors), the optimizer state and torch's RNG;
+        each file's sha256."""
+        return self.snapshot().write(directory)
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+        return {k: v.detach().clone() for k, v in self._live_adapter().items()}
 
     def new_optimizer(self, config: TrainConfig) -> torch.optim.AdamW:
         return torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import dataclasses
 import gc
 import logging
 import os
@@ -43,6 +44,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -83,11 +85,12 @@ from schemas.activities import (
     RepublishInput,
     SftInput,
     SftResult,
+    StagedRef,
     TrainInput,
     TrainResult,
 )
 from schemas.config import ModelSpec, TrainConfig
-from schemas.errors import CONFIG_ERROR, OUT_OF_MEMORY, DgrpoError, UnsafePathError
+from schemas.errors import CONFIG_ERROR, OUT_OF_MEMORY, DgrpoError, StagedStateLostError, UnsafePathError
 from schemas.refs import CheckpointRef
 
 log = logging.getLogger(__name__)
@@ -186,6 +189,25 @@ def died_training(heartbeat: Any) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class Held:
+    """A step of a run as this worker staged it, which the warm trainer's model holds."""
+
+    run_id: str
+    step: int
+    staged_id: str
+    directory: Path
+    """Its staged files (what ``publish`` uploads)."""
+    manifest_sha256: str | None = None
+    """Its checkpoint's manifest, once published from here."""
+
+    def is_checkpoint(self, ref: CheckpointRef) -> bool:
+        return (self.run_id, self.step, self.manifest_sha256) == (ref.run_id, ref.step, ref.manifest_sha256)
+
+    def is_staging(self, ref: StagedRef) -> bool:
+        return (self.run_id, self.step, self.staged_id) == (ref.run_id, ref.step, ref.staged_id)
+
+
 class TrainerActivities:
     """Activities ``train``, ``train_sft``, ``publish``, ``publish_initial``, ``republish``, ``latest_checkpoint``."""
 
@@ -203,9 +225,15 @@ class TrainerActivities:
         self.trainer: Trainer | None = None
         self._trainer_key: str | None = None
         self._lock = threading.Lock()
-        # What the warm trainer holds: (run_id, step) and, once published, that checkpoint's manifest sha.
-        self._memory: tuple[str, int] | None = None
-        self._memory_sha: str | None = None
+        """Held while the trainer's model is read or changed (training, staging, restoring)."""
+        self.held: Held | None = None
+        """The step the warm trainer's model holds, as staged here; None while it changes (a failed attempt
+        leaves None: the next one restores from the staged files or a checkpoint)."""
+        self._held_lock = threading.Lock()  # publish notes its manifest without waiting for a training
+        # A trained step's files are written from a copy of the model (``Trainer.snapshot``) on this thread, beside
+        # what follows (the next step's training); publishing and continuing from the files wait for the write.
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stager")
+        self._writing: dict[Path, concurrent.futures.Future[Path]] = {}
         # Training always runs on this one thread: torch's OpenMP team and oneDNN's per-thread state stay
         # warm (a step landing on a new pool thread each time trained ~2x slower on the CPU).
         self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
@@ -367,7 +395,8 @@ class TrainerActivities:
         precision = resolve_precision(precision, default_device())
         key = f"{model.base_model}|{model.lora.model_dump_json()}|{precision}"
         if self.trainer is None or self._trainer_key != key:
-            self.trainer, self._memory = None, None
+            self.trainer = None
+            self._hold(None)
             gc.collect()
             self.trainer, self._trainer_key = Trainer(model, precision), key
         return self.trainer
@@ -378,13 +407,31 @@ class TrainerActivities:
         if ref is None:
             trainer.init_adapter(seed)
             return
-        if self._memory == (ref.run_id, ref.step) and self._memory_sha == ref.manifest_sha256:
+        held = self.held
+        if held is not None and held.is_checkpoint(ref):
             return  # the warm trainer holds exactly this checkpoint (it trained and published it)
         local = run_dir(self.staging_root, run_id) / ".inputs" / layout.step_name(ref.step)
         with stage_progress.stage("download"):
             download_checkpoint(self.store, ref, local)
         check_checkpoint_fits(read_trainer_state(local), model, ref.uri)
         trainer.load_state(local)
+
+    def _continue(self, trainer: Trainer, model: ModelSpec, staged: StagedRef) -> None:
+        """Hold step ``staged`` as this worker staged it: already in memory, else from its staged files (the
+        same bytes its publish uploads); ``StagedStateLostError`` when neither is that staging any more."""
+        held = self.held
+        if held is not None and held.is_staging(staged):
+            return
+        directory = staging_dir(self.staging_root, staged.run_id, staged.step)
+        self._written(directory)
+        state = read_trainer_state(directory) if directory.is_dir() else None
+        if staged.worker_id != self.worker_id or state is None or state.staged_id != staged.staged_id:
+            raise StagedStateLostError(
+                f"trainer {self.worker_id} no longer holds step {staged.step} of run {staged.run_id} as staged by "
+                f"{staged.worker_id} ({staged.staged_id}); train from its checkpoint once it is manifested"
+            )
+        check_checkpoint_fits(state, model, str(directory))
+        trainer.load_state(directory)
 
     def train_sync(
         self,
@@ -416,17 +463,22 @@ class TrainerActivities:
                     f"step {inp.step}: no trainable tokens ({len(pairs)} trajectories with advantages, "
                     f"{tokenized.n_dropped_overlength} sequences over max_seq_len={inp.train.max_seq_len})"
                 )
-            self._restore(trainer, inp.run_id, inp.model, inp.start_from, inp.train.seed)
-            self._memory = self._memory_sha = None  # the model is about to change
+            if inp.continue_from is not None:
+                self._continue(trainer, inp.model, inp.continue_from)
+            else:
+                self._restore(trainer, inp.run_id, inp.model, inp.start_from, inp.train.seed)
+            self._hold(None)  # the model is about to change
             plan = trainer.plan_memory(tokenized.sequences, micro_batch)
             if plan.micro_batch < micro_batch or plan.gradient_checkpointing:
                 log.info("step %d: %s (asked for micro-batch %d)", inp.step, plan, micro_batch)
             micro_batch = plan.micro_batch
             trainer.use_gradient_checkpointing(plan.gradient_checkpointing)
+            computing = time.monotonic()
             with stage_progress.stage("micro_batch"):
                 stats = train_step_or_oom(
                     trainer, tokenized.sequences, inp.train, inp.step, micro_batch, progress, should_stop
                 )
+            compute_seconds = time.monotonic() - computing
             metrics = {k: float(v) for k, v in vars(stats).items()}
             metrics["n_dropped_overlength"] = float(tokenized.n_dropped_overlength)
             metrics["n_template_choices"] = float(tokenized.n_template_choices)
@@ -440,7 +492,8 @@ class TrainerActivities:
         return TrainResult(
             run_id=inp.run_id,
             step=inp.step,
-            staging_dir=str(staged),
+            staging_dir=str(staged.directory),
+            staged_id=staged.staged_id,
             worker_id=self.worker_id,
             loss=stats.loss,
             grad_norm=stats.grad_norm,
@@ -454,6 +507,7 @@ class TrainerActivities:
                 "loss/mean_importance_ratio": stats.mean_ratio,
                 "loss/clip_fraction": stats.clip_fraction,
             },
+            compute_seconds=compute_seconds,
         )
 
     def _chat_template(self, inp: TrainInput) -> str | None:
@@ -477,7 +531,7 @@ class TrainerActivities:
         with self._lock:
             trainer = self.trainer_for(inp.model, inp.sft.precision)
             self._restore(trainer, inp.run_id, inp.model, inp.start_from, inp.sft.seed)
-            self._memory = self._memory_sha = None  # the model is about to change
+            self._hold(None)  # the model is about to change
             stats = or_out_of_memory(
                 trainer,
                 micro_batch,
@@ -495,7 +549,7 @@ class TrainerActivities:
             metrics = {"loss": stats.losses[-1], "grad_norm": stats.grad_norms[-1]}
             staged = self._stage(
                 trainer, inp.run_id, inp.step, inp.model, inp.sft.seed, micro_batch, metrics, sft=True
-            )
+            ).directory
         self._step_done(inp.run_id, inp.step)
         log.info("step %d fine-tuned on %d examples: losses %s", inp.step, stats.n_examples, stats.losses)
         return SftResult(
@@ -523,10 +577,13 @@ class TrainerActivities:
         micro_batch: int,
         metrics: dict[str, float],
         sft: bool = False,
-    ) -> Path:
+    ) -> Held:
         """Stage the trained step (its adapter, optimizer and ``TrainerState``) for ``publish``; the model in
         memory is now this step's. Call holding ``_lock``."""
+        held = Held(run_id, step, uuid.uuid4().hex[:16], staging_dir(self.staging_root, run_id, step))
+        self._written(held.directory)  # an earlier staging of this step is written before this one
         state = TrainerState(
+            staged_id=held.staged_id,
             run_id=run_id,
             step=step,
             base_model=model.base_model,
@@ -536,11 +593,24 @@ class TrainerActivities:
             lora=model.lora.model_dump(mode="json"),
             **({"sft": True} if sft else {}),  # GRPO steps' trainer_state.json stays as it was
         )
-        staged = stage_checkpoint(
-            staging_dir(self.staging_root, run_id, step), trainer.save_state, state, metrics
-        )
-        self._memory = (run_id, step)
-        return staged
+        snapshot = trainer.snapshot()
+        written = self._writer.submit(stage_checkpoint, held.directory, snapshot.write, state, metrics)
+        with self._held_lock:
+            self._writing[held.directory] = written
+        self._hold(held)
+        return held
+
+    def _hold(self, held: Held | None) -> None:
+        """Say what the model holds now (under the lock ``_published`` notes a manifest under)."""
+        with self._held_lock:
+            self.held = held
+
+    def _written(self, directory: Path) -> None:
+        """Wait for the staged files of ``directory`` to be written (raising the write's failure)."""
+        with self._held_lock:
+            pending = self._writing.get(directory)
+        if pending is not None:
+            pending.result()
 
     def _step_done(self, run_id: str, step: int) -> None:
         """A step trained and staged: its OOM record goes, and so do staged steps older than the last two."""
@@ -553,7 +623,10 @@ class TrainerActivities:
         for parent in (directory, directory / ".inputs"):
             for old in parent.glob("[0-9]" * 6):
                 if int(old.name) < step - keep:
+                    self._written(old)
                     shutil.rmtree(old, ignore_errors=True)
+                    with self._held_lock:
+                        self._writing.pop(old, None)
 
     def publish_sync(self, inp: PublishInput) -> CheckpointRef:
         staged = Path(inp.staging_dir)
@@ -562,6 +635,7 @@ class TrainerActivities:
                 f"staging_dir {inp.staging_dir} is not under run {inp.run_id}'s staging directory on trainer "
                 f"{self.worker_id} ({run_dir(self.staging_root, inp.run_id)}); publish only what train staged"
             )
+        self._written(staged)
         if not staged.is_dir():
             raise config_error(
                 f"{staged} does not exist on trainer {self.worker_id}; train step {inp.step} again"
@@ -572,10 +646,18 @@ class TrainerActivities:
             ref = publish_staged(
                 self.store, staged, inp.run_id, inp.step, {**state.model_dump(), **inp.metrics}
             )
-        with self._lock:
-            if self._memory == (inp.run_id, inp.step):
-                self._memory_sha = ref.manifest_sha256
+        self._published(state, ref)
         return ref
+
+    def _published(self, state: TrainerState, ref: CheckpointRef) -> None:
+        """Note checkpoint ``ref`` on the warm model when it still holds the staging ``state`` describes (a
+        later ``start_from`` that names it is then not downloaded). Never waits for a training."""
+        with self._held_lock:
+            held = self.held
+            if held is not None and (held.run_id, held.step, held.staged_id) == (
+                ref.run_id, ref.step, state.staged_id
+            ):  # fmt: skip
+                self.held = dataclasses.replace(held, manifest_sha256=ref.manifest_sha256)
 
     def publish_initial_sync(self, inp: InitialAdapterInput) -> CheckpointRef:
         prefix = layout.checkpoint_prefix(inp.run_id, 0)
@@ -585,20 +667,18 @@ class TrainerActivities:
         with self._lock:
             trainer = self.trainer_for(inp.model, "auto")  # as the steps train by default
             trainer.init_adapter(inp.seed)
+            held = Held(inp.run_id, 0, uuid.uuid4().hex[:16], staging_dir(self.staging_root, inp.run_id, 0))
             state = TrainerState(
                 run_id=inp.run_id,
                 step=0,
                 base_model=inp.model.base_model,
                 seed=inp.seed,
                 lora=inp.model.lora.model_dump(mode="json"),
+                staged_id=held.staged_id,
             )
-            staged = stage_checkpoint(
-                staging_dir(self.staging_root, inp.run_id, 0), trainer.save_state, state, {}
-            )
-            self._memory, self._memory_sha = (inp.run_id, 0), None
-        check_finite_adapter(staged)
-        ref = publish_staged(self.store, staged, inp.run_id, 0, state.model_dump())
-        with self._lock:
-            if self._memory == (inp.run_id, 0):
-                self._memory_sha = ref.manifest_sha256
+            stage_checkpoint(held.directory, trainer.save_state, state, {})
+            self._hold(held)
+        check_finite_adapter(held.directory)
+        ref = publish_staged(self.store, held.directory, inp.run_id, 0, state.model_dump())
+        self._published(state, ref)
         return ref

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -153,3 +154,71 @@ def median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+@dataclass
+class ActivitySpan:
+    """One completed activity of a run, as Temporal's history records it (epoch seconds)."""
+
+    name: str
+    step: int
+    """From the activity's summary (``step <n>``); -1 without one."""
+    scheduled: float
+    started: float
+    closed: float
+    result: dict[str, Any] | None
+    """Its result, decoded (a JSON object), else None."""
+
+
+async def activity_spans(client: Client, workflow_id: str) -> list[ActivitySpan]:
+    """Every completed activity of the run ``workflow_id``, across continue-as-new, in the order they closed."""
+    spans: list[ActivitySpan] = []
+    first = client.get_workflow_handle(workflow_id)
+    run_id: str | None = (await first.describe()).raw_description.workflow_execution_info.first_run_id
+    while run_id:
+        handle, run_id = client.get_workflow_handle(workflow_id, run_id=run_id), None
+        scheduled: dict[int, tuple[str, int, float]] = {}
+        started: dict[int, float] = {}
+        async for event in handle.fetch_history_events():
+            at = event.event_time.ToMicroseconds() / 1e6
+            if event.HasField("activity_task_scheduled_event_attributes"):
+                name = event.activity_task_scheduled_event_attributes.activity_type.name
+                match = re.match(r"step (\d+)", json.loads(event.user_metadata.summary.data or b'""'))
+                scheduled[event.event_id] = (name, int(match.group(1)) if match else -1, at)
+            elif event.HasField("activity_task_started_event_attributes"):
+                started[event.activity_task_started_event_attributes.scheduled_event_id] = at
+            elif event.HasField("activity_task_completed_event_attributes"):
+                done = event.activity_task_completed_event_attributes
+                name, step, at_scheduled = scheduled[done.scheduled_event_id]
+                payloads = done.result.payloads
+                try:
+                    result = json.loads(payloads[0].data) if payloads else None
+                except ValueError:
+                    result = None
+                if not isinstance(result, dict):
+                    result = None
+                spans.append(
+                    ActivitySpan(name, step, at_scheduled, started[done.scheduled_event_id], at, result)
+                )
+            elif event.HasField("workflow_execution_continued_as_new_event_attributes"):
+                run_id = event.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+    return spans
+
+
+SCORING = (ActivityName.ROLLOUTS, ActivityName.MERGE_ROLLOUTS, ActivityName.JUDGE)
+"""The activities that make a step's data: its scored rollouts (advantages are durability's, and cheap)."""
+
+
+def trainer_idle(spans: list[ActivitySpan]) -> dict[int, float]:
+    """Step n -> seconds the trainer sat idle before training step n that neither its data (step n's scored
+    rollouts) nor the previous training explains: train n's start - max(train n-1's end, step n scored)."""
+    trains = {s.step: s for s in spans if s.name == ActivityName.TRAIN}  # a step's last training
+    ready: dict[int, float] = {}
+    for s in spans:  # a step's last scoring activity (of its last round, when it was rolled out again)
+        if s.name in SCORING:
+            ready[s.step] = max(ready.get(s.step, 0.0), s.closed)
+    return {
+        n: train.started - max(trains[n - 1].closed, ready[n])
+        for n, train in sorted(trains.items())
+        if n - 1 in trains and n in ready
+    }

@@ -1,18 +1,20 @@
 """Pipelined vs sync ``TrainingRun``: a SIMULATION of dedicated devices, and the real demo on this CPU.
 
-``--simulate`` (the default part): the real ``TrainingRun`` workflow on a real Temporal dev server and a
-real worker, with the activities at its seams replaced by the scripted ones the workflow tests use
-(tests/workflows/workflow_stubs.py, registered under the same ActivityName): rollouts hold a simulated
-inference device for ``R`` seconds and train a simulated trainer device for ``T`` seconds (asyncio sleeps,
-so the two never contend, as two GPUs would not); everything else returns at once. Steady-state step time
-(steps 3..N, from step n-1 served to step n served) is compared with max(R, T), which is what a perfect
-pipeline reaches, and with R + T, what sync mode cannot beat.
+``--simulate`` (the default part): the real ``TrainingRun`` on a real Temporal dev server, S3 store and CPU
+inference server, run by three real ``dgrpo worker`` processes (control, inference, trainer) in which only the
+two devices' compute is simulated (bench/simulated_devices.py): generation takes ``R`` seconds, a training
+step's forward/backward/optimizer ``T`` seconds. Everything durability adds is real: the rollouts' upload,
+merge, advantages, the trainer's reads, tokenization and staging, publish to S3 (adapter and optimizer state),
+reload into the server. Steady-state step time (steps 3..N, from step n-1 served to step n served) is compared
+with max(R, T), what a perfect pipeline reaches, and R + T, what sync mode cannot beat; with the trainer's idle
+time before each training that neither its data nor the previous training explains.
 
-``--real``: the demo (examples/run.toml, SmolLM2-135M on ``dgrpo worker all``) in sync and pipelined mode,
-alternated; on one shared CPU the two phases contend for the same cores (shared through host/cpu_share.py),
-so it shows whether pipelining costs or saves time here, with the mean phases of each run.
+``--real``: the demo (examples/run.toml, SmolLM2-135M on one ``dgrpo worker all``) in sync and pipelined
+mode, alternated, ``--epochs`` passes per step (4 makes training the longer phase on this CPU). Per mode: the
+mean step of steps 2..N, the trainer's unexplained idle time (median, range) and, for sync, a step's time
+beyond its compute (the step's wall minus its rollouts activity and the trainer's forward/backward/optimizer).
 
-    PYTHONPATH=$PWD python bench/pipelined.py [--steps 8] [--scale 1] [--real --real-steps 3 --rounds 1]
+    PYTHONPATH=$PWD python bench/pipelined.py [--steps 8] [--scale 1] [--real --real-steps 7 --epochs 4 --rounds 1]
 """
 
 from __future__ import annotations
@@ -20,29 +22,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import sys
+import dataclasses
+import json
+import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from bench.bench_stack import (
     TimedRun,
+    activity_spans,
     command_line,
     demo_run_spec,
     median,
     private_stack,
     timed_run,
-    write_results,
+    trainer_idle,
 )
+from bench.bench_stack import write_results as write_bench_results
+from schemas.activities import ActivityName
 from schemas.config import TaskQueues
 from workers.launcher import WorkerProcess
 from workers.temporal import connect_client
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "workflows"))
-from workflow_stubs import ScriptedActivities  # the workflow tests' seam stubs
-
 CASES = [(2.0, 2.0), (3.0, 1.5), (1.5, 3.0)]
 """(rollout seconds, train seconds) per simulated step."""
+
+
+def queues(name: str) -> TaskQueues:
+    suffix = uuid.uuid4().hex[:6]
+    return TaskQueues(control=f"{name}-control-{suffix}", inference=f"{name}-inference-{suffix}",
+                      trainer=f"{name}-trainer-{suffix}")  # fmt: skip
 
 
 def steady_steps(run: TimedRun, first: int = 3) -> list[float]:
@@ -50,85 +61,138 @@ def steady_steps(run: TimedRun, first: int = 3) -> list[float]:
     return [s for n, s in run.step_seconds().items() if n >= first]
 
 
-async def simulate(steps: int, scale: float) -> list[dict[str, Any]]:
+@contextlib.contextmanager
+def simulated_workers(home: Path, on: TaskQueues, phases: Path) -> Iterator[None]:
+    """``dgrpo worker control``, ``inference`` and ``trainer``, each its own process, devices simulated."""
+    workers = []
+    try:
+        for role in ("control", "inference", "trainer"):
+            worker = WorkerProcess(role, home / "logs" / f"sim-{role}.log", task_queues=on)
+            worker.child.argv[1:3] = ["-m", "bench.simulated_devices", "--phases", str(phases)]
+            worker.start()
+            workers.append(worker)
+        yield
+    finally:
+        for worker in workers:
+            worker.stop()
+
+
+async def simulate(steps: int, scale: float, home: Path) -> list[dict[str, Any]]:
     client = await connect_client()
+    on, phases = queues("sim"), home / "phases.json"
+    phases.write_text(json.dumps({"rollout_s": 0.0, "train_s": 0.0}))
     rows = []
-    for rollout_s, train_s in ((r * scale, t * scale) for r, t in CASES):
-        row: dict[str, Any] = {"rollout_s": rollout_s, "train_s": train_s}
-        for mode in ("sync", "pipelined"):
-            stubs = ScriptedActivities(rollout_seconds=rollout_s, train_seconds=train_s)
-            queue = f"bench-sim-{uuid.uuid4().hex[:8]}"
-            spec = demo_run_spec(
-                f"bench-sim-{mode}-{uuid.uuid4().hex[:6]}", steps, TaskQueues(control=queue, inference=queue,
-                trainer=queue), mode=mode,
-            )  # fmt: skip
-            async with contextlib.AsyncExitStack() as running:
-                for worker in stubs.workers(client, queue):
-                    await running.enter_async_context(worker)
+    with simulated_workers(home, on, phases):
+        for rollout_s, train_s in ((r * scale, t * scale) for r, t in CASES):
+            phases.write_text(json.dumps({"rollout_s": rollout_s, "train_s": train_s}))
+            row: dict[str, Any] = {"rollout_s": rollout_s, "train_s": train_s}
+            for mode in ("sync", "pipelined"):
+                spec = demo_run_spec(f"bench-sim-{mode}-{uuid.uuid4().hex[:6]}", steps, on, mode=mode)
                 run = await timed_run(client, spec)
-            step = median(steady_steps(run))
-            row[mode] = {"step_s": step, "steps": run.step_seconds()}
-            print(f"R={rollout_s} T={train_s} {mode}: {step:.2f} s/step", flush=True)
-        rows.append(row)
+                idle = trainer_idle(await activity_spans(client, spec.run_id))
+                step = median(steady_steps(run))
+                row[mode] = {"step_s": step, "steps": run.step_seconds(), "trainer_idle_s": idle}
+                print(f"R={rollout_s} T={train_s} {mode}: {step:.2f} s/step, trainer idle median "
+                      f"{median([v for n, v in idle.items() if n >= 3]):.2f} s", flush=True)  # fmt: skip
+            rows.append(row)
     return rows
 
 
-async def real(steps: int, rounds: int, home: Path) -> dict[str, list[float]]:
-    queues = TaskQueues(
-        control=f"bench-control-{uuid.uuid4().hex[:6]}",
-        inference=f"bench-inference-{uuid.uuid4().hex[:6]}",
-        trainer=f"bench-trainer-{uuid.uuid4().hex[:6]}",
-    )
-    worker = WorkerProcess("all", home / "logs" / "bench-workers.log", task_queues=queues)
+async def real(steps: int, rounds: int, epochs: int, home: Path) -> dict[str, Any]:
+    on = queues("bench")
+    worker = WorkerProcess("all", home / "logs" / "bench-workers.log", task_queues=on)
     worker.start()
     client = await connect_client()
-    means: dict[str, list[float]] = {"sync": [], "pipelined": []}
+    out: dict[str, Any] = {
+        mode: {"mean_step_s": [], "trainer_idle_s": [], "beyond_compute_s": [], "beyond_activities_s": [],
+               "spans": []}
+        for mode in ("sync", "pipelined")
+    }  # fmt: skip
     try:
         for r in range(rounds):
             for mode in ("sync", "pipelined"):
-                spec = demo_run_spec(
-                    f"bench-real-{mode}-{r}-{uuid.uuid4().hex[:6]}", steps, queues, mode=mode
-                )
-                print(f"round {r + 1}/{rounds}: {mode} ({steps} steps) ...", flush=True)
+                run_id = f"bench-real-{mode}-{r}-{uuid.uuid4().hex[:6]}"
+                spec = demo_run_spec(run_id, steps, on, mode=mode, **{"train.epochs": epochs})
+                print(f"round {r + 1}/{rounds}: {mode} ({steps} steps, {epochs} epochs) ...", flush=True)
                 run = await timed_run(client, spec)
+                spans = await activity_spans(client, run_id)
                 later = steady_steps(run, first=2)
-                means[mode].append(sum(later) / len(later))
+                mode_out = out[mode]
+                mode_out["mean_step_s"].append(sum(later) / len(later))
+                mode_out["trainer_idle_s"] += [v for n, v in trainer_idle(spans).items() if n >= 2]
+                mode_out["beyond_compute_s"] += beyond_compute(run, spans)
+                mode_out["beyond_activities_s"] += beyond_compute(run, spans, activities=True)
+                mode_out["spans"].append([dataclasses.asdict(s) for s in spans])
                 print(f"  steps: {[round(s, 1) for s in run.step_seconds().values()]}", flush=True)
-                assert run.status is not None
-                phases = [h.seconds for h in run.status.history if h.step >= 2]
-                mean = {k: round(sum(p.get(k, 0.0) for p in phases) / len(phases), 2) for k in phases[0]}
-                print(f"  mean phases of steps 2..N (rollouts: of the step's own, if not prefetched): {mean}")
+                print(
+                    f"  trainer idle (s): {[round(v, 2) for v in trainer_idle(spans).values()]}", flush=True
+                )
     finally:
         worker.stop()
-    return means
+    return out
+
+
+def beyond_compute(run: TimedRun, spans: list[Any], activities: bool = False) -> list[float]:
+    """Per step 2..N: its wall minus its rollouts activities and the trainer's forward/backward/optimizer (with
+    ``activities``, minus its whole train activity: what older trainers, which do not report their compute, allow)."""
+    out = []
+    for n, wall in run.step_seconds().items():
+        rollouts = sum(s.closed - s.started for s in spans if s.name == ActivityName.ROLLOUTS and s.step == n)
+        trains = [s for s in spans if s.name == ActivityName.TRAIN and s.step == n and s.result]
+        if n < 2 or not trains:
+            continue
+        result: dict[str, Any] = trains[-1].result
+        compute = trains[-1].closed - trains[-1].started if activities else result.get("compute_seconds", 0.0)
+        if compute:
+            out.append(wall - rollouts - compute)
+    return out
+
+
+def _summary(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def report(results: dict[str, Any]) -> str:
-    lines = []
+    load = ", ".join(f"{x:.1f}" for x in results["load"])
+    lines = [f"load average at the end: {load}", ""]
     if "simulated" in results:
         lines += [
-            "SIMULATION of dedicated devices (sleeping activities on the real TrainingRun, real Temporal); "
-            f"median step of steps 3..{results['steps']}",
+            "SIMULATION of dedicated devices (generation and fwd/bwd/opt simulated; rollouts' upload, merge, "
+            "advantages, staging, publish, S3 and reload real); median step of steps "
+            f"3..{results['steps']}; trainer idle: median over steps 3..N",
             "",
-            "| rollout s | train s | sync s/step | pipelined s/step | pipelined / max(R,T) | sync / (R+T) |",
-            "|---:|---:|---:|---:|---:|---:|",
+            "| rollout s | train s | sync s/step | pipelined s/step | pipelined / max(R,T) | sync / (R+T) "
+            "| pipelined trainer idle s |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for row in results["simulated"]:
             r, t = row["rollout_s"], row["train_s"]
             s, p = row["sync"]["step_s"], row["pipelined"]["step_s"]
-            lines.append(f"| {r} | {t} | {s:.2f} | {p:.2f} | {p / max(r, t):.3f} | {s / (r + t):.3f} |")
+            idle = [v for n, v in row["pipelined"]["trainer_idle_s"].items() if int(n) >= 3]
+            lines.append(
+                f"| {r} | {t} | {s:.2f} | {p:.2f} | {p / max(r, t):.3f} | {s / (r + t):.3f} | {_summary(idle)} |"
+            )
     if "real" in results:
-        real_means = results["real"]
-        s, p = real_means["sync"], real_means["pipelined"]
+        real_out = results["real"]
         lines += [
             "",
-            "Real demo on this CPU (mean s/step of steps 2..N per run, modes alternated)",
+            f"Real demo on this CPU, {results['epochs']} epochs a step (steps 2..N of each run, modes alternated)",
             "",
-            "| round | sync s/step | pipelined s/step | pipelined / sync |",
-            "|---|---:|---:|---:|",
+            "| mode | mean s/step per round | trainer idle s | beyond compute s | beyond rollouts and train "
+            "activities s |",
+            "|---|---|---:|---:|---:|",
         ]
-        for i, (a, b) in enumerate(zip(s, p, strict=True)):
-            lines.append(f"| {i + 1} | {a:.1f} | {b:.1f} | {b / a:.2f} |")
+        for mode, m in real_out.items():
+            means = ", ".join(f"{x:.1f}" for x in m["mean_step_s"])
+            sync = mode == "sync"  # pipelined rollouts overlap training: a step is not their sum
+            beyond = [_summary(m[k]) if sync else "-" for k in ("beyond_compute_s", "beyond_activities_s")]
+            lines.append(
+                f"| {mode} | {means} | {_summary(m['trainer_idle_s'])} | {beyond[0]} | {beyond[1]} |"
+            )
+        lines += ["", "medians (range) over steps 2..N; trainer idle: before each training, beyond what its data "
+                  "(scored rollouts) and the previous training explain"]  # fmt: skip
     lines += ["", f"command: {command_line()}"]
     return "\n".join(lines)
 
@@ -142,15 +206,18 @@ def main() -> None:
     parser.add_argument("--no-simulate", action="store_true", help="skip the simulation")
     parser.add_argument("--real", action="store_true", help="also run the real demo, sync vs pipelined")
     parser.add_argument("--real-steps", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=1, help="train.epochs of the real demo")
     parser.add_argument("--rounds", type=int, default=1, help="sync/pipelined pairs of the real demo")
+    parser.add_argument("--out", default="pipelined", help="results name under bench/out/")
     args = parser.parse_args()
-    results: dict[str, Any] = {"steps": args.steps, "command": command_line()}
+    results: dict[str, Any] = {"steps": args.steps, "epochs": args.epochs, "command": command_line()}
     with private_stack() as (_stack, home):
         if not args.no_simulate:
-            results["simulated"] = asyncio.run(simulate(args.steps, args.scale))
+            results["simulated"] = asyncio.run(simulate(args.steps, args.scale, home))
         if args.real:
-            results["real"] = asyncio.run(real(args.real_steps, args.rounds, home))
-    write_results("pipelined", results, report(results))
+            results["real"] = asyncio.run(real(args.real_steps, args.rounds, args.epochs, home))
+    results["load"] = os.getloadavg()
+    write_bench_results(args.out, results, report(results))
 
 
 if __name__ == "__main__":

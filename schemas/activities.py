@@ -239,6 +239,17 @@ class _StagedStep(_Strict):
     seconds: float = Field(ge=0)
 
 
+class StagedRef(_Strict):
+    """A step a trainer worker trained and staged, whose checkpoint may still be uploading (pipelined mode)."""
+
+    run_id: Name
+    step: int = Field(ge=1)
+    worker_id: str
+    """The trainer worker that staged it (its own task queue is where training continues from it)."""
+    staged_id: str
+    """Names this staging of the step (``TrainResult.staged_id``): a step staged again is another one."""
+
+
 class TrainInput(_StepToTrain):
     """Train the adapter one GRPO step on ``advantages`` and stage it for publishing."""
 
@@ -246,6 +257,22 @@ class TrainInput(_StepToTrain):
     train: TrainConfig
     chat_template_ref: ObjectRef | None = None
     """The run's own chat template as stored once (``store_run_texts``), in place of ``model.chat_template``."""
+    continue_from: StagedRef | None = None
+    """Pipelined mode: continue from step ``step - 1`` as this very worker staged it (in memory, or its staged
+    files), while its checkpoint uploads beside; ``start_from`` is then None. A worker that no longer holds that
+    staging fails with ``StagedStateLost``, and the workflow trains from the manifested checkpoint instead."""
+
+    @model_validator(mode="after")
+    def _one_start(self) -> TrainInput:
+        if self.continue_from is not None:
+            if self.start_from is not None:
+                raise ValueError("give start_from or continue_from, not both")
+            if (self.continue_from.run_id, self.continue_from.step) != (self.run_id, self.step - 1):
+                raise ValueError(
+                    f"continue_from is step {self.continue_from.step} of run {self.continue_from.run_id!r}; "
+                    f"step {self.step} of run {self.run_id!r} continues from its step {self.step - 1}"
+                )
+        return self
 
 
 class TrainResult(_StagedStep):
@@ -256,6 +283,10 @@ class TrainResult(_StagedStep):
     """The step's training numbers under ART's names: ``loss/grad_norm``, ``loss/mean_importance_ratio`` (the
     mean over trained tokens of exp(trainer logprob - sampling logprob), before the update: 1 when the server
     and the trainer agree), ``loss/clip_fraction`` (trained tokens outside the clip range)."""
+    staged_id: str = ""
+    """Names this staging of the step, for a ``TrainInput.continue_from`` (empty in results before it)."""
+    compute_seconds: float = Field(0.0, ge=0)
+    """The forward, backward and optimizer passes alone (``seconds`` is the whole attempt); 0 in results before."""
 
 
 class PublishInput(_Strict):

@@ -36,6 +36,9 @@ ENGINE_RESTARTED = "EngineRestarted"
 """The inference server stopped answering (or died) and was restarted; the work that used it is retried."""
 STALLED = "Stalled"
 """A stage of the work did not advance within its bound (a chat render that ran on) and was stopped; retried."""
+STAGED_STATE_LOST = "StagedStateLost"
+"""A trainer no longer holds the unpublished step it was asked to continue from (pipelined mode): the workflow
+trains from that step's checkpoint once it is manifested instead."""
 
 RETRYABLE: dict[str, bool] = {
     CONFIG_ERROR: False,
@@ -51,6 +54,7 @@ RETRYABLE: dict[str, bool] = {
     NON_FINITE_UPDATE: False,
     ENGINE_RESTARTED: True,
     STALLED: True,
+    STAGED_STATE_LOST: False,
 }
 """Every failure type, and whether another attempt can help."""
 NON_RETRYABLE: tuple[str, ...] = tuple(name for name, retry in RETRYABLE.items() if not retry)
@@ -151,3 +155,9 @@ class NonFiniteUpdateError(DgrpoError, ArithmeticError):
     """A step's loss, gradient norm or adapter weights are not finite; nothing is applied or published."""
 
     failure_type = NON_FINITE_UPDATE
+
+
+class StagedStateLostError(DgrpoError):
+    """The trainer asked to continue from its own staged step no longer holds it (another staging replaced it)."""
+
+    failure_type = STAGED_STATE_LOST

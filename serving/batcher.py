@@ -32,6 +32,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from host.cpu_share import CpuShare
 from schemas.errors import UnsupportedModelError
 from serving import ragged
+from serving.adapter_slots import AdapterSlots
 from serving.merged_lora import FoldedAdapter
 from serving.packed_linear import pack_linears
 from serving.prefix_cache import BLOCK, CachedSequence, PrefixCache
@@ -112,6 +113,8 @@ class GenerationEngine:
         if pack_weights:  # oneDNN matmuls on packed weights (serving/packed_linear.py)
             pack_linears(self.base)
         self.peft: torch.nn.Module | None = None
+        self._slots = AdapterSlots(self.base)
+        """Each loaded adapter's peft adapter (serving/adapter_slots.py: reused by the next of its shape)."""
         self.max_batch = max_batch
         self.batch_window_s = batch_window_s
         self.max_model_len = max_model_len or int(getattr(self.base.config, "max_position_embeddings", 4096))
@@ -249,33 +252,25 @@ class GenerationEngine:
             command.future.set_result(None)
 
     def _load_adapter(self, name: str, path: str) -> None:
-        from peft import PeftModel
-
-        try:
-            if self.peft is None:
-                self.peft = PeftModel.from_pretrained(self.base, path, adapter_name=name).eval()
-            else:
-                self.peft.load_adapter(path, adapter_name=name)  # type: ignore[operator]
-        except Exception:
-            if self.peft is not None and name in self.peft.peft_config:  # type: ignore[operator]
-                self.peft.delete_adapter(name)  # type: ignore[operator]  # no half-injected adapter
-            raise
+        if self._slots.load(name, path):
+            self._folded.refresh()
+        self.peft = self._slots.peft
+        slot = self._slots.slot(name)
         self.adapter_paths[name] = path
-        self._folded.refresh()
-        self._folded.forget(name)
+        self._folded.forget(slot)  # a reused slot holds other weights now
         self._foldable.discard(name)
-        if self.fold_adapters and self._folded.can_fold(name):
+        if self.fold_adapters and self._folded.can_fold(slot):
             self._foldable.add(name)
         if self.prefix_cache is not None:
             self.prefix_cache.drop_adapter(name)  # a name loaded again may hold other weights
-        log.info("loaded adapter %s from %s", name, path)
+        log.info("loaded adapter %s from %s (%s)", name, path, slot)
 
     def _delete_adapter(self, name: str) -> None:
-        if self.peft is not None and name in self.adapter_paths:
-            self.peft.delete_adapter(name)  # type: ignore[operator]
+        if name in self.adapter_paths:
+            self._folded.forget(self._slots.slot(name))
+            if self._slots.unload(name):
+                self._folded.refresh()
         self.adapter_paths.pop(name, None)
-        self._folded.refresh()
-        self._folded.forget(name)
         self._foldable.discard(name)
         if self.prefix_cache is not None:
             self.prefix_cache.drop_adapter(name)
@@ -283,7 +278,7 @@ class GenerationEngine:
 
     def _route(self, rows: list[_Row]) -> tuple[contextlib.AbstractContextManager[Any], bool]:
         """How the model runs for ``rows``: the context to forward in, and whether rows mix adapters
-        (then each token carries its adapter's name to peft's layers)."""
+        (then each token carries its adapter's slot to peft's layers)."""
         peft: Any = self.peft
         names = {r.request.adapter for r in rows}
         if peft is None or not self.adapter_paths:
@@ -294,13 +289,14 @@ class GenerationEngine:
             return contextlib.nullcontext(), True
         name = names.pop()
         assert name is not None
+        slot = self._slots.slot(name)
         if name in self._foldable:  # one adapter (the usual RL case), folded into the base weights
             stack = contextlib.ExitStack()
-            stack.enter_context(self._folded.applied(name))
+            stack.enter_context(self._folded.applied(slot))
             stack.enter_context(self._folded.adapters_off())
             return stack, False
-        if peft.active_adapter != name:
-            peft.set_adapter(name)
+        if peft.active_adapter != slot:
+            peft.set_adapter(slot)
         return contextlib.nullcontext(), False
 
     def _forward(
@@ -314,7 +310,10 @@ class GenerationEngine:
         """One ragged step (serving/ragged.py) of ``rows``: each forwards its ``pending`` tokens from position
         ``starts``; the logits of each row's last token."""
         context, mixed = self._route(rows)
-        names = [r.request.adapter or BASE_ADAPTER for r in rows] if mixed else None
+        slot = self._slots.slot
+        names = (
+            [slot(r.request.adapter) if r.request.adapter else BASE_ADAPTER for r in rows] if mixed else None
+        )
         feed = Feed.build(pending, starts, mask, names)
         before_layer = self.cpu_share.at_layer if self.cpu_share is not None else None
         with context:

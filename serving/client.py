@@ -54,6 +54,12 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+def tls_verify(url: str) -> bool:
+    """httpx's ``verify`` for ``url``: a plain ``http://`` URL has no certificate to check, and a client made
+    without loading the CA bundle costs ~1 ms instead of ~80 ms (each call makes one)."""
+    return not url.startswith("http://")
+
+
 def server_root(url: str) -> str:
     """``http://host:port`` from ``http://host:port``, ``.../`` or ``.../v1``."""
     url = url.rstrip("/")
@@ -102,7 +108,9 @@ class ServingClient:
         limit = min(timeout_s or self.timeout_s, self.timeout_s)
         try:
             async with httpx.AsyncClient(
-                timeout=httpx.Timeout(limit, connect=5.0), headers=self.headers
+                timeout=httpx.Timeout(limit, connect=5.0),
+                headers=self.headers,
+                verify=tls_verify(self.base_url),
             ) as http:
                 response = await http.request(method, self.base_url + path, **kwargs)
         except httpx.ReadTimeout as err:
@@ -118,7 +126,7 @@ class ServingClient:
     async def health(self, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
         """True when the server answers ``/health`` with 200 within ``timeout_s``."""
         try:
-            async with httpx.AsyncClient(timeout=timeout_s) as http:
+            async with httpx.AsyncClient(timeout=timeout_s, verify=tls_verify(self.base_url)) as http:
                 return (await http.get(self.base_url + "/health")).status_code == 200
         except httpx.HTTPError:
             return False

@@ -81,6 +81,11 @@ ADVANTAGES = Stage(ActivityName.ADVANTAGES, timedelta(minutes=10), max_attempts=
 TRAIN = Stage(ActivityName.TRAIN, timedelta(hours=4), max_attempts=6)
 # Fine-tuning a step on chat examples: a train stage, with the same OOM halving and bounds.
 TRAIN_SFT = Stage(ActivityName.TRAIN_SFT, timedelta(hours=4), max_attempts=6)
+# Pipelined mode: the next step, on the worker holding the step before it (in memory or staged, maybe still
+# uploading); if it died, the task never starts and the step trains from that step's published checkpoint.
+TRAIN_BESIDE = Stage(
+    ActivityName.TRAIN, timedelta(hours=4), max_attempts=6, schedule_to_start=timedelta(minutes=1)
+)
 # Runs on the worker holding the staged adapter; if it died, the task never starts and we train again.
 PUBLISH = Stage(
     ActivityName.PUBLISH, timedelta(minutes=30), max_attempts=5, schedule_to_start=timedelta(minutes=1)

@@ -160,6 +160,15 @@ async def train_and_publish(
     raise AssertionError("unreachable: the loop returns or raises")
 
 
+def no_learning_signal(step: int, n_groups: int) -> NoLearningSignal:
+    return NoLearningSignal(
+        f"step {step}: no learning signal: in all {n_groups} groups every rollout got the same reward; use a "
+        "larger group_size or a finer-grained reward",
+        type=NO_LEARNING_SIGNAL,
+        non_retryable=True,
+    )
+
+
 async def train_and_serve(inp: TrainStepInput, on_phase: PhaseCallback | None = None) -> TrainStepResult:
     """advantages -> [sleep] -> train -> publish -> [wake] -> reload; ``inp.start_from`` must be resolved."""
     clock = PhaseClock(on_phase)
@@ -177,12 +186,7 @@ async def train_and_serve(inp: TrainStepInput, on_phase: PhaseCallback | None = 
     if advantages.n_trajectories == 0:
         if inp.advance_without_signal and workflow.patched(ADVANCE_WITHOUT_SIGNAL_PATCH):
             return await advance_untrained(inp, advantages, clock)
-        raise NoLearningSignal(
-            f"step {inp.step}: no learning signal: in all {advantages.n_groups} groups every rollout got the "
-            "same reward; use a larger group_size or a finer-grained reward",
-            type=NO_LEARNING_SIGNAL,
-            non_retryable=True,
-        )
+        raise no_learning_signal(inp.step, advantages.n_groups)
     if inp.shared_device:
         clock.enter("sleep")
         await run_stage(

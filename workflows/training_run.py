@@ -11,6 +11,8 @@ publishes and serves step 0.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
@@ -43,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
         TrainStepInput,
     )
 
+from workflows.pipeline import Pipeline
 from workflows.rollout_shards import roll_out_step
 from workflows.serve_model import serve_newest
 from workflows.stages import (
@@ -62,6 +65,9 @@ BOOKKEEPING_PATCH = "bookkeeping-beside-next-step"
 HISTORY_BOUNDS_PATCH = "history-bounds-at-start"
 """A new run whose shape could outgrow Temporal's history limits fails at once (runs started before, or
 continued as new, are not checked: they keep the bounds they started under)."""
+PIPELINE_PATCH = "durability-beside-training"
+"""Pipelined runs train step n+1 while step n publishes and reloads (workflows/pipeline.py); runs whose history
+predates it train, publish and reload each step before the next one's training (until they continue as new)."""
 SCENARIOS_REF_PATCH = "scenarios-by-reference"
 """A run stores its inline scenario list once and passes the rollouts activities its ref; runs whose history
 predates it copy the list into every rollouts activity's input (until they continue as new)."""
@@ -246,8 +252,36 @@ class TrainingRun:
         assert self._spec is not None
         return self._spec
 
+    # --- what the pipeline (workflows/pipeline.py) asks of the run --------------------------------------
+
+    @property
+    def spec(self) -> RunSpec:
+        return self._require_spec()
+
+    @property
+    def state(self) -> RunState:
+        return self._state
+
+    async def roll_out(self, target: int, policy_step: int, resample: int) -> TrajectoriesRef:
+        return await self._rollouts_and_judge(target, policy_step, track=False, resample=resample)
+
+    def step_served(self, summary: StepSummary, scored: TrajectoriesRef) -> None:
+        self._bookkeeping = asyncio.create_task(self._bookkeeping_after(summary, scored))
+
+    def working(self, phase: str, step: int | None) -> None:
+        self._phase, self._working_on = phase, step  # type: ignore[assignment]
+
+    def train_step_input(self, target: int, scored: TrajectoriesRef) -> TrainStepInput:
+        return self._train_step_input(target, scored)
+
     async def _loop(self) -> None:
         spec, state = self._require_spec(), self._state
+        if spec.mode == "pipelined" and workflow.patched(PIPELINE_PATCH):
+            if await Pipeline(self).run():
+                await self._settle_bookkeeping()
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(args=[spec, state])
+            return
         steps_this_run = 0
         prefetch: asyncio.Task[TrajectoriesRef] | None = None
         while state.step < spec.steps:
@@ -319,6 +353,14 @@ class TrainingRun:
     async def _after_step(self, summary: StepSummary, scored: TrajectoriesRef) -> None:
         """Log the served step's metrics, then apply retention: beside the next step, after the previous
         step's (retention may pick the best checkpoint by the metrics)."""
+        if workflow.patched(BOOKKEEPING_PATCH):
+            self._bookkeeping = asyncio.create_task(self._bookkeeping_after(summary, scored))
+        else:
+            self._phase = "metrics"
+            await self._bookkeeping_after(summary, scored)
+
+    def _bookkeeping_after(self, summary: StepSummary, scored: TrajectoriesRef) -> Coroutine[Any, Any, None]:
+        """The served step's metrics and retention, after the previous step's (the state they read is now's)."""
         metrics = step_metrics(summary, scored.n_groups, self._state.dropped_stale_groups)
         protect = self._protected()
         previous = self._bookkeeping
@@ -329,11 +371,7 @@ class TrainingRun:
             await self._log_metrics(summary.step, metrics)
             await self._retain_checkpoints(summary.step, protect)
 
-        if workflow.patched(BOOKKEEPING_PATCH):
-            self._bookkeeping = asyncio.create_task(bookkeeping())
-        else:
-            self._phase = "metrics"
-            await bookkeeping()
+        return bookkeeping()
 
     async def _settle_bookkeeping(self) -> None:
         """Wait for the served steps' metrics and retention."""

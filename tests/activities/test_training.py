@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import logging
 import math
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -17,8 +19,9 @@ from activities.trainer import Trainer
 from activities.training import TrainerActivities, next_micro_batch
 from bench.local_sampling import max_sampling_logprob_gap, sample_choices
 from schemas import layout
-from schemas.activities import InitialAdapterInput, PublishInput, TrainInput
+from schemas.activities import InitialAdapterInput, PublishInput, StagedRef, TrainInput
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
+from schemas.errors import StagedStateLostError
 from schemas.settings import ENV_CPU_SHARE_DIR
 from schemas.trajectory import Choice, ChoiceLogprobs, TokenLogprob, Trajectory, TrajectoryGroup
 from tests.cpu_neighbour import Neighbour
@@ -108,7 +111,34 @@ def train_steps(acts: TrainerActivities, run_id: str, refs, steps: range, start,
     return start
 
 
-def test_resume_from_published_checkpoint_is_exact(object_store, tmp_path, trainer):
+def after_one_update(acts: TrainerActivities) -> Callable[[], bool]:
+    """A ``should_stop`` that stops a training once its optimizer has stepped (the model changed)."""
+    seen: list[float] = []
+
+    def should_stop() -> bool:
+        optimizer = acts.trainer.optimizer if acts.trainer is not None else None
+        steps = [float(s["step"]) for s in optimizer.state.values()] if optimizer is not None else []
+        seen.append(max(steps, default=0.0))
+        return seen[-1] > seen[0]
+
+    return should_stop
+
+
+def test_resume_from_published_checkpoint_or_from_a_staged_step_is_exact(
+    object_store, tmp_path, trainer, monkeypatch: pytest.MonkeyPatch
+):
+    # One thread for every worker: a thread count that follows the host's other processes (CpuShare) changes the
+    # order of float sums between the workers compared below to 1e-6.
+    monkeypatch.setenv(ENV_CPU_SHARE_DIR, "off")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        resume_and_continue(object_store, tmp_path, trainer)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def resume_and_continue(object_store, tmp_path, trainer) -> None:
     from activities.advantages import compute_step_advantages
 
     config = TrainConfig(learning_rate=5e-3, micro_batch_size=3, epochs=2)
@@ -158,6 +188,48 @@ def test_resume_from_published_checkpoint_is_exact(object_store, tmp_path, train
         if "lora_B" in key:  # zero at init: only training moves it
             moved = max(moved, float(want[key].abs().max()))
     assert 1e-4 < moved < math.inf
+
+    # Pipelined: each step continues from the one this worker staged, which is published beside it (from inside
+    # its training, which holds the model); step 3's first attempt fails after changing the model, and its retry
+    # continues from step 2's staged files.
+    d = TrainerActivities(object_store, tmp_path / "d", "worker-d")
+    start = d.publish_initial_sync(InitialAdapterInput(run_id="run-d", model=MODEL, seed=7))
+    staged, staging_dir, published = None, "", {}
+
+    def publish_beside(step: int) -> Callable[[], bool]:
+        def should_stop() -> bool:
+            if step > 1 and step - 1 not in published:
+                publish = PublishInput(run_id="run-d", step=step - 1, staging_dir=staging_dir)
+                pool = concurrent.futures.ThreadPoolExecutor(1)
+                try:  # a publish that waits for this training fails the test here, after 60 s
+                    published[step - 1] = pool.submit(d.publish_sync, publish).result(timeout=60)
+                finally:
+                    pool.shutdown(wait=False)
+            return False
+
+        return should_stop
+
+    for step in (1, 2, 3):
+        inp = TrainInput(run_id="run-d", step=step, model=MODEL, advantages=refs[step], train=config,
+                         start_from=start if staged is None else None, continue_from=staged)  # fmt: skip
+        if step == 3:
+            with pytest.raises(InterruptedError):  # the attempt stops after its first epoch's update
+                d.train_sync(inp, config.micro_batch_size, should_stop=after_one_update(d))
+        result = d.train_sync(inp, config.micro_batch_size, should_stop=publish_beside(step))
+        staged = StagedRef(run_id="run-d", step=step, worker_id="worker-d", staged_id=result.staged_id)
+        staging_dir = result.staging_dir
+    assert d.trainer is not None
+    for key, value in d.trainer.adapter_state().items():
+        torch.testing.assert_close(value, want[key], rtol=1e-6, atol=1e-7)
+    assert object_store.latest_checkpoint("run-d") == published[2]
+
+    # A staging this worker no longer holds (another staging of the step replaced it) is refused.
+    lost = StagedRef(run_id="run-d", step=3, worker_id="worker-d", staged_id="another")
+    inp = TrainInput(
+        run_id="run-d", step=4, model=MODEL, advantages=refs[3], train=config, continue_from=lost
+    )
+    with pytest.raises(StagedStateLostError, match="no longer holds step 3"):
+        d.train_sync(inp, micro_batch=config.micro_batch_size)
 
 
 @pytest.mark.parametrize("neighbour_busy", [False, True])

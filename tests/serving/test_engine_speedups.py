@@ -212,6 +212,13 @@ def test_a_folded_adapter_samples_as_peft_does_and_leaves_the_base_weights_untou
         again, want_again = staggered(folded, first, later), staggered(peft, first, later)
         assert [c.token_ids for c in again] == [c.token_ids for c in want_again]
         assert [c.token_ids for c in again] != [c.token_ids for c in got]
+        # "a" reloaded filled the peft adapter it had (serving/adapter_slots.py); "b", a new one peft injects,
+        # holding the same weights, samples the same.
+        peft.command("load", "b", str(two)).result()
+        fresh = staggered(peft, *requests(tokenizer, "b"))
+        assert [c.token_ids for c in fresh] == [c.token_ids for c in want_again]
+        for f, w in zip(fresh, want_again, strict=True):
+            assert f.logprobs == pytest.approx(w.logprobs, abs=1e-5)
     finally:
         folded.close()
         peft.close()

@@ -1,7 +1,8 @@
 """Runs in flight survive a change to workflow code: histories recorded from real runs (histories/, made by
 histories/record.py: sync with a continue-as-new, pipelined, shared, the ART client's ServeModel and
 TrainSteps, its TrainSFT, a sync run with inline scenarios recorded before ``scenarios-by-reference``, and a
-judged run with its own chat template and rubric recorded before ``run-texts-by-reference``) are
+judged run with its own chat template and rubric recorded before ``run-texts-by-reference``, and a pipelined run
+after ``durability-beside-training``) are
 replayed with Temporal's ``Replayer`` against today's workflows. A change that would make a
 recorded run take another path (a new activity, a reordered timer, a removed step) fails here; guard such a
 change with ``workflow.patched`` so old histories keep their path."""
@@ -23,7 +24,7 @@ from schemas.config import RunSpec
 from workflows.serve_model import ServeModel
 from workflows.train_sft import TrainSFT
 from workflows.train_step import TrainStep
-from workflows.training_run import RUN_TEXTS_REF_PATCH, SCENARIOS_REF_PATCH, TrainingRun
+from workflows.training_run import PIPELINE_PATCH, RUN_TEXTS_REF_PATCH, SCENARIOS_REF_PATCH, TrainingRun
 from workflows.versioned import VERSIONED_WORKFLOWS
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
@@ -50,6 +51,8 @@ def test_the_recorded_histories_cover_every_workflow_and_mode() -> None:
         "replay-inline__0",
         "replay-resample__0",
         "replay-texts__0",
+        "replay-beside__0",
+        "replay-beside__1",
     }
     assert expected <= names
     chain = load(Path(__file__).parent / "histories" / "replay-sync__0.json")
@@ -70,19 +73,55 @@ def test_the_resample_history_rolls_a_step_out_again_before_it_trains() -> None:
     assert scheduled[:first_train].count("compute_advantages") >= 2
 
 
-def test_the_inline_scenarios_history_is_a_run_from_before_scenarios_by_reference() -> None:
-    # Recorded again from today's code it would take the patched path, and the old one would go untested.
-    history = load(Path(__file__).parent / "histories" / "replay-inline__0.json")
-    activities: set[str] = set()
-    patches: set[str] = set()
-    for e in history.events:
-        if e.HasField("activity_task_scheduled_event_attributes"):
-            activities.add(e.activity_task_scheduled_event_attributes.activity_type.name)
+def test_the_beside_history_trains_a_step_while_the_one_before_it_is_published_and_reloaded() -> None:
+    """``record.py --only beside``: a pipelined run after ``durability-beside-training`` (4 epochs a step, so
+    training is the longer phase); the run of a pipelined history from before it (replay-pipelined) never does."""
+
+    def overlaps(name: str) -> list[int]:
+        history = load(Path(__file__).parent / "histories" / name)
+        scheduled: dict[int, tuple[str, str]] = {}
+        open_publishing: set[str] = set()  # steps whose publish or reload has not completed yet
+        found = []
+        for e in history.events:
+            if e.HasField("activity_task_scheduled_event_attributes"):
+                kind = e.activity_task_scheduled_event_attributes.activity_type.name
+                step = json.loads(e.user_metadata.summary.data).split()[1]
+                scheduled[e.event_id] = (kind, step)
+                if kind in (ActivityName.PUBLISH, ActivityName.RELOAD):
+                    open_publishing.add(step)
+                if kind == ActivityName.TRAIN and str(int(step) - 1) in open_publishing:
+                    found.append(int(step))
+            elif e.HasField("activity_task_completed_event_attributes"):
+                kind, step = scheduled[e.activity_task_completed_event_attributes.scheduled_event_id]
+                if kind == ActivityName.RELOAD:
+                    open_publishing.discard(step)
+        return found
+
+    assert overlaps("replay-beside__0.json")
+    assert not overlaps("replay-pipelined__0.json")
+    assert PIPELINE_PATCH in patches_of("replay-beside__0.json")
+    assert PIPELINE_PATCH not in patches_of("replay-pipelined__0.json")
+
+
+def patches_of(name: str) -> set[str]:
+    patches = set()
+    for e in load(Path(__file__).parent / "histories" / name).events:
         if e.HasField("marker_recorded_event_attributes"):
             [patch] = e.marker_recorded_event_attributes.details["patch-data"].payloads
             patches.add(json.loads(patch.data)["id"])
+    return patches
+
+
+def test_the_inline_scenarios_history_is_a_run_from_before_scenarios_by_reference() -> None:
+    # Recorded again from today's code it would take the patched path, and the old one would go untested.
+    history = load(Path(__file__).parent / "histories" / "replay-inline__0.json")
+    activities = {
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    }
     assert ActivityName.ROLLOUTS in activities and ActivityName.STORE_SCENARIOS not in activities
-    assert SCENARIOS_REF_PATCH not in patches
+    assert SCENARIOS_REF_PATCH not in patches_of("replay-inline__0.json")
 
 
 def test_the_texts_history_is_a_run_from_before_run_texts_by_reference() -> None:

@@ -208,17 +208,6 @@ async def test_pipelined_rolls_out_ahead_and_keeps_fresh_groups(client: Client, 
     assert [h.policy_step for h in final.history] == [0, 0, 1]
 
 
-async def test_pipelined_drops_groups_older_than_max_staleness(client: Client, task_queue: str) -> None:
-    stubs = ScriptedActivities()
-    spec = make_spec(task_queue, f"stale-{task_queue}", mode="pipelined", max_staleness=0)
-    async with running(stubs, client, task_queue):
-        final = await (await start(client, spec)).result()
-    assert final.step == 3
-    assert final.dropped_stale_groups == 2 * spec.groups_per_step  # steps 2 and 3 were rolled out again
-    assert dict(stubs.rollout_policies) == {1: [0], 2: [0, 1], 3: [1, 2]}
-    assert [h.policy_step for h in final.history] == [0, 1, 2]
-
-
 async def test_pipelined_on_a_shared_device_is_refused_at_start(client: Client, task_queue: str) -> None:
     stubs = ScriptedActivities()
     data = make_spec(task_queue, f"refuse-{task_queue}").model_dump()

@@ -38,6 +38,7 @@ from schemas.activities import (
     TrainInput,
     TrainResult,
 )
+from schemas.errors import STAGED_STATE_LOST
 from schemas.layout import adapter_name, run_text_key, scenarios_key, worker_task_queue
 from schemas.refs import CheckpointRef, ObjectRef, TrajectoriesRef
 from workers.worker import INTERCEPTORS
@@ -88,6 +89,19 @@ class ScriptedActivities:
     """Step -> the shard numbers (read from each ref's URI) of each merge, in the order given."""
     lost_workers: int = 0
     """The first ``lost_workers`` trainings report a worker that no longer polls (publish never starts)."""
+    train_inputs: dict[int, list[TrainInput]] = field(default_factory=lambda: defaultdict(list))
+    """Step -> the input of each training of it that started."""
+    staged: dict[tuple[str, int], str] = field(default_factory=dict)
+    """(run, step) -> the staging the trainer holds of it (what ``continue_from`` must name)."""
+    publish_gates: dict[int, asyncio.Event] = field(default_factory=dict)
+    """Publishing step n waits for ``publish_gates[n]`` when present."""
+    reload_gates: dict[int, asyncio.Event] = field(default_factory=dict)
+    """Reloading checkpoint n waits for ``reload_gates[n]`` when present."""
+    reload_started: dict[int, asyncio.Event] = field(default_factory=lambda: defaultdict(asyncio.Event))
+    publish_failures: dict[int, list[Failure]] = field(default_factory=dict)
+    """Step -> failures its next publish attempts raise, one each."""
+    reload_failures: dict[int, list[Failure]] = field(default_factory=dict)
+    """Step -> failures its next reload attempts raise, one each."""
     rollout_seconds: float = 0.0
     train_seconds: float = 0.0
     rollout_gate: asyncio.Event | None = None
@@ -203,10 +217,18 @@ class ScriptedActivities:
     @activity.defn(name=ActivityName.TRAIN)
     async def train(self, inp: TrainInput) -> TrainResult:
         self.calls.append(("train", inp.step))
-        if inp.start_from is None:
-            assert inp.step == 1, "only step 1 may start without a checkpoint"
-        else:
-            assert inp.start_from.step == inp.step - 1, inp.start_from
+        self.train_inputs[inp.step].append(inp)
+        staged = inp.continue_from
+        if staged is not None:
+            if (
+                staged.worker_id != WORKER_ID
+                or self.staged.get((inp.run_id, staged.step)) != staged.staged_id
+            ):
+                raise ApplicationError(f"not holding {staged}", type=STAGED_STATE_LOST, non_retryable=True)
+        elif inp.start_from is None and inp.step != 1:
+            raise ApplicationError(f"step {inp.step} without a checkpoint", non_retryable=True)
+        elif inp.start_from is not None and inp.start_from != self.checkpoints[inp.run_id].get(inp.step - 1):
+            raise ApplicationError(f"step {inp.step} from {inp.start_from}", non_retryable=True)
         self.train_started[inp.step].set()
         if self.train_failure is not None:
             f = self.train_failure
@@ -215,10 +237,13 @@ class ScriptedActivities:
         if gate is not None:
             await gate.wait()
         await asyncio.sleep(self.train_seconds)
+        staged_id = f"{inp.step}-{len(self.train_inputs[inp.step])}"
+        self.staged[(inp.run_id, inp.step)] = staged_id
         return TrainResult(
             run_id=inp.run_id,
             step=inp.step,
             staging_dir=f"/stub/{inp.run_id}/{inp.step}",
+            staged_id=staged_id,
             worker_id=self._worker_for_attempt(),
             loss=1.0 / inp.step,
             grad_norm=0.5,
@@ -237,7 +262,19 @@ class ScriptedActivities:
     @activity.defn(name=ActivityName.PUBLISH)
     async def publish(self, inp: PublishInput) -> CheckpointRef:
         self.calls.append(("publish", inp.step))
+        await self._gate_or_fail(inp.step, self.publish_gates, self.publish_failures)
         return self._checkpoint(inp.run_id, inp.step)
+
+    @staticmethod
+    async def _gate_or_fail(
+        step: int, gates: dict[int, asyncio.Event], failures: dict[int, list[Failure]]
+    ) -> None:
+        gate = gates.get(step)
+        if gate is not None:
+            await gate.wait()
+        if failures.get(step):
+            f = failures[step].pop(0)
+            raise ApplicationError(f.message, type=f.type, non_retryable=f.non_retryable)
 
     @activity.defn(name=ActivityName.REPUBLISH)
     async def republish(self, inp: RepublishInput) -> CheckpointRef:
@@ -248,6 +285,8 @@ class ScriptedActivities:
     @activity.defn(name=ActivityName.RELOAD)
     async def reload(self, inp: ReloadInput) -> ReloadResult:
         self.calls.append(("reload", inp.checkpoint.step))
+        self.reload_started[inp.checkpoint.step].set()
+        await self._gate_or_fail(inp.checkpoint.step, self.reload_gates, self.reload_failures)
         return ReloadResult(
             adapter=adapter_name(inp.checkpoint.run_id, inp.checkpoint.step), servers=["stub"]
         )
@@ -300,7 +339,7 @@ class ScriptedActivities:
             Worker(
                 client,
                 task_queue=worker_task_queue(task_queue, WORKER_ID),
-                activities=[self.publish],
+                activities=[self.publish, self.train],
                 interceptors=INTERCEPTORS,
             ),
         ]

@@ -8,7 +8,9 @@ a sync ``TrainingRun`` of 3 steps that continues as new after 2, a pipelined run
 two ``TrainStep``s), and one ``model.train_sft`` through ``TemporalBackend`` (a ``TrainSFT``; ``--only sft``
 records that one alone). ``--only resample`` records ``replay-resample``, alone: one step of one group of two on
 sums far beyond the model, whose first rollouts had no learning signal and were rolled out again (a
-recording may need a second try if the first draw happens to differ). ``--only inline`` records one more run, alone: a sync run of 2 steps whose
+recording may need a second try if the first draw happens to differ). ``--only beside`` records ``replay-beside``, alone: a pipelined run of 4 steps
+after ``durability-beside-training`` (each step trains while the one before it publishes and reloads; 4 epochs a
+step), continued as new after 3. ``--only inline`` records one more run, alone: a sync run of 2 steps whose
 ``task.scenarios`` is an inline list (``replay-inline``). Its recorded history predates the
 ``scenarios-by-reference`` patch (each rollouts activity carries the list itself), so it was recorded from the
 workflow code before that patch (commit 0f3fe03, with this script copied in); recording it again from today's
@@ -70,6 +72,12 @@ TEXT_RUNS: dict[str, dict[str, Any]] = {
     },
 }
 
+BESIDE_RUNS: dict[str, dict[str, Any]] = {
+    # Pipelined after durability-beside-training: a step trains while the one before it publishes and reloads
+    # (4 epochs: training is the longer phase); continued as new after 3 steps, carrying step 4's rollouts.
+    "replay-beside": {"mode": "pipelined", "steps": 4, "continue_as_new_every": 3, "train": {"epochs": 4}},
+}
+
 RESAMPLE_RUNS: dict[str, dict[str, Any]] = {
     # Sums far beyond the model: no reply comes within MAX_DISTANCE, so a reward is only the format's, and a
     # group of two replies often has none to tell apart; a step whose groups all have none is rolled out again.
@@ -102,7 +110,7 @@ def spec(run_id: str, queues: TaskQueues, overrides: dict[str, Any]) -> RunSpec:
     data["model"]["name"] = run_id
     if template is not None:
         data["model"]["chat_template"] = template
-    data["train"] = {"learning_rate": 2e-4}
+    data["train"] = {"learning_rate": 2e-4, **overrides.get("train", {})}
     return RunSpec.model_validate(data)
 
 
@@ -170,8 +178,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument(
         "--only",
-        choices=("sft", "inline", "resample", "texts"),
-        help="record only the TrainSFT run, or only replay-inline, replay-resample or replay-texts",
+        choices=("sft", "inline", "resample", "texts", "beside"),
+        help="record only the TrainSFT run, or only replay-inline, replay-resample, replay-texts or replay-beside",
     )
     args = parser.parse_args()
     out = args.out
@@ -190,12 +198,14 @@ def main() -> None:
                 if args.only == "sft":
                     asyncio.run(sft_program(worker.server_urls[0]))
                 else:
-                    runs = {"inline": INLINE_RUNS, "resample": RESAMPLE_RUNS, "texts": TEXT_RUNS}[args.only]
+                    runs = {
+                        "inline": INLINE_RUNS, "resample": RESAMPLE_RUNS, "texts": TEXT_RUNS, "beside": BESIDE_RUNS
+                    }[args.only]  # fmt: skip
                     asyncio.run(training_runs(runs))
             finally:
                 worker.stop()
             prefix = {"sft": "sft-", "inline": "replay-inline", "resample": "replay-resample",
-                      "texts": "replay-texts"}[args.only]  # fmt: skip
+                      "texts": "replay-texts", "beside": "replay-beside"}[args.only]  # fmt: skip
             asyncio.run(write_histories(out, prefix=prefix))
             return
         for n, phase in enumerate(("train", "serve again")):
