@@ -22,7 +22,7 @@ waits for an activity to have run a second or two finds none until late in the r
 
 Measured 2026-11-23 on 2 CPU cores, machine otherwise idle (6 steps x 4 x 8): each of the 6 killed activity
 attempts (rollouts, train, reload) started again 19.8-22.0 s after the kill (20 s heartbeat timeout + 2 s first
-retry interval); 74 s undisturbed, 255 s under 10 faults (README, Benchmarks: Faults).
+retry interval); 74 s undisturbed, 255 s under 10 faults (docs/faults.md).
 """
 
 from __future__ import annotations

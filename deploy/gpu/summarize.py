@@ -1,4 +1,4 @@
-"""The README's GPU table from a directory of GPU results (what check-on-device.sh's parts and
+"""The GPU table of docs/gpu-results.md from a directory of GPU results (what check-on-device.sh's parts and
 ``bench/vs_trl.py --gpu`` wrote), so every figure there comes from a file and a command.
 
     python deploy/gpu/summarize.py deploy/gpu/results/h100-2026-11-25

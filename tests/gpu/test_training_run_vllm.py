@@ -2,7 +2,7 @@
 with torch + peft on CUDA, the real SmolLM2-135M; 5 steps each in sync, shared and pipelined mode.
 
 The CPU version is tests/workflows/test_training_run_real.py. Each run's reward curve and seconds per phase
-go to ``$DGRPO_GPU_RESULTS`` (the README's GPU table comes from them)."""
+go to ``$DGRPO_GPU_RESULTS`` (docs/gpu-results.md's table comes from them)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from activities.checkpoints import download_checkpoint
 from activities.object_store import ObjectStore
 from activities.tokenize import build_sequences
 from activities.trainer import Trainer
-from dgrpo import run_control
+from dgrpo.client import run_control
 from schemas.config import RunSpec, TaskQueues
 from schemas.layout import MANIFEST_NAME, checkpoint_prefix, trajectories_key
 from schemas.refs import CheckpointRef
