@@ -216,6 +216,20 @@ def vllm_worker(
         _release.pop("vllm_worker", lambda: None)()
 
 
+@pytest.fixture(autouse=True)
+def environment_kept_from_held_backend(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A program that opens ``LocalBackend(path=held_backend)`` in this process points ``os.environ`` at that
+    backend's stack (as ART's does, for the user's rollout code) and never closes it; the environment is given
+    back after the test, so later tests' workers find the session's stack, not one stopped meanwhile."""
+    if "held_backend" not in request.fixturenames:
+        yield
+        return
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def held_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     base = tmp_path_factory.mktemp("held-backend")
