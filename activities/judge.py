@@ -6,11 +6,15 @@ with every score in [0, 1]. Identical trajectories are shown once and share thei
 
 Small judges write nonsense; the contract with them is:
 
-1. the reply is parsed leniently (code fences, prose around the JSON, a bare list of numbers);
-2. a malformed reply gets ONE corrective re-ask that says what was wrong;
-3. if that is malformed too, the group keeps its rollout rewards and every trajectory gets
+1. the prompt names how many score objects to return and their ids (``1, 2, ...``), as ART 0.5.23's does;
+2. the reply is parsed leniently (code fences, prose around the JSON, a bare list of numbers);
+3. a malformed reply (no JSON, a score that is not a number in [0, 1], or ART's structural faults: the
+   wrong number of scores, a missing, duplicate or unexpected trajectory id) is sent back to the judge
+   with a correction that says what was wrong; ``STRUCTURAL_ATTEMPTS`` (2, ART's) answers in all;
+4. if the last answer is malformed too, the group keeps its rollout rewards and every trajectory gets
    ``metrics["judge_fallback"] = 1`` (0 when judged), so the run never crashes on the judge and the
-   fallback rate shows up in the step's metrics.
+   fallback rate shows up in the step's metrics. dgrpo's client-side RULER (dgrpo/rewards/ruler.py) raises
+   instead, as ART's does.
 
 Where the judge is and which key it gets are the control worker's operator's choice, not the run's: a
 run's ``judge.base_url`` must be the worker's own inference server or one of ``JudgeEndpoints.base_urls``
@@ -73,6 +77,8 @@ SYSTEM_PROMPT = (
     'Reply with JSON only, exactly this shape: {{"scores": [{{"trajectory_id": "1", "explanation": '
     '"<one sentence>", "score": <number between 0 and 1>}}, ...]}} with one entry per trajectory.'
 )
+STRUCTURAL_ATTEMPTS = 2
+"""Answers a judge gets for one group: the first and one corrected (ART 0.5.23's ``_STRUCTURAL_ATTEMPTS``)."""
 MAX_CHARS_PER_MESSAGE = 2000
 GROUP_CONCURRENCY = 4
 HEARTBEAT_EVERY_S = 10.0
@@ -107,6 +113,50 @@ class StoreJudgeCache:
 
 class MalformedJudgement(ValueError):
     """The judge's reply is not the JSON asked for; the message says what to fix."""
+
+    def correction(self, n: int) -> str:
+        """What the judge is told before it answers again."""
+        return (
+            f"That reply is not valid: {self}. Reply again with JSON only: "
+            f'{{"scores": [{{"trajectory_id": "1", "explanation": "...", "score": 0.5}}, ...]}} '
+            f"with exactly {n} entries, ids {_id_list(n)}, scores between 0 and 1."
+        )
+
+
+class StructuralFault(MalformedJudgement):
+    """Scores that parse, for the wrong set of trajectories: too few or many, or ids missing, repeated or
+    unknown (ART 0.5.23's structural checks; its message and its correction's fields)."""
+
+    def __init__(self, received: Sequence[str], n: int) -> None:
+        self.received = list(received)
+        expected = [str(i) for i in range(1, n + 1)]
+        self.missing = [i for i in expected if i not in self.received]
+        self.duplicate = sorted({i for i in self.received if self.received.count(i) > 1}, key=_id_order)
+        self.unexpected = sorted(set(self.received) - set(expected), key=_id_order)
+        if len(self.received) != n:
+            super().__init__(f"Expected {n} score{'' if n == 1 else 's'}, but got {len(self.received)}")
+        else:
+            super().__init__(f"Expected trajectory ids {expected}, but got {self.received}")
+
+    def correction(self, n: int) -> str:
+        def listed(ids: list[str]) -> str:
+            return ", ".join(ids) or "none"
+
+        count = len(self.received)
+        return (
+            f"Your response had {count} score object{'' if count == 1 else 's'}; expected {n}. "
+            f"Missing trajectory IDs: {listed(self.missing)}. Duplicate trajectory IDs: "
+            f"{listed(self.duplicate)}. Unexpected trajectory IDs: {listed(self.unexpected)}. "
+            f"Return one complete replacement using each trajectory ID exactly once: {_id_list(n)}."
+        )
+
+
+def _id_list(n: int) -> str:
+    return ", ".join(str(i) for i in range(1, n + 1))
+
+
+def _id_order(trajectory_id: str) -> tuple[int, str]:
+    return (int(trajectory_id), "") if trajectory_id.isdigit() else (1 << 62, trajectory_id)
 
 
 def _render_content(message: dict[str, Any]) -> str:
@@ -144,8 +194,13 @@ def judge_messages(unique: Sequence[Trajectory], rubric: str | None = None) -> l
     for i, messages in enumerate(all_messages, start=1):
         parts.append(f'<trajectory id="{i}">\n{_render(messages[prefix:])}\n</trajectory>')
     parts.append(f"Score all {len(unique)} trajectories. Reply with the JSON only.")
+    n = len(unique)
+    count = (  # ART 0.5.23's prompt names the count and the ids: its most common fault is a short list
+        f"\n\nReturn exactly {n} score object{'' if n == 1 else 's'}, one for each of these trajectory IDs, "
+        f"with no duplicates or omissions: {_id_list(n)}"
+    )
     return [
-        {"role": "system", "content": SYSTEM_PROMPT.format(rubric=rubric or DEFAULT_RUBRIC)},
+        {"role": "system", "content": SYSTEM_PROMPT.format(rubric=rubric or DEFAULT_RUBRIC) + count},
         {"role": "user", "content": "\n\n".join(parts)},
     ]
 
@@ -185,24 +240,25 @@ def _scores_from(data: Any, n: int) -> list[float]:
         data = [{"trajectory_id": k, "score": v} for k, v in data.items()]
     if not isinstance(data, list):
         raise MalformedJudgement('the reply must be {"scores": [...]}')
-    if all(not isinstance(item, dict) for item in data):
+    if all(not isinstance(item, dict) for item in data):  # a bare list: scores in trajectory order
         scores = [_as_score(item) for item in data]
-    else:
-        by_id: dict[int, float] = {}
-        for position, item in enumerate(data, start=1):
-            if not isinstance(item, dict) or "score" not in item:
-                raise MalformedJudgement(f'entry {position} must be an object with a "score"')
-            raw_id = item.get("trajectory_id", item.get("id", position))
-            match = re.search(r"\d+", str(raw_id))
-            by_id[int(match.group()) if match else position] = _as_score(item["score"])
-        if sorted(by_id) != list(range(1, n + 1)):
-            raise MalformedJudgement(
-                f"give exactly one score for each trajectory_id 1..{n}, got ids {sorted(by_id)}"
-            )
-        scores = [by_id[i] for i in range(1, n + 1)]
-    if len(scores) != n:
-        raise MalformedJudgement(f"give exactly {n} scores, one per trajectory, got {len(scores)}")
-    return scores
+        if len(scores) != n:
+            raise StructuralFault([str(i) for i in range(1, len(scores) + 1)], n)
+        return scores
+    received: list[str] = []
+    by_id: dict[str, float] = {}
+    for position, item in enumerate(data, start=1):
+        if not isinstance(item, dict) or "score" not in item:
+            raise MalformedJudgement(f'entry {position} must be an object with a "score"')
+        raw_id = item.get("trajectory_id", item.get("id", position))
+        match = re.search(r"\d+", str(raw_id))  # "trajectory 2" and 2 both mean "2"
+        trajectory_id = str(int(match.group())) if match else str(raw_id).strip()
+        received.append(trajectory_id)
+        by_id[trajectory_id] = _as_score(item["score"])
+    fault = StructuralFault(received, n)
+    if fault.missing or fault.duplicate or fault.unexpected:
+        raise fault
+    return [by_id[str(i)] for i in range(1, n + 1)]
 
 
 def parse_scores(text: str, n: int) -> list[float]:
@@ -240,27 +296,29 @@ def client_judge(client: AsyncOpenAI, judge_model: str, max_tokens: int) -> Judg
 
 
 async def ask_judge_with(
-    call: JudgeCall, judge_model: str, messages: list[dict[str, str]], n: int
-) -> list[float] | None:
-    """Ask through ``call`` (``client_judge``, or dgrpo's RULER with litellm's ``acompletion`` signature) once,
-    and once more on malformed output; None when both replies were malformed."""
+    call: JudgeCall,
+    judge_model: str,
+    messages: list[dict[str, str]],
+    n: int,
+    attempts: int = STRUCTURAL_ATTEMPTS,
+) -> list[float]:
+    """Ask through ``call`` (``client_judge``, or dgrpo's RULER with litellm's ``acompletion`` signature); a
+    malformed answer goes back to the judge with a correction, up to ``attempts`` answers in all. Raises the
+    last answer's ``MalformedJudgement`` (a ``ValueError`` saying what was wrong) when none was valid."""
     conversation = list(messages)
-    for attempt in (1, 2):
+    for attempt in range(1, attempts + 1):
         reply = await call(conversation)
         try:
             return parse_scores(reply, n)
         except MalformedJudgement as err:
             log.info("judge %s reply %d malformed (%s): %.200r", judge_model, attempt, err, reply)
+            if attempt == attempts:
+                raise
             conversation += [
                 {"role": "assistant", "content": reply},
-                {
-                    "role": "user",
-                    "content": f"That reply is not valid: {err}. Reply again with JSON only: "
-                    f'{{"scores": [{{"trajectory_id": "1", "explanation": "...", "score": 0.5}}, ...]}} '
-                    f"with exactly {n} entries, ids 1 to {n}, scores between 0 and 1.",
-                },
+                {"role": "user", "content": err.correction(n)},
             ]
-    return None
+    raise ValueError(f"attempts must be at least 1, got {attempts}")
 
 
 async def ruler_score_group(
@@ -275,12 +333,15 @@ async def ruler_score_group(
     cache: JudgeCache | None = None,
     keep_original: bool = True,
     call: JudgeCall | None = None,
+    attempts: int = STRUCTURAL_ATTEMPTS,
+    fallback: bool = True,
 ) -> TrajectoryGroup:
     """The group with each trajectory's reward replaced by the judge's relative score in [0, 1].
 
     Usable as ``after_each`` in ``gather_trajectory_groups``. Give ``client``, ``base_url`` or ``call``. With
-    ``keep_original`` the rollout's reward stays in ``metrics["original_reward"]``. A judge that answers
-    nonsense twice leaves the rewards as they were, with ``metrics["judge_fallback"] = 1``.
+    ``keep_original`` the rollout's reward stays in ``metrics["original_reward"]``. A judge whose ``attempts``
+    answers are all malformed leaves the rewards as they were, with ``metrics["judge_fallback"] = 1``; without
+    ``fallback`` its last ``MalformedJudgement`` is raised instead.
     """
     if len(group.trajectories) < 2:
         return group  # nothing to compare (and GRPO drops such a group anyway)
@@ -301,7 +362,17 @@ async def ruler_score_group(
         cache_key = hashlib.sha256(json.dumps([judge_model, messages]).encode()).hexdigest()
         scores = await cache.get(cache_key) if cache is not None else None
         if scores is None:
-            scores = await ask_judge_with(call, judge_model, messages, len(unique))
+            try:
+                scores = await ask_judge_with(call, judge_model, messages, len(unique), attempts)
+            except MalformedJudgement as err:
+                if not fallback:
+                    raise
+                log.warning(
+                    "judge %s gave no valid judgement in %d answers (%s); the group keeps its rollout rewards",
+                    judge_model,
+                    attempts,
+                    err,
+                )
             if scores is not None and cache is not None:
                 await cache.put(cache_key, scores)
     finally:
@@ -318,10 +389,6 @@ async def ruler_score_group(
             out.metrics["ruler_score"] = by_key[key]
             out.reward = by_key[key]
         judged.append(out)
-    if scores is None:
-        log.warning(
-            "judge %s answered malformed JSON twice; the group keeps its rollout rewards", judge_model
-        )
     return TrajectoryGroup(judged, exceptions=list(group.exceptions), metadata=dict(group.metadata))
 
 

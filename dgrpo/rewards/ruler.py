@@ -13,8 +13,12 @@ ART reaches the judge through litellm's ``acompletion``; here every judge call g
 a provider prefix asks ``api_base``, else the inference server in ``$DGRPO_INFERENCE_URL``. As in ART, each
 call's cost goes to the active ``MetricsBuilder`` under ``costs/<context>/judge/ruler`` when it can be priced.
 
-A judge that answers malformed JSON twice raises (as ART's parse error does), or drops the group with
-``swallow_exceptions=True``. A judge that cannot be reached at all (no endpoint or key, an unknown provider, a
+As in ART 0.5.23, the prompt names how many score objects to return and their ids, and an answer that is
+malformed (not JSON, scores out of [0, 1], or structurally wrong: the wrong number of scores, missing,
+duplicate or unexpected ids) is sent back to the judge with a correction saying what was wrong, up to
+``_STRUCTURAL_ATTEMPTS`` (2) answers; each answer's cost is counted. When none was valid, ``JudgeFailed`` (a
+``ValueError``) says what was wrong with the last one (ART's words: ``Expected 2 scores, but got 1``), or
+``swallow_exceptions=True`` drops the group. A judge that cannot be reached at all (no endpoint or key, an unknown provider, a
 refused key, an endpoint that never answered) raises even then: it would drop every group, and train nothing.
 """
 
@@ -62,7 +66,19 @@ class TrajectoryScore(BaseModel):
 
 
 class JudgeFailed(ValueError):
-    """The judge answered malformed JSON twice (a ``ValueError``, as ART's parse error is)."""
+    """No answer of the judge was a valid judgement (a ``ValueError``, as ART's structural error is)."""
+
+
+_STRUCTURAL_ATTEMPTS = judge.STRUCTURAL_ATTEMPTS
+"""Answers a judge gets for one group, the corrected ones included (ART 0.5.23's name and value); read at each
+call."""
+
+
+def _failed(judge_model: str, err: judge.MalformedJudgement) -> JudgeFailed:
+    answers = _STRUCTURAL_ATTEMPTS
+    return JudgeFailed(
+        f"{err} (judge {judge_model!r} gave no valid judgement in {answers} answer{'' if answers == 1 else 's'})"
+    )
 
 
 class JudgeUnreachable(RuntimeError):
@@ -165,11 +181,12 @@ async def ruler(
     params = dict(extra_litellm_params or {})
     trajectories = [Trajectory(messages_and_choices=list(messages)) for messages in message_lists]
     prompt = judge.judge_messages(trajectories, rubric)
-    scores = await judge.ask_judge_with(
-        _judge_call(judge_model, params), judge_model, prompt, len(trajectories)
-    )
-    if scores is None:
-        raise JudgeFailed(f"judge {judge_model!r} answered malformed JSON twice")
+    try:
+        scores = await judge.ask_judge_with(
+            _judge_call(judge_model, params), judge_model, prompt, len(trajectories), _STRUCTURAL_ATTEMPTS
+        )
+    except judge.MalformedJudgement as err:
+        raise _failed(judge_model, err) from err
     if debug:
         log.info("RULER scores from %s: %s", judge_model, scores)
     return [TrajectoryScore(trajectory_id=str(i), score=s) for i, s in enumerate(scores, start=1)]
@@ -194,9 +211,12 @@ async def ruler_score_group(
         raise ValueError("RULER does not judge additional_histories; score such trajectories yourself")
     try:
         call = _judge_call(judge_model, dict(extra_litellm_params or {}))
-        judged = await judge.ruler_score_group(group, judge_model, rubric=rubric, call=call)
-        if any(t.metrics.get("judge_fallback") for t in judged.trajectories):
-            raise JudgeFailed(f"judge {judge_model!r} answered malformed JSON twice")
+        try:
+            judged = await judge.ruler_score_group(
+                group, judge_model, rubric=rubric, call=call, attempts=_STRUCTURAL_ATTEMPTS, fallback=False
+            )
+        except judge.MalformedJudgement as err:
+            raise _failed(judge_model, err) from err
     except JudgeUnreachable:
         raise  # even when swallowing: it would drop every group
     except Exception as err:

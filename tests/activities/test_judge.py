@@ -70,9 +70,12 @@ def test_parse_scores_reads_lenient_json(reply: str) -> None:
     ("reply", "problem"),
     [
         ("I think the first one is better.", "no JSON"),
-        ('{"scores": [0.5]}', "exactly 2 scores"),
+        ('{"scores": [0.5]}', "Expected 2 scores, but got 1"),
         ('{"scores": [0.5, 7]}', "between 0 and 1"),
-        ('{"scores": [{"trajectory_id": "1", "score": 0.5}, {"trajectory_id": "1", "score": 0.2}]}', "1..2"),
+        (
+            '{"scores": [{"trajectory_id": "1", "score": 0.5}, {"trajectory_id": "1", "score": 0.2}]}',
+            "ids \\['1', '2'\\], but got \\['1', '1'\\]",
+        ),
         ('{"scores": [0.5, true]}', "must be a number"),
     ],
 )

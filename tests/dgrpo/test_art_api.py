@@ -189,7 +189,7 @@ async def test_ruler_score_group_with_art_arguments(stub: StubServer) -> None:
 
 async def test_ruler_failures_raise_or_drop_the_group(stub: StubServer) -> None:
     stub.script = ["nonsense", "still nonsense"]
-    with pytest.raises(JudgeFailed, match="malformed JSON twice"):
+    with pytest.raises(JudgeFailed, match="no valid judgement in 2 answers"):
         await ruler_score_group(judged_group(), MODEL, {"api_base": stub.base_url})
     stub.script = ["nonsense", "still nonsense"]
     assert (
