@@ -100,6 +100,19 @@ async def test_tools_bound_to_the_chat_model_are_the_trajectorys_tools(model: ar
     assert trajectory.choices()[0].token_ids
 
 
+async def test_a_synchronous_invoke_is_recorded_with_token_ids_too(model: art.Model) -> None:
+    async def rollout() -> art.Trajectory:
+        chat_model = init_chat_model(max_tokens=3)
+        await asyncio.to_thread(chat_model.invoke, [HumanMessage("Say hi.")])  # LangChain's sync client
+        return art.Trajectory(messages_and_choices=[])
+
+    trajectory = await wrap_rollout(model, rollout)()
+
+    [choice] = trajectory.choices()
+    assert choice.token_ids and choice.prompt_token_ids
+    assert len(choice.sampled_logprobs() or []) == len(choice.token_ids)
+
+
 async def test_a_rollout_that_makes_no_call_or_returns_no_trajectory() -> None:
     untouched = art.Trajectory(reward=0.5, messages_and_choices=[{"role": "user", "content": "hi"}])
 
