@@ -8,6 +8,7 @@ never re-tokenizes. An openai ``Choice`` (or any pydantic model with the same fi
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import traceback as tb
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
@@ -206,14 +207,28 @@ class _Conversation(_Strict):
 
 
 def _comparable(message: Any) -> Any:
-    # The same message as the trajectory lists it and as a client sends it back (None fields dropped).
+    # The same message as the trajectory lists it and as a client sends it back (None fields dropped; a tool
+    # call's arguments as the JSON they hold: LangChain sends back json.dumps of the arguments it parsed).
     if isinstance(message, BaseModel):
         message = message.model_dump(exclude_none=True)
     if isinstance(message, dict):
-        return {k: _comparable(v) for k, v in message.items() if v is not None and v != []}
+        return {
+            k: _comparable(_json_value(v) if k == "arguments" else v)
+            for k, v in message.items()
+            if v is not None and v != []
+        }
     if isinstance(message, list):
         return [_comparable(v) for v in message]
     return message
+
+
+def _json_value(text: Any) -> Any:
+    if isinstance(text, str):
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+    return text
 
 
 def _continues(conversation: _Conversation, messages: list[Any], tools: Any) -> bool:

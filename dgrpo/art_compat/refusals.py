@@ -77,9 +77,6 @@ MODULES = {
     "chosen by TrainConfig.importance_sampling (backend.train(model, groups, loss_fn='cispo' or 'ppo'))",
     "tau_bench": "ART's tau-bench environment client and rollout are not supported: dgrpo ships no benchmark "
     "environments; write the rollout against the environment with model.openai_client()",
-    "langgraph": "ART's LangGraph wrappers (wrap_rollout, init_chat_model: a LangChain ChatOpenAI logging its "
-    "calls to a file) are not supported: run the rollout under `await art.capture_auto_trajectory(rollout(...))`, "
-    "which records every chat completion an httpx-based OpenAI client sends",
     "pipeline_trainer.state": "ART's PipelineTrainer's shared in-memory state is not supported: dgrpo's "
     "PipelineTrainer keeps its state in its durable TrainingRun workflow; read a run's progress with "
     "`await model.get_step()` and its metrics with model.log's files",

@@ -173,7 +173,6 @@ REFUSED_PATHS = [
     ("preprocessing", "preprocessing.tokenize", "its trainer builds the tensors itself"),
     ("loss", "loss", "TrainConfig.importance_sampling"),
     ("tau_bench", "tau_bench.client", "no benchmark environments"),
-    ("langgraph", "langgraph", "capture_auto_trajectory"),
     ("pipeline_trainer.state", "pipeline_trainer.state", "TrainingRun workflow"),
     ("pipeline_trainer.status", "pipeline_trainer.status", "through model.log"),
 ]

@@ -95,6 +95,29 @@ def test_additional_histories_round_trip() -> None:
     assert back.additional_histories[0].choices()[0].token_ids == [4]
 
 
+def test_a_tool_call_sent_back_with_its_arguments_reserialized_continues_the_conversation() -> None:
+    def tool_call(arguments: str) -> dict[str, Any]:
+        return {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": arguments}}
+
+    def called(arguments: str) -> Choice:
+        message = {"role": "assistant", "content": None, "tool_calls": [tool_call(arguments)]}
+        return Choice(finish_reason="tool_calls", message=message, token_ids=[7])
+
+    asked = {"role": "user", "content": "What is a cat?"}
+    answered = {"role": "tool", "content": "cat: a word", "tool_call_id": "call_1"}
+    traj = Trajectory()
+    traj.add_turn([asked], None, called('{"word":"cat"}'))  # as the model wrote it
+    # LangChain (art.langgraph) sends the call back as json.dumps of the arguments it parsed: other spacing
+    sent_back = {"role": "assistant", "content": None, "tool_calls": [tool_call('{"word": "cat"}')]}
+    traj.add_turn([asked, sent_back, answered], None, called('{"word":"dog"}'))
+    assert traj.additional_histories == []
+    assert [m["role"] for m in traj.messages()] == ["user", "assistant", "tool", "assistant"]
+    # other arguments are another conversation
+    other = {"role": "assistant", "content": None, "tool_calls": [tool_call('{"word": "cow"}')]}
+    traj.add_turn([asked, other, answered], None, called("{}"))
+    assert len(traj.additional_histories) == 1
+
+
 async def test_group_len_and_iteration_are_over_finished_trajectories() -> None:
     async def rollout(reward: float) -> Trajectory:
         if reward < 0:
