@@ -89,7 +89,9 @@ class Observer:
         data = json.loads((REPO / "examples" / "run.json").read_text())
         data.update(run_id=run_id, steps=steps, groups_per_step=groups, group_size=group_size)
         data.update(heartbeat_timeout_s=heartbeat_timeout_s)
-        data.update(groups_per_shard=1, metrics={"wandb": False}, train={"learning_rate": 2e-4})
+        # 4 epochs: a training lasts a few seconds, so a fault struck a second into it lands mid-training (one
+        # epoch of this run trains in about half a second since the trainer writes its state beside the next step)
+        data.update(groups_per_shard=1, metrics={"wandb": False}, train={"learning_rate": 2e-4, "epochs": 4})
         data["model"]["name"] = run_id
         self.handle = await run_control.start_run(self.client, RunSpec.model_validate(data), self.store)
         self.result = asyncio.ensure_future(result_across_restarts(self.handle))

@@ -193,7 +193,8 @@ def test_a_port_taken_as_the_stack_starts_gets_a_fresh_start_on_other_ports(
     monkeypatch.setattr(embedded, "_pick", pick)
     try:
         state = embedded.start()
-        assert held not in (state.temporal_port, state.s3_port) and picks.count(server) == 2
+        # at least twice: a third start when a port of the second was taken meanwhile, as on a busy machine
+        assert held not in (state.temporal_port, state.s3_port) and picks.count(server) >= 2
         ObjectStore(embedded.s3_settings).put_bytes("race/x", b"up")
     finally:
         embedded.stop()

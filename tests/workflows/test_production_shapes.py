@@ -127,7 +127,8 @@ def trainer_gaps(store: ObjectStore, spec: RunSpec, tmp_path: Path) -> torch.Ten
         run_id=spec.run_id, step=1, uri=store.uri(prefix), manifest_sha256=store.read_manifest(prefix)[1]
     )
     trainer = Trainer(spec.model, "fp32")
-    trainer.load_state(download_checkpoint(store, ref, tmp_path / "checkpoint-1"))
+    download_checkpoint(store, ref, tmp_path / "checkpoint-1")
+    trainer.load_state(tmp_path / "checkpoint-1")
     gaps = []
     for seq, logprobs in zip(
         tokenized.sequences, trainer.sequence_logprobs(tokenized.sequences), strict=True
