@@ -31,7 +31,7 @@ from workers.temporal import connect_client
 
 log = logging.getLogger(__name__)
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DEMO_TASKS: dict[str, Path] = {
     "arithmetic": EXAMPLES / "run.toml",
     "tool_agent": EXAMPLES / "tool_agent.toml",

@@ -71,3 +71,14 @@ def test_the_console_script_says_the_same_in_one_line(tmp_path: Path) -> None:
     )
     assert done.returncode == 2 and not done.stdout, done
     assert "train.kl_coef: Input should be a finite number" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("task", ["arithmetic", "tool_agent"])
+def test_each_demo_task_names_a_run_spec_that_loads(task: str) -> None:
+    """``dgrpo demo`` (the README's first command) trains from these files: moving the CLI once left them
+    pointing into ``dgrpo/examples``, which does not exist."""
+    from dgrpo.cli.demo import DEMO_TASKS
+    from schemas.config import load_run_spec
+
+    spec = load_run_spec(DEMO_TASKS[task], {})
+    assert DEMO_TASKS[task].parent.name == "examples" and spec.steps >= 1
