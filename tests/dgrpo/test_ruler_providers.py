@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import dgrpo as art
 from dgrpo.rewards import JudgeUnreachable, ruler, ruler_score_group
 from dgrpo.rewards.ruler import ANSWERED
+from tests.dgrpo.ruler_group import group
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "activities"))
 from openai_stub import StubServer, openai_stub
@@ -41,14 +41,6 @@ def stub(monkeypatch: pytest.MonkeyPatch) -> Iterator[StubServer]:
         monkeypatch.delenv(name, raising=False)
     with openai_stub() as server:
         yield server
-
-
-def group() -> art.TrajectoryGroup:
-    def trajectory(answer: str, reward: float) -> art.Trajectory:
-        messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": answer}]
-        return art.Trajectory(messages_and_choices=messages, reward=reward)  # type: ignore[arg-type]
-
-    return art.TrajectoryGroup([trajectory("4, correct", 0.0), trajectory("5", 1.0)])
 
 
 def free_port_url() -> str:

@@ -18,6 +18,7 @@ import dgrpo as art
 from activities import judge
 from dgrpo.metrics import MetricsBuilder
 from dgrpo.rewards import JudgeFailed, ruler, ruler_score_group
+from tests.dgrpo.ruler_group import group
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "activities"))
 from openai_stub import USAGE, StubServer, openai_stub
@@ -34,14 +35,6 @@ def stub(monkeypatch: pytest.MonkeyPatch) -> Iterator[StubServer]:
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     with openai_stub() as server:
         yield server
-
-
-def group() -> art.TrajectoryGroup:
-    def trajectory(answer: str, reward: float) -> art.Trajectory:
-        messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": answer}]
-        return art.Trajectory(messages_and_choices=messages, reward=reward)  # type: ignore[arg-type]
-
-    return art.TrajectoryGroup([trajectory("4, correct", 0.0), trajectory("5", 1.0)])
 
 
 def answer(*ids: str) -> str:
