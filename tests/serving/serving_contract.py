@@ -55,3 +55,25 @@ def teacher_forced(model: Any, prompt: list[int], completion: list[int], device:
         logits = model(torch.tensor([prompt + completion], device=device)).logits[0].float()
     logprobs = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : -1]
     return logprobs.gather(1, torch.tensor(completion, device=device).unsqueeze(1)).squeeze(1).cpu()
+
+
+async def assert_logit_bias_bans_and_forces(sdk: openai.AsyncOpenAI, tokenizer: Any, model: str) -> None:
+    """``logit_bias`` as vLLM has it: -100 keeps a token from being drawn, +100 draws it, and the logprob returned
+    is the raw distribution's (vLLM's default ``raw_logprobs``), so a forced unlikely token shows as unlikely."""
+
+    async def first_token(bias: dict[str, float] | None) -> tuple[int, float]:
+        r = await sdk.chat.completions.create(
+            model=model, messages=chat("Name a colour."), max_tokens=1, temperature=0, logprobs=True,  # type: ignore[arg-type]
+            logit_bias=bias, extra_body=RETURN_IDS,
+        )  # fmt: skip
+        choice = recorded_choice(r)
+        logprobs = choice.sampled_logprobs()
+        assert choice.token_ids and logprobs
+        return choice.token_ids[0], logprobs[0]
+
+    free, free_logprob = await first_token(None)
+    banned, _ = await first_token({str(free): -100})
+    assert banned != free
+    forced_id = tokenizer(" zebra", add_special_tokens=False)["input_ids"][0]
+    forced, forced_logprob = await first_token({str(forced_id): 100})
+    assert forced == forced_id and forced_logprob < free_logprob - 3

@@ -25,7 +25,7 @@ import pytest
 import torch
 from peft import PeftModel
 from serving_adapters import FIXED_ANSWER, TRAIN_QUESTIONS, chat, random_adapter
-from serving_contract import RETURN_IDS, greedy, recorded_choice
+from serving_contract import assert_logit_bias_bans_and_forces, greedy
 from temporalio.testing import ActivityEnvironment
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -581,25 +581,8 @@ async def test_rollouts_and_the_default_judge_send_the_servers_key(
 async def test_logit_bias_bans_and_forces_tokens_and_logprobs_stay_raw(
     sdk: openai.AsyncOpenAI, tokenizer: Any
 ) -> None:
-    """As vLLM (tests/serving/test_serving_contract.py): -100 keeps a token from being drawn, +100 draws it, and
-    the logprob returned is the raw distribution's, so a forced unlikely token shows as unlikely."""
-
-    async def first_token(bias: dict[str, float] | None) -> tuple[int, float]:
-        r = await sdk.chat.completions.create(
-            model=BASE, messages=chat("Name a colour."), max_tokens=1, temperature=0, logprobs=True,  # type: ignore[arg-type]
-            logit_bias=bias, extra_body=RETURN_IDS,
-        )  # fmt: skip
-        choice = recorded_choice(r)
-        logprobs = choice.sampled_logprobs()
-        assert choice.token_ids and logprobs
-        return choice.token_ids[0], logprobs[0]
-
-    free, free_logprob = await first_token(None)
-    banned, _ = await first_token({str(free): -100})
-    assert banned != free
-    forced_id = tokenizer(" zebra", add_special_tokens=False)["input_ids"][0]
-    forced, forced_logprob = await first_token({str(forced_id): 100})
-    assert forced == forced_id and forced_logprob < free_logprob - 3
+    """As vLLM (tests/serving/test_serving_contract.py)."""
+    await assert_logit_bias_bans_and_forces(sdk, tokenizer, BASE)
 
 
 async def test_guided_decoding_is_refused_never_ignored(sdk: openai.AsyncOpenAI) -> None:

@@ -20,7 +20,14 @@ import pytest
 import torch
 from peft import PeftModel
 from serving_adapters import FIXED_ANSWER, TRAIN_QUESTIONS, chat, random_adapter
-from serving_contract import RETURN_IDS, ensure_loaded, greedy, recorded_choice, teacher_forced
+from serving_contract import (
+    RETURN_IDS,
+    assert_logit_bias_bans_and_forces,
+    ensure_loaded,
+    greedy,
+    recorded_choice,
+    teacher_forced,
+)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
@@ -335,25 +342,8 @@ async def test_out_of_range_parameters_get_a_400_naming_them(client: ServingClie
 async def test_logit_bias_bans_and_forces_tokens_and_logprobs_stay_raw(
     sdk: openai.AsyncOpenAI, tokenizer: Any
 ) -> None:
-    """vLLM's ``logit_bias``: -100 keeps a token from being drawn, +100 draws it; the logprob returned is the
-    raw distribution's (vLLM's default ``raw_logprobs``), so a forced unlikely token shows as unlikely."""
-
-    async def first_token(bias: dict[str, float] | None) -> tuple[int, float]:
-        r = await sdk.chat.completions.create(
-            model=BASE, messages=chat("Name a colour."), max_tokens=1, temperature=0, logprobs=True,  # type: ignore[arg-type]
-            logit_bias=bias, extra_body=RETURN_IDS,
-        )  # fmt: skip
-        choice = recorded_choice(r)
-        logprobs = choice.sampled_logprobs()
-        assert choice.token_ids and logprobs
-        return choice.token_ids[0], logprobs[0]
-
-    free, free_logprob = await first_token(None)
-    banned, _ = await first_token({str(free): -100})
-    assert banned != free
-    forced_id = tokenizer(" zebra", add_special_tokens=False)["input_ids"][0]
-    forced, forced_logprob = await first_token({str(forced_id): 100})
-    assert forced == forced_id and forced_logprob < free_logprob - 3
+    """vLLM's ``logit_bias``, as our engine has it too (tests/serving/test_server.py)."""
+    await assert_logit_bias_bans_and_forces(sdk, tokenizer, BASE)
 
 
 async def test_a_json_response_format_is_honoured(client: ServingClient, api_key: str) -> None:
