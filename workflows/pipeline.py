@@ -52,7 +52,6 @@ with workflow.unsafe.imports_passed_through():
 
 from workflows.stages import (
     ADVANTAGES,
-    PUBLISH,
     RELOAD,
     TRAIN,
     TRAIN_BESIDE,
@@ -62,7 +61,7 @@ from workflows.stages import (
     run_stage,
     stage_failure,
 )
-from workflows.train_step import PhaseClock, no_learning_signal, train_and_publish
+from workflows.train_step import PhaseClock, no_learning_signal, publish_on_its_trainer, train_and_publish
 
 T = TypeVar("T")
 
@@ -307,14 +306,10 @@ class Pipeline:
         spec, state = self.host.spec, self.host.state
         publish = PublishInput(run_id=spec.run_id, step=step, staging_dir=result.staging_dir,
                                metrics={"loss": result.loss, "grad_norm": result.grad_norm})  # fmt: skip
-        queue = worker_task_queue(spec.task_queues.trainer, result.worker_id)
-        try:
-            return await run_stage(PUBLISH, publish, task_queue=queue, step=step, result_type=CheckpointRef,
-                                   reraise=True, scheduling=spec.scheduling(),
-                                   heartbeat_s=spec.heartbeat_timeout_s)  # fmt: skip
-        except ActivityError as err:
-            if not is_lost_worker(err):
-                raise stage_failure(PUBLISH, step, err) from err
+        checkpoint = await publish_on_its_trainer(publish, result.worker_id, spec.task_queues.trainer,
+                                                  spec.scheduling(), spec.heartbeat_timeout_s, lost_ok=True)  # fmt: skip
+        if checkpoint is not None:
+            return checkpoint
         workflow.logger.warning("step %d: trainer %s vanished before publishing; training again", step,
                                 result.worker_id)  # fmt: skip
         start_from = state.checkpoint if last is None else await last.published

@@ -8,7 +8,7 @@ counter. A call whose step is already published only serves it again.
 from __future__ import annotations
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
@@ -21,20 +21,22 @@ with workflow.unsafe.imports_passed_through():
     )
     from schemas.errors import CONFIG_ERROR
     from schemas.history_bounds import RETRAINS_AFTER_LOST_WORKER
-    from schemas.layout import worker_task_queue
     from schemas.refs import CheckpointRef
     from schemas.run_state import TrainSFTInput, TrainSFTResult
 
 from workflows.stages import (
-    PUBLISH,
     SERVING_CONTROL,
     TRAIN_SFT,
     StageFailed,
-    is_lost_worker,
     run_stage,
-    stage_failure,
 )
-from workflows.train_step import PhaseClock, latest_checkpoint, serve_checkpoint, wake_up
+from workflows.train_step import (
+    PhaseClock,
+    latest_checkpoint,
+    publish_on_its_trainer,
+    serve_checkpoint,
+    wake_up,
+)
 
 
 async def fine_tune_and_publish(
@@ -67,24 +69,18 @@ async def fine_tune_and_publish(
             staging_dir=trained.staging_dir,
             metrics={"loss": mean_loss, "grad_norm": trained.grad_norms[-1]},
         )
-        queue = worker_task_queue(inp.task_queues.trainer, trained.worker_id)
-        try:
-            checkpoint = await run_stage(
-                PUBLISH,
-                publish,
-                task_queue=queue,
-                step=inp.step,
-                scheduling=inp.scheduling,
-                heartbeat_s=inp.heartbeat_timeout_s,
-                result_type=CheckpointRef,
-                reraise=True,
-            )
-        except ActivityError as err:
-            if is_lost_worker(err) and attempt < RETRAINS_AFTER_LOST_WORKER:
-                workflow.logger.warning("step %d: trainer %s vanished before publishing; fine-tuning again",
-                                        inp.step, trained.worker_id)  # fmt: skip
-                continue
-            raise stage_failure(PUBLISH, inp.step, err) from err
+        checkpoint = await publish_on_its_trainer(
+            publish,
+            trained.worker_id,
+            inp.task_queues.trainer,
+            inp.scheduling,
+            inp.heartbeat_timeout_s,
+            lost_ok=attempt < RETRAINS_AFTER_LOST_WORKER,
+        )
+        if checkpoint is None:
+            workflow.logger.warning("step %d: trainer %s vanished before publishing; fine-tuning again",
+                                    inp.step, trained.worker_id)  # fmt: skip
+            continue
         return trained, checkpoint
     raise AssertionError("unreachable: the loop returns or raises")
 

@@ -135,29 +135,50 @@ async def train_and_publish(
             staging_dir=trained.staging_dir,
             metrics={"loss": trained.loss, "grad_norm": trained.grad_norm},
         )
-        queue = worker_task_queue(inp.task_queues.trainer, trained.worker_id)
-        try:
-            checkpoint = await run_stage(
-                PUBLISH,
-                publish,
-                task_queue=queue,
-                step=inp.step,
-                scheduling=inp.scheduling,
-                heartbeat_s=inp.heartbeat_timeout_s,
-                result_type=CheckpointRef,
-                reraise=True,
+        checkpoint = await publish_on_its_trainer(
+            publish,
+            trained.worker_id,
+            inp.task_queues.trainer,
+            inp.scheduling,
+            inp.heartbeat_timeout_s,
+            lost_ok=attempt < RETRAINS_AFTER_LOST_WORKER,
+        )
+        if checkpoint is None:
+            workflow.logger.warning(
+                "step %d: trainer %s vanished before publishing; training again", inp.step, trained.worker_id
             )
-        except ActivityError as err:
-            if is_lost_worker(err) and attempt < RETRAINS_AFTER_LOST_WORKER:
-                workflow.logger.warning(
-                    "step %d: trainer %s vanished before publishing; training again",
-                    inp.step,
-                    trained.worker_id,
-                )
-                continue
-            raise stage_failure(PUBLISH, inp.step, err) from err
+            continue
         return trained, checkpoint
     raise AssertionError("unreachable: the loop returns or raises")
+
+
+async def publish_on_its_trainer(
+    publish: PublishInput,
+    worker_id: str,
+    trainer_queue: str,
+    scheduling: Scheduling,
+    heartbeat_s: float,
+    *,
+    lost_ok: bool,
+) -> CheckpointRef | None:
+    """Publish a staged step on the trainer worker that staged it (its own task queue). None when that worker
+    vanished before publishing and ``lost_ok`` (the caller trains the step again); any other final failure, or a
+    lost worker when not ``lost_ok``, is the step's ``StageFailed``."""
+    try:
+        return await run_stage(
+            PUBLISH,
+            publish,
+            task_queue=worker_task_queue(trainer_queue, worker_id),
+            step=publish.step,
+            scheduling=scheduling,
+            heartbeat_s=heartbeat_s,
+            result_type=CheckpointRef,
+            reraise=True,
+        )
+    except ActivityError as err:
+        if lost_ok and is_lost_worker(err):
+            return None
+        raise stage_failure(PUBLISH, publish.step, err) from err
 
 
 def no_learning_signal(step: int, n_groups: int) -> NoLearningSignal:

@@ -77,8 +77,9 @@ async def test_a_trainer_lost_mid_pipeline_is_replaced_from_the_published_checkp
     """Step 1's trainer vanishes after training: its publish and step 2's training (sent to it) never start.
     Step 1 is trained again from checkpoint 0 and published; step 2 trains from that checkpoint, elsewhere."""
     quick = timedelta(seconds=2)
-    monkeypatch.setattr(train_step, "PUBLISH", dataclasses.replace(PUBLISH, schedule_to_start=quick))
-    monkeypatch.setattr(pipeline, "PUBLISH", dataclasses.replace(PUBLISH, schedule_to_start=quick))
+    monkeypatch.setattr(
+        train_step, "PUBLISH", dataclasses.replace(PUBLISH, schedule_to_start=quick)
+    )  # every publish
     monkeypatch.setattr(pipeline, "TRAIN_BESIDE", dataclasses.replace(TRAIN_BESIDE, schedule_to_start=quick))
     stubs = ScriptedActivities(lost_workers=1)
     stubs.reload_gates[1] = asyncio.Event()
