@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import random
 import time
 
 import torch
@@ -32,6 +30,7 @@ from activities.tokenize import TrainSequence, build_sequences
 from activities.trainer import ENV_BACKEND, Trainer
 from activities.training import OutOfMemory, next_micro_batch, train_step_or_oom
 from bench.local_sampling import max_sampling_logprob_gap, sample_choices
+from bench.synthetic import random_sequences
 from schemas.config import TrainConfig
 from schemas.trajectory import Trajectory
 
@@ -78,27 +77,12 @@ def step_seconds(trainer: Trainer, seqs: list[TrainSequence], precision: str, mb
     return time.perf_counter() - started
 
 
-def long_sequences(n: int, tokens: int, seed: int = 0) -> list[TrainSequence]:
-    rng = random.Random(seed)
-    prompt = tokens // 3
-    return [
-        TrainSequence(
-            [rng.randrange(100, 40000) for _ in range(tokens)],
-            [False] * prompt + [True] * (tokens - prompt),
-            [math.nan] * tokens,
-            rng.gauss(0, 1),
-            i,
-        )
-        for i in range(n)
-    ]
-
-
 def oom_halving(trainer: Trainer, cap_gib: float, tokens: int) -> dict[str, object]:
     """Micro-batch 32 under a memory cap: each OOM is classified and halves the next attempt's size."""
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.empty_cache()
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * 2**30 / total))
-    seqs = long_sequences(32, tokens)
+    seqs = random_sequences(32, tokens)
     config = TrainConfig(micro_batch_size=32)
     micro_batch, oom, attempts = 32, None, []
     try:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import math
-import random
 import resource
 import time
 from collections.abc import Callable
@@ -30,11 +28,11 @@ from activities.checkpoints import (
     stage_checkpoint,
 )
 from activities.object_store import ObjectStore
-from activities.tokenize import TrainSequence
 from activities.trainer import ADAPTER_WEIGHTS, Trainer
 from activities.training import OutOfMemory, next_micro_batch, train_step_or_oom
 from base_models.random_shapes import Shape
 from bench.serving_throughput import prompts, server_requests
+from bench.synthetic import random_sequences
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
 from schemas.refs import CheckpointRef
 from schemas.settings import EngineSettings
@@ -65,23 +63,6 @@ class Sizes:
 LORA = LoraConfig(rank=16, alpha=32)
 """The run spec's default shape: rank 16 on every projection."""
 GIB = 2**30
-
-
-def synthetic(n: int, tokens: int, seed: int) -> list[TrainSequence]:
-    """``n`` sequences of ``tokens`` random tokens, the last two thirds trained, sampling logprobs unknown (the
-    trainer takes its own: ratio 1), advantages random."""
-    rng = random.Random(seed)
-    prompt = tokens // 3
-    return [
-        TrainSequence(
-            [rng.randrange(100, 40000) for _ in range(tokens)],
-            [False] * prompt + [True] * (tokens - prompt),
-            [math.nan] * tokens,
-            rng.gauss(0, 1),
-            i,
-        )
-        for i in range(n)
-    ]
 
 
 def synchronize(device: torch.device) -> None:
@@ -122,7 +103,7 @@ def trainer_figures(
     record("trainable_parameters", sum(p.numel() for p in trainer.params))
 
     sequences, tokens = sizes.sequences, sizes.tokens
-    data = synthetic(sequences, tokens, seed=0)
+    data = random_sequences(sequences, tokens, seed=0)
     plan = trainer.plan_memory(data, requested=sequences)
     record("plan", {"asked": sequences, "micro_batch": plan.micro_batch,
                     "gradient_checkpointing": plan.gradient_checkpointing,
@@ -174,7 +155,7 @@ def trainer_figures(
 def oom_chain(trainer: Trainer, start: int, tokens: int) -> dict[str, Any]:
     """The train activity's attempts from micro-batch ``start`` (checkpointing off, no memory cap): each OOM
     halves the next, as the retried activity does, until one runs; and what the memory plan would have chosen."""
-    data = synthetic(start, tokens, seed=1)
+    data = random_sequences(start, tokens, seed=1)
     trainer.use_gradient_checkpointing(False)
     planned = trainer.plan_memory(data, requested=start)
     config = TrainConfig(micro_batch_size=start)
