@@ -25,8 +25,9 @@ from temporalio.service import RPCError
 
 from dgrpo.cli.demo import DEMO_TASKS
 from dgrpo.client import run_control
-from schemas.activities import ActivityName
+from schemas.activities import ActivityName, RolloutsInput
 from schemas.config import RunSpec, TaskQueues, load_run_spec
+from schemas.layout import adapter_name
 from schemas.run_state import RunStatus
 from schemas.settings import ENV_HOME
 from workers.stack import EmbeddedStack
@@ -222,3 +223,20 @@ def trainer_idle(spans: list[ActivitySpan]) -> dict[int, float]:
         for n, train in sorted(trains.items())
         if n - 1 in trains and n in ready
     }
+
+
+def step_rollouts(spec: RunSpec, step: int) -> RolloutsInput:
+    """Step ``step``'s rollouts as a sync run schedules them: sampled by step ``step - 1``'s adapter, on the
+    step's own slice of the scenarios."""
+    return RolloutsInput(
+        run_id=spec.run_id,
+        step=step,
+        model_name=spec.model.name,
+        adapter=adapter_name(spec.run_id, step - 1),
+        policy_step=step - 1,
+        task=spec.task,
+        groups_per_step=spec.groups_per_step,
+        group_size=spec.group_size,
+        scenario_offset=(step - 1) * spec.groups_per_step,
+        seed=spec.seed,
+    )

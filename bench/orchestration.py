@@ -44,6 +44,7 @@ from bench.bench_stack import (
     demo_run_spec,
     median,
     private_stack,
+    step_rollouts,
     timed_run,
     write_results,
 )
@@ -56,11 +57,9 @@ from schemas.activities import (
     PublishInput,
     ReloadInput,
     RetentionInput,
-    RolloutsInput,
     TrainInput,
 )
 from schemas.config import RunSpec, TaskQueues
-from schemas.layout import adapter_name
 from schemas.refs import CheckpointRef
 from schemas.run_state import StepSummary
 from schemas.settings import EngineSettings
@@ -119,18 +118,7 @@ class DirectChain:
         served[0] = time.perf_counter() - started
         bookkeeping: asyncio.Task[None] | None = None
         for step in range(1, spec.steps + 1):
-            rollouts = RolloutsInput(
-                run_id=spec.run_id,
-                step=step,
-                model_name=spec.model.name,
-                adapter=adapter_name(spec.run_id, step - 1),
-                policy_step=step - 1,
-                task=spec.task,
-                groups_per_step=spec.groups_per_step,
-                group_size=spec.group_size,
-                scenario_offset=(step - 1) * spec.groups_per_step,
-                seed=spec.seed,
-            )
+            rollouts = step_rollouts(spec, step)
             scored = await self._timed(step, "rollouts", env.run(self.rollouts.rollouts, rollouts))
             inp = AdvantagesInput(run_id=spec.run_id, step=step, trajectories=scored, train=spec.train)
             advantages = await self._timed(

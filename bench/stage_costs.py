@@ -52,18 +52,24 @@ from activities.rollouts import RolloutActivities
 from activities.serving import ServingActivities
 from activities.trainer import Trainer
 from activities.training import TrainerActivities
-from bench.bench_stack import command_line, demo_run_spec, median, private_stack, timed_run, write_results
+from bench.bench_stack import (
+    command_line,
+    demo_run_spec,
+    median,
+    private_stack,
+    step_rollouts,
+    timed_run,
+    write_results,
+)
 from host.processes import free_port
 from schemas.activities import (
     AdvantagesInput,
     InitialAdapterInput,
     PublishInput,
     ReloadInput,
-    RolloutsInput,
     TrainInput,
 )
 from schemas.config import RunSpec, TaskQueues
-from schemas.layout import adapter_name
 from schemas.settings import ENV_HOME
 from serving.batcher import GenerationEngine
 from serving.client import ServingClient
@@ -239,18 +245,7 @@ class DirectSteps:
         steps = []
         for step in range(1, spec.steps + 1):
             walls: dict[str, float] = {}
-            rollouts = RolloutsInput(
-                run_id=spec.run_id,
-                step=step,
-                model_name=spec.model.name,
-                adapter=adapter_name(spec.run_id, step - 1),
-                policy_step=step - 1,
-                task=spec.task,
-                groups_per_step=spec.groups_per_step,
-                group_size=spec.group_size,
-                scenario_offset=(step - 1) * spec.groups_per_step,
-                seed=spec.seed,
-            )
+            rollouts = step_rollouts(spec, step)
             scored, walls["rollouts"] = await self._stage(
                 "rollouts", lambda r=rollouts: env.run(self.rollouts.rollouts, r)
             )
