@@ -217,8 +217,10 @@ def test_a_folded_adapter_samples_as_peft_does_and_leaves_the_base_weights_untou
         peft.command("load", "b", str(two)).result()
         fresh = staggered(peft, *requests(tokenizer, "b"))
         assert [c.token_ids for c in fresh] == [c.token_ids for c in want_again]
+        # Within the same float tolerance as folded against peft above: `staggered` merges the later wave at
+        # whatever step the running batch has reached, so the two runs batch (and round) differently.
         for f, w in zip(fresh, want_again, strict=True):
-            assert f.logprobs == pytest.approx(w.logprobs, abs=1e-5)
+            assert f.logprobs == pytest.approx(w.logprobs, abs=1e-4)
     finally:
         folded.close()
         peft.close()
