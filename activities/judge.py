@@ -1,8 +1,10 @@
 """The judge activity (control queue) and ``ruler_score_group``: RULER-style relative scoring of a group.
 
-The judge sees a whole group in one prompt (the shared context once, then each distinct trajectory)
-and answers JSON: ``{"scores": [{"trajectory_id": "1", "explanation": "...", "score": 0.8}, ...]}``
-with every score in [0, 1]. Identical trajectories are shown once and share their score.
+The judge sees a whole group in one prompt (the shared context once, the tools the agent had as ART's RULER
+shows them, then each distinct trajectory) and answers JSON:
+``{"scores": [{"trajectory_id": "1", "explanation": "...", "score": 0.8}, ...]}`` with every score in [0, 1].
+Identical trajectories are shown once and share their score; each judged trajectory gets its explanation in
+its ``logs`` (``RULER explanation: ...``, as ART's ``ruler_score_group`` logs it).
 
 Small judges write nonsense; the contract with them is:
 
@@ -38,7 +40,7 @@ import os
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from openai import AsyncOpenAI
 from temporalio import activity
@@ -84,12 +86,20 @@ GROUP_CONCURRENCY = 4
 HEARTBEAT_EVERY_S = 10.0
 
 
+class Judgement(NamedTuple):
+    """The judge's verdict on one trajectory."""
+
+    score: float
+    explanation: str = ""
+    """What the judge said of it (empty when its reply gave none, e.g. a bare list of scores)."""
+
+
 class JudgeCache(Protocol):
-    """Where judged scores are kept by content hash."""
+    """Where judgements are kept by content hash."""
 
-    async def get(self, key: str) -> list[float] | None: ...
+    async def get(self, key: str) -> list[Judgement] | None: ...
 
-    async def put(self, key: str, scores: list[float]) -> None: ...
+    async def put(self, key: str, judgements: list[Judgement]) -> None: ...
 
 
 class StoreJudgeCache:
@@ -99,15 +109,17 @@ class StoreJudgeCache:
         self.store = store
         self.run_id = run_id
 
-    async def get(self, key: str) -> list[float] | None:
+    async def get(self, key: str) -> list[Judgement] | None:
         path = layout.judge_cache_key(self.run_id, key)
         if not await asyncio.to_thread(self.store.exists, path):
             return None
         data = json.loads(await asyncio.to_thread(self.store.get_bytes, path))
-        return [float(s) for s in data["scores"]]
+        explanations = data.get("explanations") or [""] * len(data["scores"])  # entries cached without them
+        return [Judgement(float(s), str(e)) for s, e in zip(data["scores"], explanations, strict=True)]
 
-    async def put(self, key: str, scores: list[float]) -> None:
-        body = json.dumps({"scores": scores}).encode()
+    async def put(self, key: str, judgements: list[Judgement]) -> None:
+        scores, explanations = [j.score for j in judgements], [j.explanation for j in judgements]
+        body = json.dumps({"scores": scores, "explanations": explanations}).encode()
         await asyncio.to_thread(self.store.put_bytes, layout.judge_cache_key(self.run_id, key), body)
 
 
@@ -180,8 +192,11 @@ def trajectory_key(trajectory: Trajectory) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def judge_messages(unique: Sequence[Trajectory], rubric: str | None = None) -> list[dict[str, str]]:
-    """The judge's prompt: shared context once, then each trajectory's own part, numbered from 1."""
+def judge_messages(
+    unique: Sequence[Trajectory], rubric: str | None = None, tools: Sequence[Any] | None = None
+) -> list[dict[str, str]]:
+    """The judge's prompt: shared context once, the ``tools`` the agent could call (so the judge knows which
+    tool calls were valid), then each trajectory's own part, numbered from 1."""
     all_messages = [t.messages() for t in unique]
     prefix = 0
     while all(len(m) > prefix + 1 for m in all_messages) and all(
@@ -191,6 +206,8 @@ def judge_messages(unique: Sequence[Trajectory], rubric: str | None = None) -> l
     parts = []
     if prefix:
         parts.append(f"<context>\n{_render(all_messages[0][:prefix])}\n</context>")
+    if tools:
+        parts.append(f"<available_tools>\n{json.dumps(list(tools), default=str)}\n</available_tools>")
     for i, messages in enumerate(all_messages, start=1):
         parts.append(f'<trajectory id="{i}">\n{_render(messages[prefix:])}\n</trajectory>')
     parts.append(f"Score all {len(unique)} trajectories. Reply with the JSON only.")
@@ -233,7 +250,7 @@ def _as_score(value: Any) -> float:
     return score
 
 
-def _scores_from(data: Any, n: int) -> list[float]:
+def _judgements_from(data: Any, n: int) -> list[Judgement]:
     if isinstance(data, dict) and "scores" in data:
         data = data["scores"]
     if isinstance(data, dict):  # {"1": 0.5, "2": 0.9}
@@ -244,9 +261,9 @@ def _scores_from(data: Any, n: int) -> list[float]:
         scores = [_as_score(item) for item in data]
         if len(scores) != n:
             raise StructuralFault([str(i) for i in range(1, len(scores) + 1)], n)
-        return scores
+        return [Judgement(score) for score in scores]
     received: list[str] = []
-    by_id: dict[str, float] = {}
+    by_id: dict[str, Judgement] = {}
     for position, item in enumerate(data, start=1):
         if not isinstance(item, dict) or "score" not in item:
             raise MalformedJudgement(f'entry {position} must be an object with a "score"')
@@ -254,26 +271,34 @@ def _scores_from(data: Any, n: int) -> list[float]:
         match = re.search(r"\d+", str(raw_id))  # "trajectory 2" and 2 both mean "2"
         trajectory_id = str(int(match.group())) if match else str(raw_id).strip()
         received.append(trajectory_id)
-        by_id[trajectory_id] = _as_score(item["score"])
+        explanation = item.get("explanation")
+        by_id[trajectory_id] = Judgement(
+            _as_score(item["score"]), "" if explanation is None else str(explanation)
+        )
     fault = StructuralFault(received, n)
     if fault.missing or fault.duplicate or fault.unexpected:
         raise fault
     return [by_id[str(i)] for i in range(1, n + 1)]
 
 
-def parse_scores(text: str, n: int) -> list[float]:
-    """The ``n`` scores in a judge's reply, read leniently; ``MalformedJudgement`` says what is wrong."""
+def parse_judgements(text: str, n: int) -> list[Judgement]:
+    """The ``n`` judgements in a judge's reply, read leniently; ``MalformedJudgement`` says what is wrong."""
     candidates = _json_candidates(text)
     if not candidates:
         raise MalformedJudgement("the reply contains no JSON")
     first_error: MalformedJudgement | None = None
     for data in candidates:
         try:
-            return _scores_from(data, n)
+            return _judgements_from(data, n)
         except MalformedJudgement as err:
             first_error = first_error or err
     assert first_error is not None
     raise first_error
+
+
+def parse_scores(text: str, n: int) -> list[float]:
+    """The ``n`` scores in a judge's reply (``parse_judgements`` without the explanations)."""
+    return [judgement.score for judgement in parse_judgements(text, n)]
 
 
 JudgeCall = Callable[[list[dict[str, str]]], Awaitable[str]]
@@ -301,7 +326,7 @@ async def ask_judge_with(
     messages: list[dict[str, str]],
     n: int,
     attempts: int = STRUCTURAL_ATTEMPTS,
-) -> list[float]:
+) -> list[Judgement]:
     """Ask through ``call`` (``client_judge``, or dgrpo's RULER with litellm's ``acompletion`` signature); a
     malformed answer goes back to the judge with a correction, up to ``attempts`` answers in all. Raises the
     last answer's ``MalformedJudgement`` (a ``ValueError`` saying what was wrong) when none was valid."""
@@ -309,7 +334,7 @@ async def ask_judge_with(
     for attempt in range(1, attempts + 1):
         reply = await call(conversation)
         try:
-            return parse_scores(reply, n)
+            return parse_judgements(reply, n)
         except MalformedJudgement as err:
             log.info("judge %s reply %d malformed (%s): %.200r", judge_model, attempt, err, reply)
             if attempt == attempts:
@@ -341,7 +366,8 @@ async def ruler_score_group(
     Usable as ``after_each`` in ``gather_trajectory_groups``. Give ``client``, ``base_url`` or ``call``. With
     ``keep_original`` the rollout's reward stays in ``metrics["original_reward"]``. A judge whose ``attempts``
     answers are all malformed leaves the rewards as they were, with ``metrics["judge_fallback"] = 1``; without
-    ``fallback`` its last ``MalformedJudgement`` is raised instead.
+    ``fallback`` its last ``MalformedJudgement`` is raised instead. The judge is shown the first trajectory's
+    ``tools``, as ART's RULER shows them, and each judged trajectory logs the judge's explanation.
     """
     if len(group.trajectories) < 2:
         return group  # nothing to compare (and GRPO drops such a group anyway)
@@ -358,12 +384,12 @@ async def ruler_score_group(
         keys = [trajectory_key(t) for t in group.trajectories]
         unique_keys = list(dict.fromkeys(keys))
         unique = [group.trajectories[keys.index(k)] for k in unique_keys]
-        messages = judge_messages(unique, rubric)
+        messages = judge_messages(unique, rubric, group.trajectories[0].tools)
         cache_key = hashlib.sha256(json.dumps([judge_model, messages]).encode()).hexdigest()
-        scores = await cache.get(cache_key) if cache is not None else None
-        if scores is None:
+        judgements = await cache.get(cache_key) if cache is not None else None
+        if judgements is None:
             try:
-                scores = await ask_judge_with(call, judge_model, messages, len(unique), attempts)
+                judgements = await ask_judge_with(call, judge_model, messages, len(unique), attempts)
             except MalformedJudgement as err:
                 if not fallback:
                     raise
@@ -373,21 +399,22 @@ async def ruler_score_group(
                     attempts,
                     err,
                 )
-            if scores is not None and cache is not None:
-                await cache.put(cache_key, scores)
+            if judgements is not None and cache is not None:
+                await cache.put(cache_key, judgements)
     finally:
         if own_client is not None:
             await own_client.close()
-    by_key = dict(zip(unique_keys, scores or [], strict=False))
+    by_key = dict(zip(unique_keys, judgements or [], strict=False))
     judged = []
     for trajectory, key in zip(group.trajectories, keys, strict=True):
         out = trajectory.model_copy(deep=True)
-        out.metrics["judge_fallback"] = scores is None
-        if scores is not None:
+        out.metrics["judge_fallback"] = judgements is None
+        if judgements is not None:
             if keep_original:
                 out.metrics["original_reward"] = trajectory.reward
-            out.metrics["ruler_score"] = by_key[key]
-            out.reward = by_key[key]
+            out.metrics["ruler_score"] = out.reward = by_key[key].score
+            if by_key[key].explanation:
+                out.log(f"RULER explanation: {by_key[key].explanation}")
         judged.append(out)
     return TrajectoryGroup(judged, exceptions=list(group.exceptions), metadata=dict(group.metadata))
 

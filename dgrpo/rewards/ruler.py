@@ -60,7 +60,7 @@ class TrajectoryScore(BaseModel):
     trajectory_id: str
     """``"1"``, ``"2"``, ... in the order the message lists were given."""
     explanation: str = ""
-    """ART's judge explains each score; dgrpo's parser keeps only the scores, so this stays empty."""
+    """What the judge said of the trajectory (empty when its answer gave no explanation)."""
     score: float
     """Between 0 and 1; higher is better, relative to the other trajectories of the group."""
 
@@ -172,24 +172,33 @@ async def ruler(
     judge_model: str = "openai/o3",
     extra_litellm_params: Mapping[str, Any] | None = None,
     rubric: str = DEFAULT_RUBRIC,
+    tools: Sequence[Any] | None = None,
     *,
     debug: bool = False,
 ) -> list[TrajectoryScore]:
-    """Score conversations relative to each other (all in one judge prompt); one score per list."""
+    """Score conversations relative to each other (all in one judge prompt); one score and the judge's
+    explanation per list. ``tools``: the tool definitions the agent had, shown to the judge so it knows which
+    tool calls were valid (ART 0.5.23's argument)."""
     if not message_lists:
         return []
     params = dict(extra_litellm_params or {})
     trajectories = [Trajectory(messages_and_choices=list(messages)) for messages in message_lists]
-    prompt = judge.judge_messages(trajectories, rubric)
+    prompt = judge.judge_messages(trajectories, rubric, tools)
     try:
-        scores = await judge.ask_judge_with(
+        judgements = await judge.ask_judge_with(
             _judge_call(judge_model, params), judge_model, prompt, len(trajectories), _STRUCTURAL_ATTEMPTS
         )
     except judge.MalformedJudgement as err:
         raise _failed(judge_model, err) from err
+    scores = [
+        TrajectoryScore(trajectory_id=str(i), score=j.score, explanation=j.explanation)
+        for i, j in enumerate(judgements, start=1)
+    ]
     if debug:
-        log.info("RULER scores from %s: %s", judge_model, scores)
-    return [TrajectoryScore(trajectory_id=str(i), score=s) for i, s in enumerate(scores, start=1)]
+        for score in scores:
+            log.info("RULER %s: trajectory %s scored %.3f: %s", judge_model, score.trajectory_id, score.score,
+                     score.explanation)  # fmt: skip
+    return scores
 
 
 async def ruler_score_group(
@@ -203,8 +212,9 @@ async def ruler_score_group(
 ) -> TrajectoryGroup | None:
     """A new group whose rewards are the judge's relative scores, for ``after_each``.
 
-    Each trajectory keeps its rollout reward in ``metrics["independent_reward"]`` and gets
-    ``metrics["ruler_score"]``; with ``swallow_exceptions`` a failed judgement returns None (the group
+    Each trajectory keeps its rollout reward in ``metrics["independent_reward"]``, gets
+    ``metrics["ruler_score"]`` and logs the judge's explanation (``RULER explanation: ...``); the judge sees the
+    first trajectory's ``tools``, as in ART. With ``swallow_exceptions`` a failed judgement returns None (the group
     is dropped) instead of raising.
     """
     if any(t.additional_histories for t in group.trajectories):

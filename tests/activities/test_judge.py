@@ -16,7 +16,9 @@ from temporalio.testing import ActivityEnvironment
 from activities.judge import (
     JudgeActivities,
     JudgeEndpoints,
+    Judgement,
     MalformedJudgement,
+    parse_judgements,
     parse_scores,
     ruler_score_group,
 )
@@ -84,6 +86,45 @@ def test_parse_scores_says_what_is_malformed(reply: str, problem: str) -> None:
         parse_scores(reply, 2)
 
 
+@pytest.mark.parametrize(
+    ("reply", "explanations"),
+    [
+        (
+            '{"scores": [{"trajectory_id": "2", "explanation": "5 is wrong", "score": 0.1}, '
+            '{"trajectory_id": "1", "explanation": "right", "score": 0.9}]}',
+            ["right", "5 is wrong"],
+        ),
+        (
+            '{"scores": [{"trajectory_id": "1", "score": 0.9}, {"trajectory_id": "2", "score": 0.1}]}',
+            ["", ""],
+        ),
+        ("[0.9, 0.1]", ["", ""]),
+    ],
+)
+def test_parse_judgements_keeps_each_explanation_with_its_score(reply: str, explanations: list[str]) -> None:
+    assert parse_judgements(reply, 2) == [Judgement(0.9, explanations[0]), Judgement(0.1, explanations[1])]
+
+
+TOOLS = [{"type": "function", "function": {"name": "add_numbers", "parameters": {"type": "object"}}}]
+
+
+async def test_the_judge_sees_the_agents_tools_and_each_trajectory_logs_its_explanation(
+    stub: StubServer,
+) -> None:
+    with_tools = TrajectoryGroup(
+        [t.model_copy(update={"tools": TOOLS}) for t in group().trajectories], metadata={"scenario_id": "q1"}
+    )
+    judged = await ruler_score_group(with_tools, MODEL, base_url=stub.base_url)
+    prompt = stub.requests[0]["messages"][1]["content"]
+    assert "<available_tools>" in prompt and '"name": "add_numbers"' in prompt
+    assert prompt.index("<available_tools>") < prompt.index("<trajectory id=")
+    assert [t.logs for t in judged.trajectories] == [["RULER explanation: scripted"]] * 4
+    assert all(t.logs == [] for t in with_tools.trajectories)  # the group given is left as it was
+
+    await ruler_score_group(group(), MODEL, base_url=stub.base_url)
+    assert "<available_tools>" not in stub.requests[1]["messages"][1]["content"]
+
+
 async def test_ruler_scores_dedupes_identical_trajectories(stub: StubServer) -> None:
     judged = await ruler_score_group(group(), MODEL, base_url=stub.base_url)
     assert stub.calls == 1
@@ -141,11 +182,27 @@ async def test_judge_activity_scores_writes_scored_parquet_and_caches(
     assert [t.reward for t in groups[0].trajectories] == [0.9, 0.1, 0.9, 0.1]
     assert groups[1].trajectories[0].reward == 1.0
     assert ref.reward_mean == pytest.approx((0.9 + 0.1 + 0.9 + 0.1 + 1.0) / 5)
+    assert [t.logs for t in groups[0].trajectories] == [["RULER explanation: scripted"]] * 4
     assert len(object_store.list("runs/r1/judge_cache/")) == 1
-    # a retried step reads the cache: no new judge call, same result
+    # a retried step reads the cache: no new judge call, same result, explanations included
     again = await ActivityEnvironment().run(allowing(object_store, stub).judge, input)
     assert stub.calls == 1
     assert again.ref.sha256 == ref.ref.sha256
+
+
+async def test_a_judge_cache_entry_written_before_explanations_is_still_read(
+    object_store: ObjectStore, stub: StubServer
+) -> None:
+    input = await run_judge(object_store, stub.base_url)
+    await ActivityEnvironment().run(allowing(object_store, stub).judge, input)
+    (key,) = object_store.list("runs/r1/judge_cache/")
+    object_store.put_bytes(key, json.dumps({"scores": [0.7, 0.2]}).encode())  # the format before explanations
+    object_store.delete_prefix(layout.scored_key("r1", 3))
+    again = await ActivityEnvironment().run(allowing(object_store, stub).judge, input)
+    assert stub.calls == 1  # read from the cache, not asked again
+    judged = download_groups(object_store, again.ref.uri)[0].trajectories
+    assert [t.reward for t in judged] == [0.7, 0.2, 0.7, 0.2]
+    assert all(t.logs == [] for t in judged)  # no explanation was cached, none is made up
 
 
 async def test_a_late_judge_attempt_never_changes_what_its_retry_recorded(
