@@ -11,6 +11,7 @@ import asyncio
 import json
 import time
 import traceback as tb
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -268,6 +269,26 @@ class Trajectory(_Conversation):
     exchanges: TrajectoryExchanges = Field(default_factory=TrajectoryExchanges, exclude_if=lambda e: not e)
     """ART 0.5.23's record: the calls ``with trajectory:`` (``art.trajectory(...)``) captured, by protocol
     (schemas/exchanges.py); never together with ``messages_and_choices``. Written only when it holds one."""
+
+    def __init__(self, /, **data: Any) -> None:
+        """As ART's (a pydantic model that ignores what it does not know), a keyword argument that is not a
+        field (``Trajectory(..., scenario=s)``, as ART's mcp-rl example passes) is dropped, with a warning
+        naming it; reading stored trajectories (``model_validate``) stays strict."""
+        unknown = sorted(data.keys() - type(self).model_fields.keys())
+        if unknown:
+            warnings.warn(
+                f"Trajectory ignores keyword argument(s) {', '.join(map(repr, unknown))}: not fields of a "
+                "trajectory (ART ignores them too); keep such values in metadata= to have them stored",
+                UserWarning,
+                stacklevel=2,
+            )
+            data = {k: v for k, v in data.items() if k not in unknown}
+        super().__init__(**data)
+
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+    """Validation (``model_validate``, a field holding a trajectory) does not go through this ``__init__``, only
+    a call of the class does: pydantic calls a model's own ``__init__`` unless it carries this mark, as
+    ``BaseModel.__init__`` does (tests/schemas/test_trajectory.py checks both paths)."""
 
     @model_validator(mode="after")
     def _one_representation(self) -> Trajectory:

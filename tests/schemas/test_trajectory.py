@@ -146,3 +146,18 @@ def test_sdk_objects_given_to_the_constructor_stay_as_given_and_junk_is_refused(
         Trajectory(messages_and_choices=[{"content": "no role"}])
     with pytest.raises(ValueError, match="role"):
         Trajectory.model_validate_json('{"messages_and_choices": [{"content": "no role"}]}')
+
+
+def test_an_unknown_keyword_is_dropped_with_a_warning_as_art_drops_it_but_stored_rows_stay_strict() -> None:
+    with pytest.warns(UserWarning, match="ignores keyword argument\\(s\\) 'scenario'.*metadata="):
+        made = Trajectory(
+            messages_and_choices=[{"role": "user", "content": "hi"}], reward=0.5, scenario={"id": 3}
+        )
+    assert made.reward == 0.5 and "scenario" not in made.model_dump()
+    with pytest.raises(ValueError, match="reward"), pytest.warns(UserWarning, match="'scenario'"):
+        Trajectory(reward="high", scenario=1)  # the fields it knows are still validated
+    row = {**made.model_dump(mode="json"), "scenario": {"id": 3}}
+    with pytest.raises(ValueError, match="scenario"):
+        Trajectory.model_validate(row)  # what is read from storage or a workflow is checked, not trimmed
+    with pytest.raises(ValueError, match="scenario"):
+        TrajectoryGroup.model_validate({"trajectories": [row]})
