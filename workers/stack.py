@@ -100,15 +100,24 @@ available``) say a port was taken as they started."""
 LOG_TAIL_CHARS = 2000
 
 
-def start_failure(name: str, log_path: str, since: int) -> StackError:
-    """Why server ``name`` exited during start-up: the whole of its log written since byte ``since`` (this
-    start's) is searched for a taken port, wherever the line is (Temporal may log long after it); the error
-    quotes the line and the log's tail."""
-    data = Path(log_path).read_bytes()[since:].decode(errors="replace")
+def port_taken(name: str, log_path: str, since: int, what: str) -> PortTaken | None:
+    """A taken port in server ``name``'s log written since byte ``since`` (this start's), wherever the line is
+    (Temporal may log long after it); the error quotes the line and the log's tail. None when there is none."""
+    path = Path(log_path)
+    data = path.read_bytes()[since:].decode(errors="replace") if path.exists() else ""
     lines = [line for line in data.splitlines() if any(sign in line for sign in PORT_TAKEN_SIGNS)]
-    tail = data[-LOG_TAIL_CHARS:]
-    if lines:
-        return PortTaken(f"{name} exited during start-up: {lines[0].strip()}; log {log_path}:\n{tail}")
+    if not lines:
+        return None
+    return PortTaken(f"{name} {what}: {lines[0].strip()}; log {log_path}:\n{data[-LOG_TAIL_CHARS:]}")
+
+
+def start_failure(name: str, log_path: str, since: int) -> StackError:
+    """Why server ``name`` exited during start-up: a taken port (``PortTaken``) if its log says so, else its
+    log's tail."""
+    taken = port_taken(name, log_path, since, "exited during start-up")
+    if taken is not None:
+        return taken
+    tail = Path(log_path).read_bytes()[since:].decode(errors="replace")[-LOG_TAIL_CHARS:]
     return StackError(f"{name} exited during start-up; log {log_path}:\n{tail}")
 
 
@@ -473,6 +482,12 @@ class EmbeddedStack:
             for name, info in (("temporal", state.temporal), ("seaweed", state.seaweed)):
                 if not alive(info):
                     raise start_failure(name, info.log, self._log_starts.get(name, 0))
+            # weed keeps running when one of its parts lost its port, and then never serves: ``start`` starts
+            # it again on fresh ports, as when a server exits for a taken port.
+            lost = None if s3_ok else port_taken("seaweed", state.seaweed.log, self._log_starts.get("seaweed", 0),
+                                                 "lost a port during start-up")  # fmt: skip
+            if lost is not None:
+                raise lost
             if not temporal_ok and port_answers(state.temporal_port):
                 temporal_ok = temporal_healthy(state.temporal_address)
             if not s3_ok and port_answers(state.s3_port):

@@ -201,6 +201,33 @@ def test_a_port_taken_as_the_stack_starts_gets_a_fresh_start_on_other_ports(
         holder.close()
 
 
+def test_weed_running_on_after_one_of_its_parts_lost_its_port_gets_a_fresh_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """weed checks its ports before it binds them; a port taken between the check and the bind (by another
+    stack starting on this machine) costs only that part (here its admin server), weed runs on and its S3
+    may never serve. The first weed here starts behind a line saying so, as weed logs it: the stack starts
+    again on fresh ports instead of waiting out its start timeout."""
+    embedded = EmbeddedStack(tmp_path / "lost-home", free_ports=True, ui=False, tied_to_parent=True)
+    real_args, starts = embedded._weed_args, []
+
+    def weed_args(s3_port: int, weed_ports: dict[str, int]) -> list[str]:
+        args = real_args(s3_port, weed_ports)
+        starts.append(weed_ports["admin.port"])
+        if len(starts) > 1:
+            return args
+        lost = f"admin server: listen tcp 127.0.0.1:{weed_ports['admin.port']}: bind: address already in use"
+        return ["sh", "-c", f'echo "E1127 mini.go:1673 Admin server error: {lost}"; exec "$@"', "weed", *args]
+
+    monkeypatch.setattr(embedded, "_weed_args", weed_args)
+    try:
+        state = embedded.start()
+        assert len(starts) == 2 and state.weed_ports["admin.port"] == starts[1]
+        ObjectStore(embedded.s3_settings).put_bytes("lost/x", b"up")
+    finally:
+        embedded.stop()
+
+
 def test_a_taken_port_is_seen_anywhere_in_this_starts_log_and_only_there(tmp_path: Path) -> None:
     """The sign of a taken port may come first, with more than a tail's worth of log after it (the race the
     retry once missed reading only the last 2000 characters); an earlier start's lines in the same (appended)
