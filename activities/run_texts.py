@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import threading
 
 from temporalio import activity
 
 from activities.object_store import ObjectStore
+from activities.recent import Recent
 from schemas.activities import ActivityName, RunTextKind, RunTexts, StoreRunTextsInput
 from schemas.errors import StoredRunTextError, StoreError
 from schemas.layout import run_text_key
@@ -66,21 +66,14 @@ class RunTextCache:
 
     def __init__(self, store: ObjectStore, keep: int = CACHED_TEXTS) -> None:
         self.store = store
-        self.keep = keep
-        self._texts: dict[str, str] = {}
-        self._lock = threading.Lock()  # read from worker threads (asyncio.to_thread)
+        self._texts: Recent[str] = Recent(keep)
 
     def get(self, run_id: str, kind: RunTextKind, ref: ObjectRef) -> str:
-        with self._lock:
-            cached = self._texts.get(ref.uri)
+        cached = self._texts.get(ref.uri)
         if cached is not None and self.store.key(ref.uri) == run_text_key(run_id, kind, ref.sha256):
             return cached
         text = read_run_text(self.store, run_id, kind, ref)
-        with self._lock:
-            self._texts.pop(ref.uri, None)
-            self._texts[ref.uri] = text
-            while len(self._texts) > self.keep:
-                del self._texts[next(iter(self._texts))]
+        self._texts.put(ref.uri, text)
         return text
 
 

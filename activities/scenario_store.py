@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import threading
 from typing import Any
 
 from temporalio import activity
 
 from activities.object_store import ObjectStore
+from activities.recent import Recent
 from schemas.activities import ActivityName, StoreScenariosInput
 from schemas.errors import StoredScenariosError, StoreError
 from schemas.layout import scenarios_key
@@ -89,23 +89,16 @@ class ScenarioCache:
 
     def __init__(self, store: ObjectStore, keep: int = CACHED_LISTS) -> None:
         self.store = store
-        self.keep = keep
-        self._lists: dict[str, list[dict[str, Any]]] = {}
-        self._lock = threading.Lock()  # read from worker threads (asyncio.to_thread)
+        self._lists: Recent[list[dict[str, Any]]] = Recent(keep)
 
     def get(self, run_id: str, ref: ObjectRef) -> list[dict[str, Any]]:
         """The list behind ``ref`` (read as ``read_scenarios`` does, the first time)."""
         run_scenarios_key(self.store, run_id, ref)  # kept or not, a run gets only its own list
-        with self._lock:
-            cached = self._lists.get(ref.uri)
+        cached = self._lists.get(ref.uri)
         if cached is not None:
             return cached
         items = read_scenarios(self.store, run_id, ref)
-        with self._lock:
-            self._lists.pop(ref.uri, None)
-            self._lists[ref.uri] = items
-            while len(self._lists) > self.keep:
-                del self._lists[next(iter(self._lists))]
+        self._lists.put(ref.uri, items)
         return items
 
 
