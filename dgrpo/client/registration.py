@@ -19,7 +19,8 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from activities.object_store import ObjectStore
 from dgrpo.client.attach import workflow_status
-from dgrpo.client.train_step import innermost_failure, train_step_result, train_workflow_id
+from dgrpo.client.durable_calls import innermost_failure
+from dgrpo.client.train_step import train_step_result, train_workflow_id
 from dgrpo.errors import BackendError, ModelConflictError
 from schemas import layout
 from schemas.config import ModelSpec, Scheduling, TaskQueues

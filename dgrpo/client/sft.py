@@ -13,11 +13,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.client import Client, WorkflowExecutionStatus
 
 from activities.object_store import ObjectStore
 from dgrpo.client.attach import workflow_status
+from dgrpo.client.durable_calls import start_step_workflow, workflow_result
 from dgrpo.errors import UnsupportedArtOption
 from dgrpo.metrics_taxonomy import average_metric_samples
 from dgrpo.types import TrainResult, TrainSFTConfig
@@ -28,7 +28,6 @@ from schemas.config import ModelSpec, Scheduling, TaskQueues
 from schemas.refs import ObjectRef
 from schemas.run_state import TrainSFTInput, TrainSFTResult
 from schemas.trajectory import Trajectory
-from workers.temporal import result_across_restarts
 
 AUTO_BATCH_SIZE = 2
 """ART's local backend's ``batch_size="auto"``."""
@@ -136,24 +135,10 @@ async def run_train_sft(
             task_queues=queues,
             scheduling=Scheduling.of_owner(model.project),
         )
-        handle = await client.start_workflow(
-            "TrainSFT",
-            inp,
-            id=workflow_id,
-            task_queue=queues.control,
-            result_type=TrainSFTResult,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        handle = await start_step_workflow(
+            client, "TrainSFT", inp, workflow_id, queues.control, TrainSFTResult
         )
-    try:
-        result = await result_across_restarts(handle)
-    except WorkflowFailureError as err:
-        cause: BaseException = err
-        while cause.__cause__ is not None:
-            cause = cause.__cause__
-        raise TrainSFTFailed(f"{workflow_id} failed: {cause}") from err
-    assert isinstance(result, TrainSFTResult)
-    return result
+    return await workflow_result(handle, TrainSFTResult, TrainSFTFailed)
 
 
 def train_result(result: TrainSFTResult) -> TrainResult:

@@ -14,14 +14,13 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import FailureError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from activities.object_store import ObjectStore
 from activities.trajectory_store import upload_groups
 from dgrpo.capture.exchange_training import PolicyNames, trainable_groups
 from dgrpo.client.attach import check_train_step, workflow_status
+from dgrpo.client.durable_calls import start_step_workflow, workflow_result
 from dgrpo.errors import EmptyGroupsError, NoTrainableChoiceError
 from dgrpo.model_log.run_metrics import group_metrics, train_result_metrics, zero_variance_groups
 from schemas import layout
@@ -30,7 +29,6 @@ from schemas.errors import DgrpoError
 from schemas.refs import TrajectoriesRef
 from schemas.run_state import TrainStepInput, TrainStepResult
 from schemas.trajectory import TrajectoryGroup
-from workers.temporal import result_across_restarts
 
 log = logging.getLogger(__name__)
 
@@ -100,34 +98,15 @@ async def _start_train_step(
         advance_without_signal=True,
         scheduling=Scheduling.of_owner(model.project),
     )
-    handle = await client.start_workflow(
-        "TrainStep",
-        inp,
-        id=train_workflow_id(run_id, step),
-        task_queue=queues.control,
-        result_type=TrainStepResult,
-        # A failed step may be tried again; a finished one never runs twice; a running one is joined.
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    handle = await start_step_workflow(
+        client, "TrainStep", inp, train_workflow_id(run_id, step), queues.control, TrainStepResult
     )
     return await train_step_result(handle)
 
 
 async def train_step_result(handle: WorkflowHandle[Any, TrainStepResult]) -> TrainStepResult:
     """The ``TrainStep``'s result, waited for across Temporal restarts; ``TrainStepFailed`` if it failed."""
-    try:
-        result = await result_across_restarts(handle)
-    except WorkflowFailureError as err:
-        raise TrainStepFailed(f"{handle.id} failed: {innermost_failure(err)}") from err
-    assert isinstance(result, TrainStepResult)
-    return result
-
-
-def innermost_failure(err: BaseException) -> str:
-    """The message of the innermost Temporal failure under ``err``: the failing stage's own words."""
-    while isinstance(err.__cause__, FailureError):
-        err = err.__cause__
-    return str(err)
+    return await workflow_result(handle, TrainStepResult, TrainStepFailed)
 
 
 def check_trainable(groups: list[TrajectoryGroup], policy: PolicyNames) -> list[TrajectoryGroup]:
