@@ -16,7 +16,7 @@ Medians over steps 2..N of every round (step 1 warms up). Targets (issue 35): tr
 publish <= 0.15 s, reload <= 0.15 s, advantages <= 0.05 s, Temporal's schedule -> start summed over a step's
 stages <= 0.1 s.
 
-    PYTHONPATH=$PWD python bench/stage_costs.py [--steps 5] [--rounds 2]
+    PYTHONPATH=$PWD python bench/stage_costs.py [--steps 8] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -419,7 +419,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=5, help="steps per run (>= 2)")
+    parser.add_argument("--steps", type=int, default=8, help="steps per run (>= 2; the first 3 reloads inject)")
     parser.add_argument("--rounds", type=int, default=2, help="temporal/direct pairs")
     args = parser.parse_args()
     with private_stack() as (_stack, home):
