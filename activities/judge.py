@@ -296,11 +296,6 @@ def parse_judgements(text: str, n: int) -> list[Judgement]:
     raise first_error
 
 
-def parse_scores(text: str, n: int) -> list[float]:
-    """The ``n`` scores in a judge's reply (``parse_judgements`` without the explanations)."""
-    return [judgement.score for judgement in parse_judgements(text, n)]
-
-
 JudgeCall = Callable[[list[dict[str, str]]], Awaitable[str]]
 """One call to a judge: the conversation so far -> the judge's reply text."""
 
@@ -366,8 +361,9 @@ async def ruler_score_group(
     Usable as ``after_each`` in ``gather_trajectory_groups``. Give ``client``, ``base_url`` or ``call``. With
     ``keep_original`` the rollout's reward stays in ``metrics["original_reward"]``. A judge whose ``attempts``
     answers are all malformed leaves the rewards as they were, with ``metrics["judge_fallback"] = 1``; without
-    ``fallback`` its last ``MalformedJudgement`` is raised instead. The judge is shown the first trajectory's
-    ``tools``, as ART's RULER shows them, and each judged trajectory logs the judge's explanation.
+    ``fallback`` its last ``MalformedJudgement`` is raised instead. The judge is shown the tools the first
+    trajectory offered (``tools``, or its captured requests'), as ART's RULER shows them, and each judged
+    trajectory logs the explanation the judge gave.
     """
     if len(group.trajectories) < 2:
         return group  # nothing to compare (and GRPO drops such a group anyway)
@@ -384,7 +380,7 @@ async def ruler_score_group(
         keys = [trajectory_key(t) for t in group.trajectories]
         unique_keys = list(dict.fromkeys(keys))
         unique = [group.trajectories[keys.index(k)] for k in unique_keys]
-        messages = judge_messages(unique, rubric, group.trajectories[0].tools)
+        messages = judge_messages(unique, rubric, group.trajectories[0].offered_tools())
         cache_key = hashlib.sha256(json.dumps([judge_model, messages]).encode()).hexdigest()
         judgements = await cache.get(cache_key) if cache is not None else None
         if judgements is None:

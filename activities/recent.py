@@ -33,3 +33,7 @@ class Recent(Generic[V]):
             self._values[key] = value
             while len(self._values) > self.keep:
                 del self._values[next(iter(self._values))]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._values)

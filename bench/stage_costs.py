@@ -26,9 +26,7 @@ import asyncio
 import collections
 import functools
 import inspect
-import json
 import os
-import re
 import threading
 import time
 import uuid
@@ -53,6 +51,7 @@ from activities.serving import ServingActivities
 from activities.trainer import Trainer
 from activities.training import TrainerActivities
 from bench.bench_stack import (
+    activity_spans,
     command_line,
     demo_run_spec,
     median,
@@ -291,35 +290,21 @@ def reload_input(spec: RunSpec, checkpoint: Any) -> ReloadInput:
 
 
 async def temporal_stages(client: Client, run_id: str) -> list[dict[str, Any]]:
-    """Per step of a finished sync run: each stage's queue time (scheduled -> started), its run time (started ->
-    closed) and the workflow's time before it (the previous activity's close -> its schedule)."""
-    history = await client.get_workflow_handle(run_id).fetch_history()
-    scheduled: dict[int, tuple[str, int, float]] = {}
-    started: dict[int, float] = {}
+    """Per step of a finished sync run (every run of its continue-as-new chain): each stage's queue time
+    (scheduled -> started), its run time (started -> closed) and the workflow's time before it (the previous
+    stage activity's close -> its schedule)."""
     rows: dict[int, dict[str, dict[str, float]]] = collections.defaultdict(dict)
-    last_close: float | None = None
-    for event in history.events:
-        at = event.event_time.ToMicroseconds() / 1e6
-        if event.HasField("activity_task_scheduled_event_attributes"):
-            name = event.activity_task_scheduled_event_attributes.activity_type.name
-            match = re.match(r"step (\d+)", json.loads(event.user_metadata.summary.data or b'""'))
-            stage = STAGE_OF.get(name, name)
-            step = int(match.group(1)) if match else -1
-            scheduled[event.event_id] = (stage, step, at)
-            if stage in STAGES and step >= 1 and last_close is not None:
-                row = rows[step].setdefault(stage, {})
-                row["workflow"] = row.get("workflow", 0.0) + at - last_close
-        elif event.HasField("activity_task_started_event_attributes"):
-            started[event.activity_task_started_event_attributes.scheduled_event_id] = at
-        elif event.HasField("activity_task_completed_event_attributes"):
-            sid = event.activity_task_completed_event_attributes.scheduled_event_id
-            stage, step, at_scheduled = scheduled[sid]
-            if stage in STAGES and step >= 1:
-                row = rows[step].setdefault(stage, {})
-                row["queue"] = row.get("queue", 0.0) + started[sid] - at_scheduled
-                row["activity"] = row.get("activity", 0.0) + at - started[sid]
-            if stage in STAGES:
-                last_close = at
+    spans = [(STAGE_OF.get(span.name, span.name), span) for span in await activity_spans(client, run_id)]
+    closes = sorted(span.closed for stage, span in spans if stage in STAGES)
+    for stage, span in spans:
+        if stage not in STAGES or span.step < 1:
+            continue
+        row = rows[span.step].setdefault(stage, {})
+        row["queue"] = row.get("queue", 0.0) + span.started - span.scheduled
+        row["activity"] = row.get("activity", 0.0) + span.closed - span.started
+        before = [close for close in closes if close <= span.scheduled]
+        if before:
+            row["workflow"] = row.get("workflow", 0.0) + span.scheduled - before[-1]
     return [{"step": step, "stages": stages} for step, stages in sorted(rows.items())]
 
 
@@ -419,7 +404,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=8, help="steps per run (>= 2; the first 3 reloads inject)")
+    parser.add_argument(
+        "--steps", type=int, default=8, help="steps per run (>= 2; a run's first 3 reloads inject)"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="temporal/direct pairs")
     args = parser.parse_args()
     with private_stack() as (_stack, home):

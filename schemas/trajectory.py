@@ -285,10 +285,10 @@ class Trajectory(_Conversation):
             data = {k: v for k, v in data.items() if k not in unknown}
         super().__init__(**data)
 
+    # Validation (``model_validate``, a field holding a trajectory) does not go through this ``__init__``, only a
+    # call of the class does: pydantic calls a model's own ``__init__`` unless it carries the mark
+    # ``BaseModel.__init__`` carries (tests/schemas/test_trajectory.py checks both paths).
     __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
-    """Validation (``model_validate``, a field holding a trajectory) does not go through this ``__init__``, only
-    a call of the class does: pydantic calls a model's own ``__init__`` unless it carries this mark, as
-    ``BaseModel.__init__`` does (tests/schemas/test_trajectory.py checks both paths)."""
 
     @model_validator(mode="after")
     def _one_representation(self) -> Trajectory:
@@ -352,6 +352,16 @@ class Trajectory(_Conversation):
         exchanges, the one conversation their Chat Completions make (an error if they make several)."""
         if not self.exchanges:
             return super().messages()
+        return self._folded().messages()
+
+    def offered_tools(self) -> list[dict[str, Any]] | None:
+        """The tools the agent was offered: ``tools``, or for captured exchanges those their Chat Completions
+        conversation was asked with (as ART's ``history().as_chat_completions_history().tools``)."""
+        return self._folded().tools if self.exchanges else self.tools
+
+    def _folded(self) -> Trajectory:
+        """The one Chat Completions conversation the captured exchanges make, as a trajectory of messages and
+        choices; an error if they make several, or hold other protocols' exchanges."""
         folded = Trajectory()
         for exchange in sorted(self.exchanges.chat_completions, key=lambda e: e.start_time):
             choices = getattr(exchange.response, "choices", None) or []
@@ -366,7 +376,7 @@ class Trajectory(_Conversation):
                 + (f" (it also holds {', '.join(others)} exchanges)" if others else "")
                 + ": read trajectory.exchanges, or copy one model's with trajectory.model_copy(include_models=...)"
             )
-        return folded.messages()
+        return folded
 
     def log(self, message: str) -> None:
         """Keep a free-text note with the trajectory."""

@@ -100,25 +100,31 @@ available``) say a port was taken as they started."""
 LOG_TAIL_CHARS = 2000
 
 
-def port_taken(name: str, log_path: str, since: int, what: str) -> PortTaken | None:
-    """A taken port in server ``name``'s log written since byte ``since`` (this start's), wherever the line is
-    (Temporal may log long after it); the error quotes the line and the log's tail. None when there is none."""
-    path = Path(log_path)
-    data = path.read_bytes()[since:].decode(errors="replace") if path.exists() else ""
-    lines = [line for line in data.splitlines() if any(sign in line for sign in PORT_TAKEN_SIGNS)]
+def _this_start(log_path: str, since: int) -> str:
+    """What a server's (appended) log holds from byte ``since``, this start's part; empty when there is none."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(since)
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def port_taken(name: str, written: str, log_path: str, what: str) -> PortTaken | None:
+    """A taken port in ``written`` (this start's part of server ``name``'s log), wherever the line is (Temporal
+    may log long after it); the error quotes the line and the log's tail. None when there is none."""
+    lines = [line for line in written.splitlines() if any(sign in line for sign in PORT_TAKEN_SIGNS)]
     if not lines:
         return None
-    return PortTaken(f"{name} {what}: {lines[0].strip()}; log {log_path}:\n{data[-LOG_TAIL_CHARS:]}")
+    return PortTaken(f"{name} {what}: {lines[0].strip()}; log {log_path}:\n{written[-LOG_TAIL_CHARS:]}")
 
 
 def start_failure(name: str, log_path: str, since: int) -> StackError:
     """Why server ``name`` exited during start-up: a taken port (``PortTaken``) if its log says so, else its
     log's tail."""
-    taken = port_taken(name, log_path, since, "exited during start-up")
-    if taken is not None:
-        return taken
-    tail = Path(log_path).read_bytes()[since:].decode(errors="replace")[-LOG_TAIL_CHARS:]
-    return StackError(f"{name} exited during start-up; log {log_path}:\n{tail}")
+    written = _this_start(log_path, since)
+    taken = port_taken(name, written, log_path, "exited during start-up")
+    return taken or StackError(f"{name} exited during start-up; log {log_path}:\n{written[-LOG_TAIL_CHARS:]}")
 
 
 PORT_RACE_TRIES = 3
@@ -379,8 +385,10 @@ class EmbeddedStack:
             bucket=self.bucket,
         )
         self.state = state
+        # A weed started now on ports of our choosing that lost one is started again on fresh ones (``start``).
+        fresh = kept is None and all(p is None for p in self.requested.values())
         try:
-            self._wait_healthy(state)
+            self._wait_healthy(state, watch_weed=fresh)
         except BaseException:
             self.stop()
             raise
@@ -467,7 +475,10 @@ class EmbeddedStack:
         self._children.append(child)  # kept so the child is reaped, not left a zombie
         return child.info
 
-    def _wait_healthy(self, state: StackState) -> None:
+    def _wait_healthy(self, state: StackState, watch_weed: bool = False) -> None:
+        """Until both servers answer; a server that exits fails it at once. ``watch_weed``: weed's log saying
+        that a port was taken fails it too (``PortTaken``): weed runs on when one of its parts lost its port
+        between weed's own check and its bind, and its S3 may then never serve."""
         import urllib3
         from minio import Minio
 
@@ -482,12 +493,6 @@ class EmbeddedStack:
             for name, info in (("temporal", state.temporal), ("seaweed", state.seaweed)):
                 if not alive(info):
                     raise start_failure(name, info.log, self._log_starts.get(name, 0))
-            # weed keeps running when one of its parts lost its port, and then never serves: ``start`` starts
-            # it again on fresh ports, as when a server exits for a taken port.
-            lost = None if s3_ok else port_taken("seaweed", state.seaweed.log, self._log_starts.get("seaweed", 0),
-                                                 "lost a port during start-up")  # fmt: skip
-            if lost is not None:
-                raise lost
             if not temporal_ok and port_answers(state.temporal_port):
                 temporal_ok = temporal_healthy(state.temporal_address)
             if not s3_ok and port_answers(state.s3_port):
@@ -497,6 +502,11 @@ class EmbeddedStack:
                     log.debug("s3 not ready yet: %s", err)
             if temporal_ok and s3_ok:
                 return
+            if watch_weed and not s3_ok:
+                written = _this_start(state.seaweed.log, self._log_starts["seaweed"])
+                lost = port_taken("seaweed", written, state.seaweed.log, "lost a port during start-up")
+                if lost is not None:
+                    raise lost
             time.sleep(0.2)
         raise StackError(
             f"stack did not become healthy in {self.start_timeout:.0f}s "

@@ -1,6 +1,7 @@
-"""What each durable call of a client (``TrainStep``, ``TrainSFT``, ``ServeModel``) does alike: start its
-workflow under an id that names the step (joining the one already running), and wait for its result across
-Temporal restarts, a failure raised in the failing stage's own words."""
+"""What a client's durable step calls (``TrainStep``, ``TrainSFT``) do alike: start the step's workflow under
+an id that names the step (joining the one already running), and wait for its result across Temporal restarts,
+a failure raised in the failing stage's own words (``innermost_failure``, which ``ServeModel``'s client quotes
+too)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ R = TypeVar("R")
 
 
 async def start_step_workflow(
-    client: Client, workflow: str, inp: Any, workflow_id: str, task_queue: str, result_type: type[R]
+    client: Client, workflow: str, inp: Any, *, workflow_id: str, task_queue: str, result_type: type[R]
 ) -> WorkflowHandle[Any, R]:
     """Start ``workflow`` as ``workflow_id``, a step's own id: a failed step may be tried again, a finished one
     never runs twice, a running one is joined."""

@@ -136,7 +136,12 @@ async def run_train_sft(
             scheduling=Scheduling.of_owner(model.project),
         )
         handle = await start_step_workflow(
-            client, "TrainSFT", inp, workflow_id, queues.control, TrainSFTResult
+            client,
+            "TrainSFT",
+            inp,
+            workflow_id=workflow_id,
+            task_queue=queues.control,
+            result_type=TrainSFTResult,
         )
     return await workflow_result(handle, TrainSFTResult, TrainSFTFailed)
 

@@ -99,7 +99,12 @@ async def _start_train_step(
         scheduling=Scheduling.of_owner(model.project),
     )
     handle = await start_step_workflow(
-        client, "TrainStep", inp, train_workflow_id(run_id, step), queues.control, TrainStepResult
+        client,
+        "TrainStep",
+        inp,
+        workflow_id=train_workflow_id(run_id, step),
+        task_queue=queues.control,
+        result_type=TrainStepResult,
     )
     return await train_step_result(handle)
 

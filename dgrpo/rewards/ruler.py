@@ -213,9 +213,9 @@ async def ruler_score_group(
     """A new group whose rewards are the judge's relative scores, for ``after_each``.
 
     Each trajectory keeps its rollout reward in ``metrics["independent_reward"]``, gets
-    ``metrics["ruler_score"]`` and logs the judge's explanation (``RULER explanation: ...``); the judge sees the
-    first trajectory's ``tools``, as in ART. With ``swallow_exceptions`` a failed judgement returns None (the group
-    is dropped) instead of raising.
+    ``metrics["ruler_score"]`` and logs the explanation the judge gave (``RULER explanation: ...``); the judge
+    sees the tools the first trajectory offered, as in ART; ``debug`` logs each score with its explanation.
+    With ``swallow_exceptions`` a failed judgement returns None (the group is dropped) instead of raising.
     """
     if any(t.additional_histories for t in group.trajectories):
         raise ValueError("RULER does not judge additional_histories; score such trajectories yourself")
@@ -239,6 +239,8 @@ async def ruler_score_group(
     for trajectory in judged.trajectories:
         if "original_reward" in trajectory.metrics:
             trajectory.metrics["independent_reward"] = trajectory.metrics["original_reward"]
+        if debug:
+            log.info("RULER %s: scored %.3f; %s", judge_model, trajectory.reward, "; ".join(trajectory.logs))
     return TrajectoryGroup(
         judged.trajectories,
         exceptions=list(group.exceptions),

@@ -19,7 +19,6 @@ from activities.judge import (
     Judgement,
     MalformedJudgement,
     parse_judgements,
-    parse_scores,
     ruler_score_group,
 )
 from activities.object_store import ObjectStore
@@ -64,8 +63,8 @@ def stub() -> Iterator[StubServer]:
         '{"scores": [{"trajectory_id": "trajectory 1", "score": "0.2"}, {"id": 2, "score": 0.9}]}',
     ],
 )
-def test_parse_scores_reads_lenient_json(reply: str) -> None:
-    assert parse_scores(reply, 2) == [0.2, 0.9]
+def test_parse_judgements_reads_lenient_json(reply: str) -> None:
+    assert [j.score for j in parse_judgements(reply, 2)] == [0.2, 0.9]
 
 
 @pytest.mark.parametrize(
@@ -81,9 +80,9 @@ def test_parse_scores_reads_lenient_json(reply: str) -> None:
         ('{"scores": [0.5, true]}', "must be a number"),
     ],
 )
-def test_parse_scores_says_what_is_malformed(reply: str, problem: str) -> None:
+def test_parse_judgements_says_what_is_malformed(reply: str, problem: str) -> None:
     with pytest.raises(MalformedJudgement, match=problem):
-        parse_scores(reply, 2)
+        parse_judgements(reply, 2)
 
 
 @pytest.mark.parametrize(

@@ -32,4 +32,4 @@ def test_threads_reading_and_putting_at_once_never_keep_more_than_asked() -> Non
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(kept._values) == 3
+    assert len(kept) == 3

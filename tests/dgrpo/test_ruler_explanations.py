@@ -8,12 +8,16 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import openai
 import pytest
 
 import dgrpo as art
 from dgrpo.rewards import ruler, ruler_score_group
+from schemas.exchanges import ChatCompletionsExchange, TrajectoryExchanges
+from tests.dgrpo.model_endpoints_stub import chat_completion
 from tests.dgrpo.ruler_group import group
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "activities"))
@@ -62,3 +66,24 @@ async def test_ruler_score_group_logs_each_explanation_and_shows_the_first_traje
     assert '"name": "make_move"' in prompt(stub)
     assert all(t.logs == [] for t in given.trajectories)  # the caller's group is left as it was
     assert isinstance(judged, art.TrajectoryGroup)
+
+
+def captured(answer: str) -> art.Trajectory:
+    """A trajectory as ART 0.5.23's ``with art.trajectory():`` records it: one Chat Completions exchange whose
+    request offered ``TOOLS`` (a captured trajectory holds no ``tools`` of its own)."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    exchange = ChatCompletionsExchange(
+        request={"model": "agent", "messages": [{"role": "user", "content": "2+2?"}], "tools": TOOLS},
+        response=openai.types.chat.ChatCompletion.model_validate(chat_completion("agent", answer)),
+        start_time=start,
+        end_time=start + timedelta(seconds=1),
+    )
+    return art.Trajectory(exchanges=TrajectoryExchanges(chat_completions=[exchange]))
+
+
+async def test_the_judge_sees_the_tools_a_captured_trajectorys_requests_offered(stub: StubServer) -> None:
+    judged = await ruler_score_group(
+        art.TrajectoryGroup([captured("4, correct"), captured("5")]), JUDGE, {"api_base": stub.base_url}
+    )
+    assert judged is not None and [t.reward for t in judged.trajectories] == [0.9, 0.1]
+    assert '"name": "make_move"' in prompt(stub)
