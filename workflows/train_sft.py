@@ -14,13 +14,11 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from schemas.activities import (
-        PublishInput,
         ServingControlInput,
         SftInput,
         SftResult,
     )
     from schemas.errors import CONFIG_ERROR
-    from schemas.history_bounds import RETRAINS_AFTER_LOST_WORKER
     from schemas.refs import CheckpointRef
     from schemas.run_state import TrainSFTInput, TrainSFTResult
 
@@ -33,8 +31,8 @@ from workflows.stages import (
 from workflows.train_step import (
     PhaseClock,
     latest_checkpoint,
-    publish_on_its_trainer,
     serve_checkpoint,
+    staged_and_published,
     wake_up,
 )
 
@@ -43,9 +41,9 @@ async def fine_tune_and_publish(
     inp: TrainSFTInput, start_from: CheckpointRef | None, clock: PhaseClock
 ) -> tuple[SftResult, CheckpointRef]:
     """Fine-tune, then publish from the worker that holds the result; fine-tune again if that worker died."""
-    for attempt in range(RETRAINS_AFTER_LOST_WORKER + 1):
-        clock.enter("train")
-        trained = await run_stage(
+
+    async def fine_tune() -> SftResult:
+        return await run_stage(
             TRAIN_SFT,
             SftInput(
                 run_id=inp.run_id,
@@ -61,28 +59,11 @@ async def fine_tune_and_publish(
             heartbeat_s=inp.heartbeat_timeout_s,
             result_type=SftResult,
         )
-        clock.enter("publish")
-        mean_loss = sum(trained.losses) / len(trained.losses)
-        publish = PublishInput(
-            run_id=inp.run_id,
-            step=inp.step,
-            staging_dir=trained.staging_dir,
-            metrics={"loss": mean_loss, "grad_norm": trained.grad_norms[-1]},
-        )
-        checkpoint = await publish_on_its_trainer(
-            publish,
-            trained.worker_id,
-            inp.task_queues.trainer,
-            inp.scheduling,
-            inp.heartbeat_timeout_s,
-            lost_ok=attempt < RETRAINS_AFTER_LOST_WORKER,
-        )
-        if checkpoint is None:
-            workflow.logger.warning("step %d: trainer %s vanished before publishing; fine-tuning again",
-                                    inp.step, trained.worker_id)  # fmt: skip
-            continue
-        return trained, checkpoint
-    raise AssertionError("unreachable: the loop returns or raises")
+
+    def metrics(trained: SftResult) -> dict[str, float]:
+        return {"loss": sum(trained.losses) / len(trained.losses), "grad_norm": trained.grad_norms[-1]}
+
+    return await staged_and_published(inp, clock, fine_tune, metrics, "fine-tuning again")
 
 
 @workflow.defn(name="TrainSFT", failure_exception_types=[ValidationError])

@@ -6,8 +6,9 @@ inline for each of its steps, so the chain is written once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
+from typing import Protocol, TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -109,9 +110,9 @@ async def train_and_publish(
     inp: TrainStepInput, advantages: AdvantagesResult, clock: PhaseClock
 ) -> tuple[TrainResult, CheckpointRef]:
     """Train the step, then publish it from the worker that holds it; train again if that worker died."""
-    for attempt in range(RETRAINS_AFTER_LOST_WORKER + 1):
-        clock.enter("train")
-        trained = await run_stage(
+
+    async def train() -> TrainResult:
+        return await run_stage(
             TRAIN,
             TrainInput(
                 run_id=inp.run_id,
@@ -128,12 +129,45 @@ async def train_and_publish(
             heartbeat_s=inp.heartbeat_timeout_s,
             result_type=TrainResult,
         )
+
+    return await staged_and_published(
+        inp,
+        clock,
+        train,
+        lambda trained: {"loss": trained.loss, "grad_norm": trained.grad_norm},
+        "training again",
+    )
+
+
+class Staged(Protocol):
+    """A trainer activity's result: the step it staged, and the trainer worker that holds it."""
+
+    @property
+    def staging_dir(self) -> str: ...
+
+    @property
+    def worker_id(self) -> str: ...
+
+
+StagedT = TypeVar("StagedT", bound=Staged)
+
+
+async def staged_and_published(
+    inp: TrainStepInput | TrainSFTInput,
+    clock: PhaseClock,
+    train: Callable[[], Awaitable[StagedT]],
+    metrics: Callable[[StagedT], dict[str, float]],
+    again: str,
+) -> tuple[StagedT, CheckpointRef]:
+    """``train`` the step (a GRPO or an SFT training), then publish what it staged on the worker that holds it,
+    with ``metrics`` of the training; ``train`` again (saying ``again``) when that worker vanished before
+    publishing, up to ``RETRAINS_AFTER_LOST_WORKER`` times."""
+    for attempt in range(RETRAINS_AFTER_LOST_WORKER + 1):
+        clock.enter("train")
+        trained = await train()
         clock.enter("publish")
         publish = PublishInput(
-            run_id=inp.run_id,
-            step=inp.step,
-            staging_dir=trained.staging_dir,
-            metrics={"loss": trained.loss, "grad_norm": trained.grad_norm},
+            run_id=inp.run_id, step=inp.step, staging_dir=trained.staging_dir, metrics=metrics(trained)
         )
         checkpoint = await publish_on_its_trainer(
             publish,
@@ -143,12 +177,11 @@ async def train_and_publish(
             inp.heartbeat_timeout_s,
             lost_ok=attempt < RETRAINS_AFTER_LOST_WORKER,
         )
-        if checkpoint is None:
-            workflow.logger.warning(
-                "step %d: trainer %s vanished before publishing; training again", inp.step, trained.worker_id
-            )
-            continue
-        return trained, checkpoint
+        if checkpoint is not None:
+            return trained, checkpoint
+        workflow.logger.warning(
+            "step %d: trainer %s vanished before publishing; %s", inp.step, trained.worker_id, again
+        )
     raise AssertionError("unreachable: the loop returns or raises")
 
 
