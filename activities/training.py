@@ -6,8 +6,8 @@ worker process:
 - ``store``: the worker's ``ObjectStore`` (checkpoints and the step's advantages Parquet).
 - ``staging_root``: a local directory; a trained step is staged in ``<root>/<run_id>/<step:06d>/``.
 - ``worker_id``: names this worker; default ``<host>-<pid>-<random>``. The worker must ALSO poll
-  ``worker_task_queue(trainer_queue, worker_id)``: ``publish`` is sent there, to the worker holding the
-  staged files. Register ``activities.all()`` on both queues.
+  ``worker_task_queue(trainer_queue, worker_id)``: ``publish_adapter`` (servable) and ``publish`` (resumable)
+  are sent there, to the worker holding the staged files. Register ``activities.all()`` on both queues.
 - ``trust_chat_template``: the operator trusts run specs' Jinja (``--trust-request-chat-template``, the
   inference worker's flag); without it a run with a template of its own (``model.chat_template``) is refused.
 
@@ -60,6 +60,7 @@ from activities.checkpoints import (
     check_checkpoint_fits,
     download_checkpoint,
     oom_state_file,
+    publish_adapter,
     publish_staged,
     read_oom_state,
     read_trainer_state,
@@ -91,7 +92,7 @@ from schemas.activities import (
 )
 from schemas.config import ModelSpec, TrainConfig
 from schemas.errors import CONFIG_ERROR, OUT_OF_MEMORY, DgrpoError, StagedStateLostError, UnsafePathError
-from schemas.refs import CheckpointRef
+from schemas.refs import AdapterRef, CheckpointRef
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -209,7 +210,8 @@ class Held:
 
 
 class TrainerActivities:
-    """Activities ``train``, ``train_sft``, ``publish``, ``publish_initial``, ``republish``, ``latest_checkpoint``."""
+    """Activities ``train``, ``train_sft``, ``publish_adapter``, ``publish``, ``publish_initial``, ``republish``,
+    ``latest_checkpoint``."""
 
     def __init__(
         self,
@@ -243,6 +245,7 @@ class TrainerActivities:
             self.train,
             self.train_sft,
             self.publish,
+            self.publish_adapter,
             self.publish_initial,
             self.republish,
             self.latest_checkpoint,
@@ -344,8 +347,14 @@ class TrainerActivities:
 
     @activity.defn(name=ActivityName.PUBLISH)
     async def publish(self, inp: PublishInput) -> CheckpointRef:
-        """Upload a staged step to ``checkpoints/<step>/`` (manifest last); a retry reuses a complete one."""
+        """Upload a staged step to ``checkpoints/<step>/`` (its adapter first, unless ``publish_adapter`` put it
+        there already; manifest last): resumable. A retry reuses a complete one."""
         return await self._in_thread(lambda _stop: self.publish_sync(inp), {"publishing": inp.step})
+
+    @activity.defn(name=ActivityName.PUBLISH_ADAPTER)
+    async def publish_adapter(self, inp: PublishInput) -> AdapterRef:
+        """Upload a staged step's adapter and its adapter manifest: servable (``publish`` writes the rest)."""
+        return await self._in_thread(lambda _stop: self.publish_adapter_sync(inp), {"publishing": inp.step})
 
     @activity.defn(name=ActivityName.PUBLISH_INITIAL)
     async def publish_initial(self, inp: InitialAdapterInput) -> CheckpointRef:
@@ -628,7 +637,9 @@ class TrainerActivities:
                     with self._held_lock:
                         self._writing.pop(old, None)
 
-    def publish_sync(self, inp: PublishInput) -> CheckpointRef:
+    def _staged(self, inp: PublishInput) -> Path:
+        """The staged step ``inp`` names, written; ``StagedStateLostError`` when this trainer no longer has it (it
+        was started again without its disk): the workflow trains the step again."""
         staged = Path(inp.staging_dir)
         if not staged.resolve().is_relative_to(run_dir(self.staging_root, inp.run_id)):
             raise UnsafePathError(
@@ -637,9 +648,20 @@ class TrainerActivities:
             )
         self._written(staged)
         if not staged.is_dir():
-            raise config_error(
+            raise StagedStateLostError(
                 f"{staged} does not exist on trainer {self.worker_id}; train step {inp.step} again"
             )
+        return staged
+
+    def publish_adapter_sync(self, inp: PublishInput) -> AdapterRef:
+        staged = self._staged(inp)
+        check_finite_adapter(staged)
+        with stage_progress.stage("upload"):
+            ref, _ = publish_adapter(self.store, staged, inp.run_id, inp.step)
+        return ref
+
+    def publish_sync(self, inp: PublishInput) -> CheckpointRef:
+        staged = self._staged(inp)
         state = read_trainer_state(staged)
         check_finite_adapter(staged)
         with stage_progress.stage("upload"):
