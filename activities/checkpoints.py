@@ -228,9 +228,7 @@ def publish_adapter(store: ObjectStore, staging: Path, run_id: str, step: int) -
         ]
     )
     listed = set(store.list(prefix, recursive=False))
-    if (
-        prefix + layout.MANIFEST_NAME in listed
-    ):  # resumable with another adapter: it stops being resumable first
+    if prefix + layout.MANIFEST_NAME in listed:  # resumable with another adapter: no longer, first
         _published_as(store, prefix, layout.MANIFEST_NAME, files, only=serves)
     sha = None
     if prefix + layout.ADAPTER_MANIFEST_NAME in listed:

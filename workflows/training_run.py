@@ -432,9 +432,7 @@ class TrainingRun:
             if previous is not None:
                 await previous
             await self._log_metrics(summary.step, metrics)
-            if (
-                self._servable_first
-            ):  # what to keep is decided now, when it is deleted, not when it was served
+            if self._servable_first:  # what to keep: decided now, when it deletes, not when it was served
                 await self._retain_checkpoints(summary.step, [], keep_from=self._keep_from())
             else:
                 await self._retain_checkpoints(summary.step, protect)

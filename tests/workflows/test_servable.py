@@ -34,9 +34,8 @@ def assert_step_1_trained_again(stubs: ScriptedActivities, final: RunStatus, run
     assert final.dropped_lost_adapter_groups == (0 if same else 2)
     for step in range(2, final.step + 1):  # nothing trained on what the lost adapter sampled
         assert lost == again or lost not in trained_on(stubs, step), step
-    assert [h.adapter_sha256 for h in final.history] == [stubs.adapters[(run_id, n)] for n in (1, 2, 3)][
-        : len(final.history)
-    ]
+    assert [h.adapter_sha256 for h in final.history] == [stubs.adapters[(run_id, n)] for n in (1, 2, 3)]
+    stubs.assert_each_checkpoint_trained_from_the_one_before(run_id, 3)
 
 
 @pytest.mark.parametrize("same", [False, True], ids=["another-adapter", "same-adapter"])
@@ -79,3 +78,25 @@ async def test_pipelined_step_served_then_its_trainer_lost_is_trained_again(
     assert beside.continue_from is not None and again.start_from == stubs.checkpoints[spec.run_id][1]
     assert stubs.rollout_policies[3][0] == 1 and len(stubs.rollout_policies[3]) == (1 if same else 2)
     assert_step_1_trained_again(stubs, final, spec.run_id, same)
+
+
+async def test_pipelined_steps_become_resumable_in_step_order(client: Client, task_queue: str) -> None:
+    """Step 2 trains on step 1's trainer, and its adapter goes up, while step 1's optimizer state is still going up;
+    then that trainer is lost. Step 2's checkpoint is not made resumable before step 1's: trained from step 1's
+    lost adapter, it is trained again from step 1 trained again."""
+    stubs = ScriptedActivities(lost_after_adapter={1})
+    stubs.publish_gates[1] = asyncio.Event()
+    spec = make_spec(task_queue, f"sv-order-{task_queue}", mode="pipelined", steps=3)
+    async with running(stubs, client, task_queue):
+        handle = await start(client, spec)
+        await eventually(lambda: asyncio.sleep(0, result=stubs.names("publish_adapter")[:2] == [1, 2]))
+        await asyncio.sleep(0.5)  # step 2's rest would go up now if it did not wait for step 1's
+        stubs.publish_gates[1].set()
+        final = await handle.result()
+    assert final.phase == "done" and final.step == 3
+    trains = stubs.names("train")
+    assert trains.count(1) == trains.count(2) == 2  # (step 3 too, when it trained on the lost trainer first)
+    [beside, again] = stubs.train_inputs[2]
+    assert beside.continue_from is not None and again.start_from == stubs.checkpoints[spec.run_id][1]
+    assert [h.trained_again for h in final.history][:2] == [True, True]
+    stubs.assert_each_checkpoint_trained_from_the_one_before(spec.run_id, 3)

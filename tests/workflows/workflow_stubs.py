@@ -114,6 +114,12 @@ class ScriptedActivities:
     """Step n's rollouts wait for ``rollout_gates[n]`` when present."""
     adapters: dict[tuple[str, int], str] = field(default_factory=dict)
     """(run, step) -> the adapter_sha256 of its adapter as last published (servable or whole)."""
+    checkpoint_adapters: dict[str, str] = field(default_factory=dict)
+    """A published checkpoint's manifest sha256 -> its adapter's."""
+    trained_from: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(run, staged id) -> the adapter_sha256 that training started from."""
+    lineage: dict[tuple[str, int], str | None] = field(default_factory=dict)
+    """(run, step) -> the adapter its resumable checkpoint was trained from, as last published."""
     served: dict[tuple[str, int], str] = field(default_factory=dict)
     """(run, step) -> the adapter_sha256 the servers hold under ``<run>@<step>``."""
     reloaded: list[tuple[int, str | None]] = field(default_factory=list)
@@ -132,8 +138,8 @@ class ScriptedActivities:
         """Steps that activity ``name`` was called for, in order."""
         return [step for n, step in self.calls if n == name]
 
-    def _checkpoint(self, run_id: str, step: int) -> CheckpointRef:
-        adapter = self._adapter(run_id, step)
+    def _checkpoint(self, run_id: str, step: int, staged_id: str = "initial") -> CheckpointRef:
+        adapter = self._adapter(run_id, step, staged_id)
         ref = CheckpointRef(
             run_id=run_id,
             step=step,
@@ -141,21 +147,29 @@ class ScriptedActivities:
             manifest_sha256=_sha(f"{run_id}/{step}/{adapter.adapter_sha256}"),
         )
         self.checkpoints[run_id][step] = ref
+        self.checkpoint_adapters[ref.manifest_sha256] = adapter.adapter_sha256
+        self.lineage[(run_id, step)] = self.trained_from.get((run_id, staged_id))
         self.published.append((run_id, step))
         return ref
 
-    def _adapter(self, run_id: str, step: int) -> AdapterRef:
-        """Step ``step``'s adapter as its trainer staged it now (another one once trained again)."""
-        staged = (
-            "same" if self.same_adapter_when_trained_again else self.staged.get((run_id, step), "initial")
-        )
-        sha = self.adapters[(run_id, step)] = _sha(f"{run_id}/{step}/{staged}")
+    def _adapter_sha(self, run_id: str, step: int, staged_id: str) -> str:
+        """The adapter staging ``staged_id`` of the step holds (another one once trained again, unless alike)."""
+        return _sha(f"{run_id}/{step}/{'same' if self.same_adapter_when_trained_again else staged_id}")
+
+    def _adapter(self, run_id: str, step: int, staged_id: str) -> AdapterRef:
+        sha = self.adapters[(run_id, step)] = self._adapter_sha(run_id, step, staged_id)
         return AdapterRef(
             run_id=run_id,
             step=step,
             uri=f"s3://stub/runs/{run_id}/checkpoints/{step:06d}/",
             adapter_sha256=sha,
         )
+
+    def assert_each_checkpoint_trained_from_the_one_before(self, run_id: str, steps: int) -> None:
+        """Every resumable checkpoint of steps 1..``steps`` was trained from the adapter the run holds for the step
+        before it (none from an adapter lost with its trainer)."""
+        for step in range(1, steps + 1):
+            assert self.lineage[(run_id, step)] == self.adapters[(run_id, step - 1)], step
 
     @activity.defn(name=ActivityName.LATEST_CHECKPOINT)
     async def latest_checkpoint(self, inp: CheckpointLookup) -> CheckpointRef | None:
@@ -282,6 +296,13 @@ class ScriptedActivities:
         await asyncio.sleep(self.train_seconds)
         staged_id = f"{inp.step}-{len(self.train_inputs[inp.step])}"
         self.staged[(inp.run_id, inp.step)] = staged_id
+        if staged is not None:
+            parent = self._adapter_sha(inp.run_id, staged.step, staged.staged_id)
+        elif inp.start_from is not None:
+            parent = self.checkpoint_adapters[inp.start_from.manifest_sha256]
+        else:
+            parent = self._adapter_sha(inp.run_id, 0, "initial")
+        self.trained_from[(inp.run_id, staged_id)] = parent
         return TrainResult(
             run_id=inp.run_id,
             step=inp.step,
@@ -310,12 +331,14 @@ class ScriptedActivities:
             self.lost_after_adapter.discard(inp.step)
             self.lost_stagings.update(self.staged.values())
             self.staged.clear()
-        self._still_staged(inp)
-        return self._checkpoint(inp.run_id, inp.step)
+        return self._checkpoint(inp.run_id, inp.step, self._still_staged(inp))
 
-    def _still_staged(self, inp: PublishInput) -> None:
-        if inp.staging_dir.rsplit("/", 1)[-1] in self.lost_stagings:
+    def _still_staged(self, inp: PublishInput) -> str:
+        """The staged id of ``inp``'s staging, still held; else StagedStateLost."""
+        staged_id = inp.staging_dir.rsplit("/", 1)[-1]
+        if staged_id in self.lost_stagings:
             raise ApplicationError(f"{inp.staging_dir} is gone", type=STAGED_STATE_LOST, non_retryable=True)
+        return staged_id
 
     @activity.defn(name=ActivityName.PUBLISH_ADAPTER)
     async def publish_adapter(self, inp: PublishInput) -> AdapterRef:
@@ -323,8 +346,7 @@ class ScriptedActivities:
         gate = self.publish_adapter_gates.get(inp.step)
         if gate is not None:
             await gate.wait()
-        self._still_staged(inp)
-        return self._adapter(inp.run_id, inp.step)
+        return self._adapter(inp.run_id, inp.step, self._still_staged(inp))
 
     @staticmethod
     async def _gate_or_fail(
@@ -349,7 +371,11 @@ class ScriptedActivities:
         self.calls.append(("reload", ref.step))
         self.reload_started[ref.step].set()
         await self._gate_or_fail(ref.step, self.reload_gates, self.reload_failures)
-        sha = ref.adapter_sha256 if isinstance(ref, AdapterRef) else self.adapters.get((ref.run_id, ref.step))
+        sha = (
+            ref.adapter_sha256
+            if isinstance(ref, AdapterRef)
+            else self.checkpoint_adapters.get(ref.manifest_sha256)
+        )
         if sha is not None:
             self.served[(ref.run_id, ref.step)] = sha
         self.reloaded.append((ref.step, sha))
