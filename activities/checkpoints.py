@@ -216,32 +216,41 @@ def _published_as(
     return None
 
 
-def publish_adapter(store: ObjectStore, staging: Path, run_id: str, step: int) -> tuple[AdapterRef, Manifest]:
-    """Upload a staged checkpoint's adapter files, then its adapter manifest: the checkpoint is servable (the
-    same adapter already up is reused). Also that adapter manifest."""
+AdapterFiles = dict[str, tuple[bytes, str]]
+"""A staged step's adapter files: name -> (bytes, sha256), as the trainer serialized them (first)."""
+
+
+def adapter_files_on_disk(staging: Path) -> AdapterFiles:
+    """The adapter files of a staged step on disk, with their sha256 (as staging wrote them, else read now)."""
+    return {
+        name: ((staging / name).read_bytes(), sha) for name, sha in _staged_files(staging, serves).items()
+    }
+
+
+def publish_adapter(
+    store: ObjectStore, staging: Path, run_id: str, step: int, files: AdapterFiles | None = None
+) -> tuple[AdapterRef, Manifest]:
+    """Upload a staged step's adapter files (``files``: from memory, as the trainer serialized them; else from
+    ``staging``), then its adapter manifest: the checkpoint is servable. The same adapter already up is reused.
+    Also that adapter manifest."""
     prefix = layout.checkpoint_prefix(run_id, step)
-    files = _staged_files(staging, serves)
-    manifest = Manifest(
-        files=[
-            ManifestEntry(path=rel, size=(staging / rel).stat().st_size, sha256=sha)
-            for rel, sha in sorted(files.items())
-        ]
+    files = adapter_files_on_disk(staging) if files is None else files
+    hashes = {name: sha for name, (_, sha) in files.items()}
+    manifest = adapter_manifest(
+        Manifest(
+            files=[ManifestEntry(path=n, size=len(data), sha256=sha) for n, (data, sha) in files.items()]
+        )
     )
     listed = set(store.list(prefix, recursive=False))
     if prefix + layout.MANIFEST_NAME in listed:  # resumable with another adapter: no longer, first
-        _published_as(store, prefix, layout.MANIFEST_NAME, files, only=serves)
+        _published_as(store, prefix, layout.MANIFEST_NAME, hashes, only=serves)
     sha = None
     if prefix + layout.ADAPTER_MANIFEST_NAME in listed:
-        sha = _published_as(store, prefix, layout.ADAPTER_MANIFEST_NAME, files)
+        sha = _published_as(store, prefix, layout.ADAPTER_MANIFEST_NAME, hashes)
     if sha is None:
-        sha = store.put_dir(
-            staging,
-            prefix,
-            None,
-            staged_hashes(staging),
-            only=serves,
-            manifest_name=layout.ADAPTER_MANIFEST_NAME,
-        ).sha256
+        for name, (data, digest) in files.items():
+            store.put_bytes(prefix + name, data, digest)
+        sha = store.put_bytes(prefix + layout.ADAPTER_MANIFEST_NAME, adapter_manifest_bytes(manifest)).sha256
     return AdapterRef(run_id=run_id, step=step, uri=store.uri(prefix), adapter_sha256=sha), manifest
 
 

@@ -198,9 +198,10 @@ class ObjectStore:
             )
         return ObjectRef(uri=self.uri(key), size=size, sha256=sha256)
 
-    def put_bytes(self, key: str, data: bytes) -> ObjectRef:
+    def put_bytes(self, key: str, data: bytes, sha256: str | None = None) -> ObjectRef:
+        """Upload ``data`` to ``key``; ``sha256``: its digest where the caller has it (not computed again)."""
         key = self.key(key)
-        return self._put_stream(key, io.BytesIO(data), len(data), hashlib.sha256(data).hexdigest())
+        return self._put_stream(key, io.BytesIO(data), len(data), sha256 or hashlib.sha256(data).hexdigest())
 
     def put_file(self, local: str | Path, key: str) -> ObjectRef:
         key = self.key(key)

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from safetensors.torch import load
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -55,6 +56,7 @@ from activities import progress as stage_progress
 from activities import sft, trajectory_store
 from activities.advantages import read_step_table
 from activities.checkpoints import (
+    AdapterFiles,
     OomState,
     TrainerState,
     check_checkpoint_fits,
@@ -74,8 +76,9 @@ from activities.errors import application_error
 from activities.fleet_metrics import fleet_metrics
 from activities.object_store import ObjectStore
 from activities.run_texts import read_run_text
+from activities.state_files import ADAPTER_WEIGHTS
 from activities.tokenize import TrainSequence, build_sequences, run_tokenizer
-from activities.trainer import StepStats, Trainer, check_finite_adapter
+from activities.trainer import StepStats, Trainer, check_finite_adapter, check_finite_weights
 from host.files import write_json_atomic
 from schemas import layout
 from schemas.activities import (
@@ -236,6 +239,9 @@ class TrainerActivities:
         # what follows (the next step's training); publishing and continuing from the files wait for the write.
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stager")
         self._writing: dict[Path, concurrent.futures.Future[Path]] = {}
+        # The adapter's files are serialized first: ``publish_adapter`` uploads them from memory, not waiting for
+        # the optimizer state to be written.
+        self._adapters: dict[Path, concurrent.futures.Future[AdapterFiles]] = {}
         # Training always runs on this one thread: torch's OpenMP team and oneDNN's per-thread state stay
         # warm (a step landing on a new pool thread each time trained ~2x slower on the CPU).
         self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
@@ -603,9 +609,21 @@ class TrainerActivities:
             **({"sft": True} if sft else {}),  # GRPO steps' trainer_state.json stays as it was
         )
         snapshot = trainer.snapshot()
-        written = self._writer.submit(stage_checkpoint, held.directory, snapshot.write, state, metrics)
+        adapter: concurrent.futures.Future[AdapterFiles] = concurrent.futures.Future()
+
+        def write() -> Path:
+            try:
+                files = snapshot.adapter_files()
+            except BaseException as err:
+                adapter.set_exception(err)
+                raise
+            adapter.set_result(files)
+            return stage_checkpoint(held.directory, lambda d: snapshot.write(d, files), state, metrics)
+
+        written = self._writer.submit(write)
         with self._held_lock:
             self._writing[held.directory] = written
+            self._adapters[held.directory] = adapter
         self._hold(held)
         return held
 
@@ -636,16 +654,20 @@ class TrainerActivities:
                     shutil.rmtree(old, ignore_errors=True)
                     with self._held_lock:
                         self._writing.pop(old, None)
+                        self._adapters.pop(old, None)
 
-    def _staged(self, inp: PublishInput) -> Path:
-        """The staged step ``inp`` names, written; ``StagedStateLostError`` when this trainer no longer has it (it
-        was started again without its disk): the workflow trains the step again."""
+    def _staged(self, inp: PublishInput, written: bool = True) -> Path:
+        """The staged step ``inp`` names, its files written (unless not ``written``); ``StagedStateLostError`` when
+        this trainer no longer has it (it was started again without its disk): the workflow trains the step
+        again."""
         staged = Path(inp.staging_dir)
         if not staged.resolve().is_relative_to(run_dir(self.staging_root, inp.run_id)):
             raise UnsafePathError(
                 f"staging_dir {inp.staging_dir} is not under run {inp.run_id}'s staging directory on trainer "
                 f"{self.worker_id} ({run_dir(self.staging_root, inp.run_id)}); publish only what train staged"
             )
+        if not written:
+            return staged
         self._written(staged)
         if not staged.is_dir():
             raise StagedStateLostError(
@@ -654,10 +676,18 @@ class TrainerActivities:
         return staged
 
     def publish_adapter_sync(self, inp: PublishInput) -> AdapterRef:
-        staged = self._staged(inp)
-        check_finite_adapter(staged)
+        with self._held_lock:
+            serialized = self._adapters.get(Path(inp.staging_dir))
+        if serialized is None:  # staged by an earlier process of this worker: from its files
+            staged = self._staged(inp)
+            check_finite_adapter(staged)
+            files = None
+        else:  # from memory, as soon as serialized: the optimizer state may still be being written
+            staged = self._staged(inp, written=False)
+            files = serialized.result()
+            check_finite_weights(load(files[ADAPTER_WEIGHTS][0]), str(staged))
         with stage_progress.stage("upload"):
-            ref, _ = publish_adapter(self.store, staged, inp.run_id, inp.step)
+            ref, _ = publish_adapter(self.store, staged, inp.run_id, inp.step, files)
         return ref
 
     def publish_sync(self, inp: PublishInput) -> CheckpointRef:

@@ -77,13 +77,15 @@ def simulated_workers(home: Path, on: TaskQueues, phases: Path) -> Iterator[None
             worker.stop()
 
 
-async def simulate(steps: int, scale: float, home: Path) -> list[dict[str, Any]]:
+async def simulate(
+    steps: int, scale: float, home: Path, cases: list[tuple[float, float]] = CASES
+) -> list[dict[str, Any]]:
     client = await connect_client()
     on, phases = queues("sim"), home / "phases.json"
     phases.write_text(json.dumps({"rollout_s": 0.0, "train_s": 0.0}))
     rows = []
     with simulated_workers(home, on, phases):
-        for rollout_s, train_s in ((r * scale, t * scale) for r, t in CASES):
+        for rollout_s, train_s in ((r * scale, t * scale) for r, t in cases):
             phases.write_text(json.dumps({"rollout_s": rollout_s, "train_s": train_s}))
             row: dict[str, Any] = {"rollout_s": rollout_s, "train_s": train_s}
             for mode in ("sync", "pipelined"):
@@ -203,6 +205,11 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=8, help="steps per simulated run (>= 4)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the simulated phase durations")
+    parser.add_argument(
+        "--cases",
+        default=",".join(f"{r}:{t}" for r, t in CASES),
+        help="simulated (rollout s:train s) pairs, comma-separated",
+    )
     parser.add_argument("--no-simulate", action="store_true", help="skip the simulation")
     parser.add_argument("--real", action="store_true", help="also run the real demo, sync vs pipelined")
     parser.add_argument("--real-steps", type=int, default=3)
@@ -213,7 +220,8 @@ def main() -> None:
     results: dict[str, Any] = {"steps": args.steps, "epochs": args.epochs, "command": command_line()}
     with private_stack() as (_stack, home):
         if not args.no_simulate:
-            results["simulated"] = asyncio.run(simulate(args.steps, args.scale, home))
+            cases = [(float(r), float(t)) for r, t in (c.split(":") for c in args.cases.split(","))]
+            results["simulated"] = asyncio.run(simulate(args.steps, args.scale, home, cases))
         if args.real:
             results["real"] = asyncio.run(real(args.real_steps, args.rounds, args.epochs, home))
     results["load"] = os.getloadavg()
