@@ -5,7 +5,8 @@ inference server, run by three real ``dgrpo worker`` processes (control, inferen
 two devices' compute is simulated (bench/simulated_devices.py): generation takes ``R`` seconds, a training
 step's forward/backward/optimizer ``T`` seconds. Everything durability adds is real: the rollouts' upload,
 merge, advantages, the trainer's reads, tokenization and staging, publish to S3 (adapter and optimizer state),
-reload into the server. Steady-state step time (steps 3..N, from step n-1 served to step n served) is compared
+reload into the server. Steady-state step time (the mean of steps 3..N, each from step n-1 served to step n served:
+a pipelined run alternates shorter and longer steps) is compared
 with max(R, T), what a perfect pipeline reaches, and R + T, what sync mode cannot beat; with the trainer's idle
 time before each training that neither its data nor the previous training explains.
 
@@ -92,7 +93,8 @@ async def simulate(
                 spec = demo_run_spec(f"bench-sim-{mode}-{uuid.uuid4().hex[:6]}", steps, on, mode=mode)
                 run = await timed_run(client, spec)
                 idle = trainer_idle(await activity_spans(client, spec.run_id))
-                step = median(steady_steps(run))
+                steady = steady_steps(run)  # the mean: a pipelined run alternates shorter and longer steps
+                step = sum(steady) / len(steady)
                 row[mode] = {"step_s": step, "steps": run.step_seconds(), "trainer_idle_s": idle}
                 print(f"R={rollout_s} T={train_s} {mode}: {step:.2f} s/step, trainer idle median "
                       f"{median([v for n, v in idle.items() if n >= 3]):.2f} s", flush=True)  # fmt: skip
@@ -162,7 +164,7 @@ def report(results: dict[str, Any]) -> str:
     if "simulated" in results:
         lines += [
             "SIMULATION of dedicated devices (generation and fwd/bwd/opt simulated; rollouts' upload, merge, "
-            "advantages, staging, publish, S3 and reload real); median step of steps "
+            "advantages, staging, publish, S3 and reload real); mean step of steps "
             f"3..{results['steps']}; trainer idle: median over steps 3..N",
             "",
             "| rollout s | train s | sync s/step | pipelined s/step | pipelined / max(R,T) | sync / (R+T) "

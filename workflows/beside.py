@@ -159,6 +159,8 @@ class Beside:
         if isinstance(servable, CheckpointRef):  # trained again before its adapter went up: whole already
             checkpoint = servable
         else:
+            # Once served: the reload, which the next rollouts wait for, does not share the store with this upload.
+            await workflow.wait([trained.served])
             if last is not None:
                 await last.resumable  # in step order
             written = await publish_on_its_trainer(self._publish_input(trained), trained.result.worker_id,

@@ -123,10 +123,17 @@ class Pipeline:
                     continue_as_new = True
                     break
                 self.host.working("rollouts", target)
-                prepared = await self._beside(ahead if ahead is not None else self._prepare(target), last)
-                ahead = None
-                if target < spec.steps and not state.stopping:
-                    ahead = asyncio.create_task(self._prepare(target + 1))
+                if self.servable_first:  # the next step rolls out as soon as its policy is served
+                    current = ahead or asyncio.create_task(self._prepare(target))
+                    ahead = None
+                    if target < spec.steps and not state.stopping:
+                        ahead = asyncio.create_task(self._prepare(target + 1))
+                    prepared = await self._beside(current, last)
+                else:
+                    prepared = await self._beside(ahead if ahead is not None else self._prepare(target), last)
+                    ahead = None
+                    if target < spec.steps and not state.stopping:
+                        ahead = asyncio.create_task(self._prepare(target + 1))
                 if before_last is not None:  # the trainer runs at most one step ahead of serving
                     await self._beside(before_last.served, last)
                 self.host.working("train", target)
@@ -179,7 +186,6 @@ class Pipeline:
         spec, state = self.host.spec, self.host.state
         started = workflow.now()
         scored, policy = self._carried(target), state.prefetched_policy
-        state.prefetched = None
         resample = 0
         while True:
             if scored is None:
@@ -212,11 +218,13 @@ class Pipeline:
             scored, started = None, workflow.now()
 
     def _carried(self, target: int) -> TrajectoriesRef | None:
-        """Rollouts for ``target`` carried over a continue-as-new, unless their policy is too stale (dropped)."""
+        """Rollouts for ``target`` carried over a continue-as-new (taken), unless their policy is too stale
+        (dropped); rollouts carried for another step stay."""
         spec, state = self.host.spec, self.host.state
         scored = state.prefetched
         if scored is None or scored.step != target:
             return None
+        state.prefetched = None
         staleness = (target - 1) - state.prefetched_policy
         if staleness <= spec.max_staleness:
             return scored

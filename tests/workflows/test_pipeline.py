@@ -32,12 +32,13 @@ async def test_the_next_step_trains_while_the_last_one_publishes_and_the_counter
         handle = await start(client, spec)
         # Step 2 trains while step 1's adapter is being published ...
         await asyncio.wait_for(stubs.train_started[2].wait(), 20)
-        assert stubs.names("publish_adapter") == [1] and stubs.names("reload") == [0]
+        await eventually(lambda: asyncio.sleep(0, result=stubs.names("publish_adapter")[:1] == [1]))
+        assert stubs.names("reload") == [0]
         stubs.publish_adapter_gates[1].set()
-        # ... and while its adapter is being loaded (servable: its optimizer state is still going up) ...
+        # ... and while its adapter is being loaded (servable: its optimizer state goes up once it is served) ...
         await asyncio.wait_for(stubs.reload_started[1].wait(), 20)
         await eventually(lambda: asyncio.sleep(0, result=stubs.names("publish_adapter") == [1, 2]))
-        assert stubs.names("publish") == [1]  # step 2's rest waits for step 1's: in step order
+        assert stubs.names("publish") == []
         [trained_2] = stubs.train_inputs[2]
         assert trained_2.start_from is None and trained_2.continue_from is not None
         assert (trained_2.continue_from.step, trained_2.continue_from.worker_id) == (1, WORKER_ID)
@@ -48,9 +49,11 @@ async def test_the_next_step_trains_while_the_last_one_publishes_and_the_counter
         assert status.step == 0 and status.adapter == f"{spec.run_id}@0"
         assert stubs.names("reload") == [0, 1] and stubs.names("train") == [1, 2]
         stubs.reload_gates[1].set()
-        await eventually(lambda: asyncio.sleep(0, result=stubs.names("reload") == [0, 1, 2]))
+        await eventually(lambda: asyncio.sleep(0, result=stubs.names("publish") == [1]))
+        await asyncio.sleep(0.5)
+        assert stubs.names("publish") == [1]  # step 2's rest waits for step 1's: in step order
         served = await handle.query(TrainingRun.status)
-        assert served.step == 2 and served.last_checkpoint is not None and served.last_checkpoint.step == 0
+        assert served.step >= 2 and served.last_checkpoint is not None and served.last_checkpoint.step == 0
         assert served.history[0].checkpoint is None  # served, not resumable yet
         stubs.publish_gates[1].set()
         final = await handle.result()
