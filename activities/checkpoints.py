@@ -228,11 +228,16 @@ def adapter_files_on_disk(staging: Path) -> AdapterFiles:
 
 
 def publish_adapter(
-    store: ObjectStore, staging: Path, run_id: str, step: int, files: AdapterFiles | None = None
+    store: ObjectStore,
+    staging: Path,
+    run_id: str,
+    step: int,
+    files: AdapterFiles | None = None,
+    uploaded: bool = False,
 ) -> tuple[AdapterRef, Manifest]:
     """Upload a staged step's adapter files (``files``: from memory, as the trainer serialized them; else from
-    ``staging``), then its adapter manifest: the checkpoint is servable. The same adapter already up is reused.
-    Also that adapter manifest."""
+    ``staging``; ``uploaded``: they went up already, activities/early_upload.py), then its adapter manifest: the
+    checkpoint is servable. The same adapter already up is reused. Also that adapter manifest."""
     prefix = layout.checkpoint_prefix(run_id, step)
     files = adapter_files_on_disk(staging) if files is None else files
     hashes = {name: sha for name, (_, sha) in files.items()}
@@ -249,7 +254,11 @@ def publish_adapter(
         sha = _published_as(store, prefix, layout.ADAPTER_MANIFEST_NAME, hashes)
     if sha is None:
         for name, (data, digest) in files.items():
-            store.put_bytes(prefix + name, data, digest)
+            if not uploaded or listed & {
+                prefix + layout.MANIFEST_NAME,
+                prefix + layout.ADAPTER_MANIFEST_NAME,
+            }:
+                store.put_bytes(prefix + name, data, digest)
         sha = store.put_bytes(prefix + layout.ADAPTER_MANIFEST_NAME, adapter_manifest_bytes(manifest)).sha256
     return AdapterRef(run_id=run_id, step=step, uri=store.uri(prefix), adapter_sha256=sha), manifest
 

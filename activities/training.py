@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from safetensors.torch import load
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -72,11 +71,11 @@ from activities.checkpoints import (
     staging_dir,
 )
 from activities.device import default_device, resolve_precision
+from activities.early_upload import EarlyUploads
 from activities.errors import application_error
 from activities.fleet_metrics import fleet_metrics
 from activities.object_store import ObjectStore
 from activities.run_texts import read_run_text
-from activities.state_files import ADAPTER_WEIGHTS
 from activities.tokenize import TrainSequence, build_sequences, run_tokenizer
 from activities.trainer import StepStats, Trainer, check_finite_adapter, check_finite_weights
 from host.files import write_json_atomic
@@ -239,9 +238,10 @@ class TrainerActivities:
         # what follows (the next step's training); publishing and continuing from the files wait for the write.
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stager")
         self._writing: dict[Path, concurrent.futures.Future[Path]] = {}
-        # The adapter's files are serialized first: ``publish_adapter`` uploads them from memory, not waiting for
-        # the optimizer state to be written.
+        # The adapter's files are serialized first and go up at once (activities/early_upload.py):
+        # ``publish_adapter`` writes their manifest, not waiting for the optimizer state to be written.
         self._adapters: dict[Path, concurrent.futures.Future[AdapterFiles]] = {}
+        self._early = EarlyUploads(store)
         # Training always runs on this one thread: torch's OpenMP team and oneDNN's per-thread state stay
         # warm (a step landing on a new pool thread each time trained ~2x slower on the CPU).
         self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
@@ -612,12 +612,15 @@ class TrainerActivities:
         adapter: concurrent.futures.Future[AdapterFiles] = concurrent.futures.Future()
 
         def write() -> Path:
+            files = None
             try:
                 files = snapshot.adapter_files()
-            except BaseException as err:
+                check_finite_weights(snapshot.adapter, str(held.directory))
+            except BaseException as err:  # publish_adapter raises it
                 adapter.set_exception(err)
-                raise
-            adapter.set_result(files)
+            else:
+                adapter.set_result(files)
+                self._early.start(held.directory, files, run_id, step)
             return stage_checkpoint(held.directory, lambda d: snapshot.write(d, files), state, metrics)
 
         written = self._writer.submit(write)
@@ -655,6 +658,7 @@ class TrainerActivities:
                     with self._held_lock:
                         self._writing.pop(old, None)
                         self._adapters.pop(old, None)
+                    self._early.forget(old)
 
     def _staged(self, inp: PublishInput, written: bool = True) -> Path:
         """The staged step ``inp`` names, its files written (unless not ``written``); ``StagedStateLostError`` when
@@ -682,12 +686,12 @@ class TrainerActivities:
             staged = self._staged(inp)
             check_finite_adapter(staged)
             files = None
-        else:  # from memory, as soon as serialized: the optimizer state may still be being written
+        else:  # from memory, as soon as serialized (and checked): the optimizer state may still be being written
             staged = self._staged(inp, written=False)
             files = serialized.result()
-            check_finite_weights(load(files[ADAPTER_WEIGHTS][0]), str(staged))
+        uploaded = files is not None and self._early.done(staged)
         with stage_progress.stage("upload"):
-            ref, _ = publish_adapter(self.store, staged, inp.run_id, inp.step, files)
+            ref, _ = publish_adapter(self.store, staged, inp.run_id, inp.step, files, uploaded)
         return ref
 
     def publish_sync(self, inp: PublishInput) -> CheckpointRef:

@@ -194,7 +194,6 @@ def instrument(spans: Spans) -> None:
     spans.wrap(TrainerActivities, "trainer_for", "model load")
     spans.wrap(training_module, "check_finite_adapter", "finite check")
     spans.wrap(training_module, "check_finite_weights", "finite check")
-    spans.wrap(training_module, "load", "finite check")  # the adapter's bytes read back to check them
     spans.wrap(ServingClient, "load_adapter", "server request")
     spans.wrap(ServingClient, "adapters", "server request")
     spans.wrap(ServingClient, "unload_adapter", "server request")

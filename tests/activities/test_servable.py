@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 
 from activities.checkpoints import (
+    adapter_files_on_disk,
     adapter_ref,
     adapter_sha256,
     publish_adapter,
     publish_staged,
     read_adapter_manifest,
 )
+from activities.early_upload import EarlyUploads
 from activities.object_store import ObjectStore
 from activities.retention import complete_checkpoint_steps, delete_checkpoints, select_checkpoints_to_delete
 from dgrpo.client.s3_backup import complete_steps
@@ -105,3 +107,25 @@ def test_a_step_published_again_with_another_adapter_replaces_it_and_the_first_i
     with pytest.raises(CorruptCheckpointError):
         adapter_ref(object_store, whole)
     assert read_adapter_manifest(object_store, prefix)[1] == third.adapter_sha256
+
+
+def test_an_adapter_goes_up_early_unless_its_step_was_published_before(
+    object_store: ObjectStore, tmp_path: Path
+) -> None:
+    """activities/early_upload.py: a trained step's adapter files go up before ``publish_adapter`` asks, which then
+    only writes their manifest; never over a step published before (its manifest would list other files)."""
+    run, prefix = "servable-3", layout.checkpoint_prefix("servable-3", 1)
+    early = EarlyUploads(object_store)
+    fresh = staging(tmp_path, b"fresh " * 1024, "fresh")
+    files = adapter_files_on_disk(fresh)
+    early.start(fresh, files, run, 1)
+    assert early.done(fresh) and not object_store.exists(prefix + layout.ADAPTER_MANIFEST_NAME)
+    ref, _ = publish_adapter(object_store, fresh, run, 1, files, uploaded=True)
+    assert read_adapter_manifest(object_store, prefix)[1] == ref.adapter_sha256
+    assert object_store.get_bytes(prefix + "adapter_model.safetensors") == b"fresh " * 1024
+
+    again = staging(tmp_path, b"again " * 1024, "again")  # the step trained again
+    early.start(again, adapter_files_on_disk(again), run, 1)
+    assert not early.done(again)
+    assert object_store.get_bytes(prefix + "adapter_model.safetensors") == b"fresh " * 1024
+    assert adapter_ref(object_store, ref)[0] == ref  # still whole: its manifest and its files agree
