@@ -99,6 +99,10 @@ class Pipeline:
         self.host = host
         self.servable_first = servable_first
         self.beside = Beside(host, servable_first, self._on_lineage)
+        state = host.state
+        self._rolled_out = state.step + (state.prefetched is not None)
+        """The newest step whose rollouts are done: the next step's start once its policy is served (servable
+        first), one step's rollouts at a time on the inference devices."""
 
     async def run(self) -> bool:
         """Train the run's remaining steps; True when the run should now continue as new. Every started step is
@@ -123,7 +127,9 @@ class Pipeline:
                     continue_as_new = True
                     break
                 self.host.working("rollouts", target)
-                if self.servable_first:  # the next step rolls out as soon as its policy is served
+                if (
+                    self.servable_first
+                ):  # the next step rolls out once its policy is served and these are done
                     current = ahead or asyncio.create_task(self._prepare(target))
                     ahead = None
                     if target < spec.steps and not state.stopping:
@@ -190,9 +196,15 @@ class Pipeline:
         while True:
             if scored is None:
                 # No rollout is sampled by a policy staler than max_staleness: wait for a fresh one.
-                await workflow.wait_condition(lambda: state.step >= target - 1 - spec.max_staleness)
+                await workflow.wait_condition(
+                    lambda: (
+                        state.step >= target - 1 - spec.max_staleness
+                        and (not self.servable_first or self._rolled_out >= target - 1)
+                    )
+                )
                 policy = state.step
                 scored = await self.host.roll_out(target, policy, resample)
+            self._rolled_out = max(self._rolled_out, target)
             rolled = workflow.now()
             advantages = await run_stage(
                 ADVANTAGES,

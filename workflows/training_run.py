@@ -316,6 +316,13 @@ class TrainingRun:
                 if state.stopping:
                     break
             if steps_this_run >= spec.continue_as_new_every:
+                if (
+                    self._servable_first and state.prefetched is None
+                ):  # beside the served step's optimizer state
+                    target = state.step + 1
+                    scored = await self._rollouts_and_judge(target, policy_step=state.step, track=True)
+                    state.prefetched = await self._from_resumable(target, scored)
+                    state.prefetched_policy = state.step
                 await self._settle_resumable()
                 await self._settle_bookkeeping()
                 await workflow.wait_condition(workflow.all_handlers_finished)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
@@ -201,6 +202,21 @@ async def test_continue_as_new_carries_the_run_state(client: Client, task_queue:
     assert final.step == 5 and [h.step for h in final.history] == [1, 2, 3, 4, 5]
     assert stubs.names("latest_checkpoint") == [-1]  # recovery runs once, the state is carried
     assert stubs.names("train") == [1, 2, 3, 4, 5]
+    # Step 3's rollouts ran beside step 2's optimizer state going up, in the execution that continued as new
+    # carrying them (each step rolled out once).
+    assert stubs.names("rollouts") == [1, 2, 3, 4, 5]
+    scheduled = [
+        (
+            e.activity_task_scheduled_event_attributes.activity_type.name,
+            json.loads(e.user_metadata.summary.data),
+        )
+        async for e in client.get_workflow_handle(
+            spec.run_id, run_id=handle.result_run_id
+        ).fetch_history_events()
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert scheduled[-2:] == [("rollouts", "step 3 shard 1/1"), ("merge_rollouts", "step 3")]
+    assert ("publish", "step 2") in scheduled
 
 
 async def test_pipelined_rolls_out_ahead_and_keeps_fresh_groups(client: Client, task_queue: str) -> None:
