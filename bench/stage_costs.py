@@ -47,6 +47,7 @@ import serving.server as server_module
 from activities import advantages as advantages_module
 from activities import training as training_module
 from activities.advantages import AdvantagesActivities
+from activities.early_upload import EarlyUploads
 from activities.object_store import ObjectStore
 from activities.rollouts import RolloutActivities
 from activities.serving import ServingActivities
@@ -86,9 +87,9 @@ manifest), ``resumable`` the rest of the checkpoint (``publish``), which runs be
 TARGETS = {"train": 0.15, "servable": 0.15, "reload": 0.15, "advantages": 0.05}
 """Seconds a stage may take beyond its compute (issues 35 and 46), medians on this CPU."""
 COMPUTE = "compute"
-BESIDE = "stager"
-"""Threads whose work runs beside the stages (the trainer writing a step's files): what a stage waits for
-them shows as its own wait."""
+BESIDE = ("stager", "early-upload")
+"""Threads whose work runs beside the stages (the trainer writing a step's files, its adapter going up early):
+what a stage waits for them shows as its own wait."""
 STAGE_OF = {
     "compute_advantages": "advantages",
     "merge_rollouts": "rollouts",
@@ -191,6 +192,7 @@ def instrument(spans: Spans) -> None:
     spans.wrap(Trainer, "save_state", "state serialisation")
     spans.wrap(Trainer, "snapshot", "state copy")
     spans.wrap(TrainerActivities, "_written", "waiting for staged files")
+    spans.wrap(EarlyUploads, "done", "waiting for the early adapter upload")
     spans.wrap(TrainerActivities, "trainer_for", "model load")
     spans.wrap(training_module, "check_finite_adapter", "finite check")
     spans.wrap(training_module, "check_finite_weights", "finite check")

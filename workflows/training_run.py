@@ -11,7 +11,6 @@ publishes and serves step 0.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
 from typing import Any
 
 from temporalio import workflow
@@ -22,8 +21,6 @@ with workflow.unsafe.imports_passed_through():
 
     from schemas.activities import (
         JudgeInput,
-        MetricsInput,
-        RetentionInput,
         RolloutsInput,
         RunTextKind,
         RunTexts,
@@ -45,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         TrainStepInput,
     )
 
+from workflows.bookkeeping import Bookkeeping
 from workflows.pipeline import Pipeline
 from workflows.rollout_shards import roll_out_step
 from workflows.servable import (
@@ -58,8 +56,6 @@ from workflows.servable import (
 from workflows.serve_model import serve_newest
 from workflows.stages import (
     JUDGE,
-    METRICS,
-    RETAIN_CHECKPOINTS,
     STORE_RUN_TEXTS,
     STORE_SCENARIOS,
     NoLearningSignal,
@@ -98,8 +94,8 @@ class TrainingRun:
         self._phase_seconds: dict[str, float] = {}
         self._error: str | None = None
         self._policy_by_step: dict[int, int] = {}
-        self._bookkeeping: asyncio.Task[None] | None = None
-        """The served steps' metrics and retention, still running beside the next step."""
+        self._bookkeeping: Bookkeeping | None = None
+        """The served steps' metrics and retention (workflows/bookkeeping.py)."""
         self._servable_first = False
         """``servable-before-resumable``: a step is served from its adapter; the rest is written beside."""
         self._pending: ServedStep | None = None
@@ -283,7 +279,7 @@ class TrainingRun:
         return await self._rollouts_and_judge(target, policy_step, track=False, resample=resample)
 
     def step_served(self, summary: StepSummary, scored: TrajectoriesRef) -> None:
-        self._bookkeeping = asyncio.create_task(self._bookkeeping_after(summary, scored))
+        self._books().beside(summary, scored)
 
     def working(self, phase: str, step: int | None) -> None:
         self._phase, self._working_on = phase, step  # type: ignore[assignment]
@@ -294,13 +290,14 @@ class TrainingRun:
     async def _loop(self) -> None:
         spec, state = self._require_spec(), self._state
         if spec.mode == "pipelined" and workflow.patched(PIPELINE_PATCH):
-            self._servable_first = workflow.patched(SERVABLE_PATCH)
+            self._servable_first = self._books().keep_when_deleting = workflow.patched(SERVABLE_PATCH)
             if await Pipeline(self, self._servable_first).run():
                 await self._settle_bookkeeping()
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(args=[spec, state])
             return
         self._servable_first = spec.mode != "pipelined" and workflow.patched(SERVABLE_PATCH)
+        self._books().keep_when_deleting = self._servable_first
         steps_this_run = 0
         prefetch: asyncio.Task[TrajectoriesRef] | None = None
         while state.step < spec.steps:
@@ -421,37 +418,22 @@ class TrainingRun:
         """Log the served step's metrics, then apply retention: beside the next step, after the previous
         step's (retention may pick the best checkpoint by the metrics)."""
         if workflow.patched(BOOKKEEPING_PATCH):
-            self._bookkeeping = asyncio.create_task(self._bookkeeping_after(summary, scored))
+            self._books().beside(summary, scored)
         else:
             self._phase = "metrics"
-            await self._bookkeeping_after(summary, scored)
+            await self._books().after(summary, scored)
 
-    def _bookkeeping_after(self, summary: StepSummary, scored: TrajectoriesRef) -> Coroutine[Any, Any, None]:
-        """The served step's metrics and retention, after the previous step's (the state they read is now's)."""
-        state = self._state
-        metrics = step_metrics(
-            summary, scored.n_groups, state.dropped_stale_groups, state.dropped_lost_adapter_groups
-        )
-        protect = self._protected()
-        previous = self._bookkeeping
-
-        async def bookkeeping() -> None:
-            if previous is not None:
-                await previous
-            await self._log_metrics(summary.step, metrics)
-            if self._servable_first:  # what to keep: decided now, when it deletes, not when it was served
-                await self._retain_checkpoints(summary.step, [], keep_from=self._keep_from())
-            else:
-                await self._retain_checkpoints(summary.step, protect)
-
-        return bookkeeping()
+    def _books(self) -> Bookkeeping:
+        if self._bookkeeping is None:
+            self._bookkeeping = Bookkeeping(self._require_spec(), lambda: self._state, self._policy_by_step)
+        return self._bookkeeping
 
     async def _settle_bookkeeping(self) -> None:
         """Wait for the served steps' metrics and retention."""
-        if self._bookkeeping is not None and not self._bookkeeping.done():
+        books = self._books()
+        if books.pending is not None and not books.pending.done():
             self._phase = "metrics"
-            await self._bookkeeping
-        self._bookkeeping = None
+        await books.settle()
 
     def _on_chain_phase(self, phase: str) -> None:
         self._phase = phase  # type: ignore[assignment]
@@ -553,99 +535,3 @@ class TrainingRun:
         else:
             state.prefetched_policy = policy_step
         return scored
-
-    async def _log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        """Best effort: a metrics sink that is down never fails the run."""
-        spec = self._require_spec()
-        try:
-            await run_stage(
-                METRICS,
-                MetricsInput(
-                    run_id=spec.run_id,
-                    project=spec.model.project,
-                    model_name=spec.model.name,
-                    step=step,
-                    metrics=metrics,
-                    wandb=spec.metrics.wandb,
-                ),
-                task_queue=spec.task_queues.control,
-                step=step,
-                scheduling=spec.scheduling(),
-                heartbeat_s=spec.heartbeat_timeout_s,
-            )
-        except StageFailed as err:
-            workflow.logger.warning("metrics for step %d not logged: %s", step, err.message)
-
-    def _protected(self) -> list[int]:
-        """Checkpoints retention must keep now: the newest step, the one being served, and the policy that
-        pipelined rollouts of a later step are sampling (a restarted server reloads it)."""
-        state = self._state
-        served = [state.checkpoint.step] if state.checkpoint is not None else []
-        sampling = [policy for step, policy in self._policy_by_step.items() if step > state.step]
-        return sorted({state.step, *served, *sampling})
-
-    def _keep_from(self) -> int:
-        """The oldest step whose checkpoint the run serves, reloads or samples with, or may yet: the served one,
-        and the policies of rollouts not yet trained on (a restarted server loads theirs again). Reloads to come
-        are of newer steps; the newest resumable checkpoint, which a step trained again needs, retention's
-        ``keep_last`` keeps. The value only rises as the run goes on."""
-        state = self._state
-        return min(
-            [state.step, *(policy for step, policy in self._policy_by_step.items() if step > state.step)]
-        )
-
-    async def _retain_checkpoints(self, step: int, protect: list[int], keep_from: int | None = None) -> None:
-        """Delete checkpoints beyond ``spec.checkpoints`` but ``protect`` and those from ``keep_from`` on
-        (``keep_last`` >= 1 keeps the newest resumable too). Best effort, like metrics."""
-        spec = self._require_spec()
-        if spec.checkpoints.keep_last is None:
-            return
-        try:
-            await run_stage(
-                RETAIN_CHECKPOINTS,
-                RetentionInput(
-                    run_id=spec.run_id,
-                    keep_last=spec.checkpoints.keep_last,
-                    keep_best_metric=spec.checkpoints.keep_best_metric,
-                    protect=protect,
-                    keep_from=keep_from,
-                ),
-                task_queue=spec.task_queues.control,
-                step=step,
-                scheduling=spec.scheduling(),
-                heartbeat_s=spec.heartbeat_timeout_s,
-            )
-        except StageFailed as err:
-            workflow.logger.warning("checkpoint retention after step %d failed: %s", step, err.message)
-
-
-def step_metrics(
-    summary: StepSummary, n_groups: int, dropped_stale_groups: int, dropped_lost_adapter_groups: int = 0
-) -> dict[str, float]:
-    """A step's numbers under ART's metric names (``train/reward``, ``data/...``, ``loss/...``, ``time/...``).
-
-    ``train/reward_std_dev`` is the std of all the step's rewards (ART averages each group's std; the
-    workflow only sees the step's summary).
-    """
-    rollouts = summary.n_trajectories + summary.n_exceptions
-    nan = float("nan")
-    metrics: dict[str, float] = {
-        "train/reward": summary.reward_mean if summary.reward_mean is not None else nan,
-        "train/reward_std_dev": summary.reward_std if summary.reward_std is not None else nan,
-        "train/exception_rate": summary.n_exceptions / rollouts if rollouts else nan,
-        "data/step_num_scenarios": float(n_groups),
-        "data/step_num_groups_submitted": float(n_groups),
-        "data/step_num_groups_trainable": float(n_groups - summary.n_groups_zero_variance),
-        "data/step_num_trajectories": float(rollouts),
-        "data/step_num_resamples": float(summary.resampled),
-        "discarded/step/zero_variance_groups": float(summary.n_groups_zero_variance),
-        "discarded/cum/stale_groups": float(dropped_stale_groups),
-        "discarded/cum/lost_adapter_groups": float(dropped_lost_adapter_groups),
-        "offpolicy/policy_age_steps": float(summary.step - 1 - summary.policy_step),
-    }
-    if summary.loss is not None:
-        metrics["loss/train"] = summary.loss
-    metrics.update(summary.train_metrics)
-    for phase, seconds in summary.seconds.items():
-        metrics["time/step_wall_s" if phase == "step" else f"time/step_{phase}_s"] = seconds
-    return metrics
