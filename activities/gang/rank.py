@@ -1,0 +1,198 @@
+"""A rank process of a trainer worker's gang (``python -m activities.gang.rank``, started by
+activities/gang/local_ranks.py): it connects back to its worker, loads the model, joins the gang's world and
+trains the steps it is given, one at a time, answering each command (activities/gang/messages.py).
+
+It beats every second from a thread of its own, so a stopped or frozen rank goes silent and its worker recycles the
+gang; it exits as soon as its worker is gone (the connection closes) and after any failure: a collective that failed
+leaves the world unusable, so a failed rank is never given another step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from multiprocessing.connection import Client, Connection
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from activities import sft
+from activities.checkpoints import stage_checkpoint
+from activities.gang.collectives import join_world
+from activities.gang.messages import (
+    Beat,
+    Failed,
+    FromRank,
+    Hello,
+    Join,
+    Joined,
+    Load,
+    Loaded,
+    Progress,
+    Train,
+    Trained,
+)
+from activities.gang.sharded import ShardedTrainer
+from activities.training import is_out_of_memory
+from schemas.errors import NonFiniteUpdateError, RunSpecError
+
+log = logging.getLogger(__name__)
+
+ENV_CONTROL = "DGRPO_GANG_CONTROL"
+"""``host:port`` of the worker's listener this rank connects to."""
+ENV_KEY = "DGRPO_GANG_KEY"
+"""The listener's key (hex): only the worker's own children connect."""
+ENV_LOCAL_RANK = "DGRPO_GANG_LOCAL_RANK"
+BEAT_S = 1.0
+
+
+class Link:
+    """The rank's end of its connection: sends from any thread, one at a time; a lost worker ends the process."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: FromRank) -> None:
+        try:
+            with self._lock:
+                self.conn.send(message)
+        except OSError:
+            os._exit(3)  # the worker is gone: nothing to train for
+
+    def beat(self) -> None:
+        while True:
+            time.sleep(BEAT_S)
+            self.send(Beat())
+
+
+class Rank:
+    """One rank: its trainer, once loaded."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.trainer: ShardedTrainer | None = None
+        self.load: Load | None = None
+        self.micro_batch = 0
+        """The micro-batch of the step training (an out-of-memory failure reports it)."""
+
+    def on_load(self, command: Load) -> Loaded:
+        torch.set_num_threads(command.threads)
+        self.load = command
+        started = time.monotonic()
+        self.trainer = ShardedTrainer(command.model, command.precision, command.device)
+        log.info(
+            "loaded on %s in %.1f s (%d threads)", command.device, time.monotonic() - started, command.threads
+        )
+        return Loaded()
+
+    def on_join(self, command: Join) -> Joined:
+        assert self.trainer is not None and self.load is not None, "Load first"
+        join_world(command.address, command.port, command.rank, command.world_size, self.trainer.device,
+                   command.timeout_s)  # fmt: skip
+        base = [p for p in self.trainer.model.parameters() if not p.requires_grad]
+        whole = sum(p.numel() for p in base)
+        self.trainer.shard(command.sharding, self.load.per_device)
+        base = [p for p in self.trainer.model.parameters() if not p.requires_grad]
+        held = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in base)
+        log.info("rank %d of %d (%s), holding %.3f of the base", command.rank, command.world_size, command.sharding,
+                 held / max(whole, 1))  # fmt: skip
+        return Joined(base_fraction=held / max(whole, 1))
+
+    def on_train(self, command: Train) -> Trained:
+        trainer = self.trainer
+        assert trainer is not None, "Load and Join first"
+        if command.restore_from is not None:
+            trainer.load_state(command.restore_from)
+
+        def progress(done: int, of: int, micro_batch: int) -> None:
+            self.link.send(Progress(done, of, micro_batch))
+
+        everything = command.sequences or [s for _, batch in command.sft_batches for s in batch]
+        plan = trainer.plan_memory(everything, command.micro_batch)
+        self.micro_batch = trainer.ranks.least(plan.micro_batch)  # every rank runs as many micro-batches
+        checkpointing = trainer.ranks.most(int(plan.gradient_checkpointing)) > 0
+        trainer.use_gradient_checkpointing(checkpointing)
+        started = time.monotonic()
+        if command.config is not None:
+            stats = trainer.train_step(
+                command.sequences, command.config, command.step, self.micro_batch, progress
+            )
+            trained = Trained({k: float(v) for k, v in vars(stats).items()}, self.micro_batch, checkpointing,
+                              time.monotonic() - started)  # fmt: skip
+        else:
+            assert command.sft is not None
+            done = sft.SftStats()
+            sft.train_batches(trainer, command.sft_batches, command.sft, command.step, self.micro_batch, done,
+                              progress)  # fmt: skip
+            trained = Trained({"n_trainable_tokens": float(done.n_trainable_tokens)}, self.micro_batch, checkpointing,
+                              time.monotonic() - started, done.losses, done.grad_norms)  # fmt: skip
+        log.info(
+            "step %d trained in %.2f s at micro-batch %d", command.step, trained.seconds, self.micro_batch
+        )
+        snapshot = trainer.snapshot()  # every rank gathers; rank 0 writes
+        if command.stage is not None:
+            stage = command.stage
+            state = stage.state.model_copy(update={"micro_batch_size": self.micro_batch})
+            metrics = {**trained.stats, **stage.metrics, "gradient_checkpointing": float(checkpointing)}
+            if command.sft is not None:
+                metrics = {
+                    **stage.metrics,
+                    "loss": trained.sft_losses[-1],
+                    "grad_norm": trained.sft_grad_norms[-1],
+                }
+            stage_checkpoint(stage.directory, snapshot.write, state, metrics)
+        return trained
+
+    def handle(self, command: Any) -> FromRank:
+        if isinstance(command, Load):
+            return self.on_load(command)
+        if isinstance(command, Join):
+            return self.on_join(command)
+        if isinstance(command, Train):
+            return self.on_train(command)
+        raise TypeError(f"unknown command {type(command).__name__}")
+
+
+def failure(err: BaseException, micro_batch: int) -> Failed:
+    """``err`` as the rank reports it; the worker raises the matching typed error."""
+    message = f"{type(err).__name__}: {str(err)[:2000]}"
+    if is_out_of_memory(err):
+        return Failed("out_of_memory", message, micro_batch)
+    if isinstance(err, NonFiniteUpdateError):
+        return Failed("non_finite", str(err))
+    if isinstance(err, RunSpecError | ValueError):
+        return Failed("bad_input", message)
+    return Failed("error", message)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s rank: %(message)s")
+    host, _, port = os.environ[ENV_CONTROL].rpartition(":")
+    local_rank = int(os.environ[ENV_LOCAL_RANK])
+    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[ENV_KEY]))
+    link = Link(conn)
+    link.send(Hello(local_rank, os.getpid()))
+    threading.Thread(target=link.beat, name="beat", daemon=True).start()
+    rank = Rank(link)
+    while True:
+        try:
+            command = conn.recv()
+        except (EOFError, OSError):
+            return  # the worker closed the connection (recycling the gang) or died
+        try:
+            reply = rank.handle(command)
+        except BaseException as err:
+            log.exception("local rank %d: %s failed", local_rank, type(command).__name__)
+            link.send(failure(err, rank.micro_batch))
+            sys.stdout.flush()
+            os._exit(1)  # a failed collective leaves the world unusable: the worker starts fresh ranks
+        link.send(reply)
+
+
+if __name__ == "__main__":
+    main()
