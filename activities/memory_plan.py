@@ -11,6 +11,10 @@ device's free memory:
 - otherwise gradient checkpointing on (each decoder layer keeps only its input and is recomputed in the
   backward pass), and as many sequences as then fit, at least 1.
 
+A rank of a gang (activities/gang/) plans the same way, in its share of the device's free memory, less what
+sharding holds beside its activations (``sharding_bytes``: its part of the optimizer state, and under FSDP the
+layers gathered whole while they compute).
+
 The estimate is rough on purpose (it counts the tensors a Llama-shaped layer saves, and only
 ``USABLE_FRACTION`` of the free memory): the out-of-memory halving of activities/training.py stays the net
 below it. Pure arithmetic on a model's config and a number of free bytes, no torch.

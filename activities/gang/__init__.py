@@ -14,5 +14,7 @@ checkpoint gathered to the format one device writes, so serving, resume and the 
 - ``rank.py``: the rank process (``python -m activities.gang.rank``);
 - ``local_ranks.py``: a worker's rank processes, started and watched (host/processes.py's lifecycle);
 - ``rendezvous.py``: the gang's members and each step's roster, through the object store;
+- ``coordinator.py``: one attempt's gang formed, as its leader or as a member it invited;
+- ``shared_step.py``: the step a leader shares with the members (JSON and safetensors, no pickle);
 - ``activities.py``: ``GangTrainerActivities``, the trainer queue's activities over a gang.
 """

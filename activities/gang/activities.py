@@ -28,20 +28,20 @@ from activities.advantages import read_step_table
 from activities.checkpoints import (
     TrainerState,
     check_checkpoint_fits,
-    download_checkpoint,
     publish_staged,
     read_trainer_state,
-    run_dir,
     stage_checkpoint,
     staging_dir,
 )
 from activities.device import resolve_precision
+from activities.gang.coordinator import Coordinator, Start, start_files
 from activities.gang.initial import initial_adapter
 from activities.gang.local_ranks import LocalRanks
-from activities.gang.messages import Stage, Train, Trained
-from activities.gang.rendezvous import Roster, local_roster
+from activities.gang.messages import Stage, Trained
+from activities.gang.rendezvous import Roster
+from activities.gang.shared_step import SharedStep
 from activities.object_store import ObjectStore
-from activities.tokenize import run_tokenizer
+from activities.tokenize import TrainSequence, run_tokenizer
 from activities.trainer import check_finite_adapter
 from activities.training import Held, TrainerActivities, tokenize_step
 from base_models.resolve import resolve_base_model
@@ -72,6 +72,9 @@ class GangTrainerActivities(TrainerActivities):
         super().__init__(store, staging_root, worker_id, trust_chat_template)
         self.settings = settings
         self.local = LocalRanks(settings, log_dir or self.staging_root / ".ranks")
+        self.coordinator = Coordinator(
+            settings, self.local, store, self.staging_root, self.worker_id, self._lock
+        )
         self._tokenizers: dict[str, Any] = {}
         self.last_roster: Roster | None = None
         """The world the last step trained in (its size and members: what a test or an operator reads)."""
@@ -108,18 +111,14 @@ class GangTrainerActivities(TrainerActivities):
             tokenizer = run_tokenizer(self.tokenizer_for(inp.model), self._chat_template(inp))
             tokenized = tokenize_step(inp, table, tokenizer)
             precision = self.precision_for(inp.train.precision)
-            self._ready(inp.model, precision, should_stop)
-            restore = self._start_of(inp, inp.continue_from, inp.train.seed)
-            extra = {
+            metrics = {
                 "n_dropped_overlength": float(tokenized.n_dropped_overlength),
                 "n_template_choices": float(tokenized.n_template_choices),
                 "bf16": float(precision == "bf16"),
             }
-
-            def command(stage: Stage | None) -> Train:
-                return Train(inp.step, micro_batch, restore, stage, inp.train, tokenized.sequences)
-
-            held, trained = self._train_staged(inp, inp.train.seed, command, extra, progress, should_stop)
+            step = self._shared_step(inp, precision, micro_batch, inp.train.seed, config=inp.train)
+            start = self._start_of(inp, inp.continue_from, inp.train.seed)
+            held, trained = self._train(step, tokenized.sequences, [], start, metrics, progress, should_stop)
         self._step_done(inp.run_id, inp.step)
         stats = trained.stats
         log.info("step %d trained on %d ranks: loss %.4f", inp.step, self.world_size, stats["loss"])
@@ -161,14 +160,15 @@ class GangTrainerActivities(TrainerActivities):
             with stage_progress.stage("tokenize"):
                 batches = sft.sft_batches(examples, tokenizer, inp.sft, stats)
             sft.check_batches(batches, len(examples), inp.sft, inp.step, stats)
-            self._ready(inp.model, self.precision_for(inp.sft.precision), should_stop)
-            restore = self._start_of(inp, None, inp.sft.seed)
-
-            def command(stage: Stage | None) -> Train:
-                return Train(inp.step, micro_batch, restore, stage, sft=inp.sft, sft_batches=batches)
-
-            held, trained = self._train_staged(
-                inp, inp.sft.seed, command, {}, progress, should_stop, sft_step=True
+            precision = self.precision_for(inp.sft.precision)
+            learning_rates = [lr for lr, _ in batches]
+            step = self._shared_step(inp, precision, micro_batch, inp.sft.seed, sft=inp.sft,
+                                     sft_learning_rates=learning_rates)  # fmt: skip
+            sequences = [s for _, batch in batches for s in batch]
+            batch_of = [i for i, (_, batch) in enumerate(batches) for _ in batch]
+            start = self._start_of(inp, None, inp.sft.seed)
+            held, trained = self._train(
+                step, sequences, batch_of, start, {}, progress, should_stop, sft_step=True
             )
         self._step_done(inp.run_id, inp.step)
         log.info("step %d fine-tuned on %d ranks: losses %s", inp.step, self.world_size, trained.sft_losses)
@@ -179,7 +179,7 @@ class GangTrainerActivities(TrainerActivities):
             worker_id=self.worker_id,
             losses=trained.sft_losses,
             grad_norms=trained.sft_grad_norms,
-            learning_rates=[lr for lr, _ in batches],
+            learning_rates=learning_rates,
             n_examples=stats.n_examples,
             n_dropped_overlength=stats.n_dropped_overlength,
             n_trainable_tokens=int(trained.stats["n_trainable_tokens"]),
@@ -211,90 +211,89 @@ class GangTrainerActivities(TrainerActivities):
     def world_size(self) -> int:
         return self.last_roster.world_size if self.last_roster is not None else 0
 
-    def _start_of(self, inp: TrainInput | SftInput, staged: StagedRef | None, seed: int) -> Path | None:
-        """The checkpoint directory the ranks start the step from; None when they hold its start already (the
-        step this worker staged last, in memory). Call holding ``_lock``, the gang ready."""
-        held = self.held
-        if staged is not None:
-            if held is not None and held.is_staging(staged) and self.local.holding == staged.staged_id:
-                return None
-            directory = staging_dir(self.staging_root, staged.run_id, staged.step)
-            self._written(directory)
-            state = read_trainer_state(directory) if directory.is_dir() else None
-            if staged.worker_id != self.worker_id or state is None or state.staged_id != staged.staged_id:
-                raise StagedStateLostError(
-                    f"trainer {self.worker_id} no longer holds step {staged.step} of run {staged.run_id} as staged "
-                    f"by {staged.worker_id} ({staged.staged_id}); train from its checkpoint once it is manifested"
-                )
-            check_checkpoint_fits(state, inp.model, str(directory))
-            return directory
-        ref = inp.start_from
-        if ref is None:
-            directory = run_dir(self.staging_root, inp.run_id) / ".inputs" / f"initial-{seed}"
-            if not directory.is_dir():
-                stage_checkpoint(directory, initial_adapter(inp.model, seed).write,
-                                 TrainerState(run_id=inp.run_id, step=0, base_model=inp.model.base_model), {})  # fmt: skip
-            return directory
-        if held is not None and held.is_checkpoint(ref) and self.local.holding == held.staged_id:
-            return None
-        local = run_dir(self.staging_root, inp.run_id) / ".inputs" / layout.step_name(ref.step)
-        with stage_progress.stage("download"):
-            download_checkpoint(self.store, ref, local)
-        check_checkpoint_fits(read_trainer_state(local), inp.model, ref.uri)
-        return local
+    def _shared_step(
+        self, inp: TrainInput | SftInput, precision: str, micro_batch: int, seed: int, **kind: Any
+    ) -> SharedStep:
+        """The step as every member of the gang trains it (the staging id is filled in by ``_train``)."""
+        return SharedStep(run_id=inp.run_id, step=inp.step, model=inp.model, precision=precision,
+                          micro_batch=micro_batch, staged_id="", checkpoint=inp.start_from, seed=seed, **kind)  # fmt: skip
 
-    def _train_staged(
+    def _start_of(self, inp: TrainInput | SftInput, staged: StagedRef | None, seed: int) -> Start:
+        """Where the step starts: what the ranks hold (the step this worker staged last), or files. Call holding
+        ``_lock``."""
+        held = self.held
+        holding = self.local.holding if held is not None and held.staged_id == self.local.holding else None
+        if staged is not None:
+            if holding is not None and held is not None and held.is_staging(staged):
+                return Start(holding, None, lambda: self._staged_files(inp, staged), shareable=False)
+            directory = self._staged_files(inp, staged)
+            return Start(None, None, lambda: directory, shareable=False)
+        ref = inp.start_from
+        held_here = holding if ref is not None and held is not None and held.is_checkpoint(ref) else None
+
+        def files() -> Path:
+            with stage_progress.stage("download"):
+                return start_files(self.store, self.staging_root, inp.run_id, inp.model, ref, seed)
+
+        return Start(held_here, ref, files)
+
+    def _staged_files(self, inp: TrainInput | SftInput, staged: StagedRef) -> Path:
+        """The files of step ``staged`` as this worker staged it; ``StagedStateLostError`` when they are gone."""
+        directory = staging_dir(self.staging_root, staged.run_id, staged.step)
+        self._written(directory)
+        state = read_trainer_state(directory) if directory.is_dir() else None
+        if staged.worker_id != self.worker_id or state is None or state.staged_id != staged.staged_id:
+            raise StagedStateLostError(
+                f"trainer {self.worker_id} no longer holds step {staged.step} of run {staged.run_id} as staged "
+                f"by {staged.worker_id} ({staged.staged_id}); train from its checkpoint once it is manifested"
+            )
+        check_checkpoint_fits(state, inp.model, str(directory))
+        return directory
+
+    def _train(
         self,
-        inp: TrainInput | SftInput,
-        seed: int,
-        command: Callable[[Stage | None], Train],
+        step: SharedStep,
+        sequences: list[TrainSequence],
+        batches: list[int],
+        start: Start,
         metrics: dict[str, float],
         progress: Progress | None,
         should_stop: Callable[[], bool] | None,
         sft_step: bool = False,
     ) -> tuple[Held, Trained]:
-        """Train the step on the ready gang (``command(rank 0's staging)`` to each rank) and hold it as rank 0
-        staged it. Call holding ``_lock``."""
+        """Train ``step`` on a gang formed for it, and hold it as rank 0 staged it. Call holding ``_lock``."""
         held = Held(
-            inp.run_id, inp.step, uuid.uuid4().hex[:16], staging_dir(self.staging_root, inp.run_id, inp.step)
+            step.run_id,
+            step.step,
+            uuid.uuid4().hex[:16],
+            staging_dir(self.staging_root, step.run_id, step.step),
         )
+        step = step.model_copy(update={"staged_id": held.staged_id})
         self._written(held.directory)  # an earlier staging of this step is written before this one
         self._hold(None)  # the ranks' model is about to change
-        state = TrainerState(
-            staged_id=held.staged_id,
-            run_id=inp.run_id,
-            step=inp.step,
-            base_model=inp.model.base_model,
-            seed=seed,
-            worker_id=self.worker_id,
-            lora=inp.model.lora.model_dump(mode="json"),
-            **({"sft": True} if sft_step else {}),
-            world_size=self.world_size,  # who trained it, for the operator: resuming reads nothing of it
-            sharding=self.settings.shard,
-        )
-        stage = Stage(held.directory, state, metrics)
-        commands = [command(stage if i == 0 else None) for i in range(self.settings.ranks)]
-        with stage_progress.stage("micro_batch"):
-            trained = self.local.train(commands, progress, self._watch(should_stop))
+        with stage_progress.stage("load"):
+            formed = self.coordinator.form(step, sequences, batches, start, should_stop)
+        self.last_roster = formed.roster
+        try:
+            state = TrainerState(
+                staged_id=held.staged_id,
+                run_id=step.run_id,
+                step=step.step,
+                base_model=step.model.base_model,
+                seed=step.seed,
+                worker_id=self.worker_id,
+                lora=step.model.lora.model_dump(mode="json"),
+                **({"sft": True} if sft_step else {}),
+                world_size=formed.roster.world_size,  # who trained it, for the operator: resuming reads none of it
+                sharding=formed.roster.sharding,
+            )
+            stage = Stage(held.directory, state, metrics)
+            commands = [step.command(sequences, batches, formed.restore, stage if i == 0 else None, formed.roster.world_size)
+                        for i in range(self.settings.ranks)]  # fmt: skip
+            with stage_progress.stage("micro_batch"):
+                trained = self.local.train(commands, progress, formed.watch)[0]
+        finally:
+            self.coordinator.done()
         self._hold(held)
         self.local.holding = held.staged_id
         return held, trained
-
-    def _ready(self, model: ModelSpec, precision: str, should_stop: Callable[[], bool] | None) -> Roster:
-        """The gang, ranks loaded with ``model`` and joined to a world. Call holding ``_lock``."""
-        watch = self._watch(should_stop)
-        with stage_progress.stage("load"):
-            self.local.load(model, precision, watch)
-            roster = local_roster(self.local, self.settings)
-            if roster.fresh:
-                self.local.join(roster.address, roster.port, 0, roster.world_size, roster.world, watch)
-        self.last_roster = roster
-        return roster
-
-    @staticmethod
-    def _watch(should_stop: Callable[[], bool] | None) -> Callable[[], None]:
-        def watch() -> None:
-            if should_stop is not None and should_stop():
-                raise InterruptedError("training cancelled")
-
-        return watch

@@ -43,7 +43,7 @@ from activities.training import OutOfMemory
 from host.processes import HOST, ChildProcess
 from schemas.config import ModelSpec
 from schemas.errors import GangLostError, NonFiniteUpdateError, RunSpecError
-from schemas.settings import GangSettings
+from schemas.settings import GangSettings, Sharding
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,22 @@ Watch = Callable[[], None]
 """Raises to end a wait: the attempt was cancelled, or a peer host of the gang is gone."""
 OnProgress = Callable[[int, int, int], None]
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class World:
+    """A world for this worker's ranks to join: rank 0 serves its rendezvous at ``address:port``."""
+
+    name: str
+    address: str
+    port: int
+    first_rank: int
+    """This worker's first rank in it."""
+    world_size: int
+    members: tuple[str, ...]
+    """The workers whose ranks it holds, in rank order."""
+    sharding: Sharding
+    timeout_s: float
 
 
 @dataclass(frozen=True)
@@ -89,13 +105,16 @@ class LocalRanks:
         """The network interface gloo uses between hosts (``GLOO_SOCKET_IFNAME``); None: loopback only."""
         self._key = os.urandom(32)
         self._listener = Listener((HOST, 0), authkey=self._key)
-        self._inbox: queue.Queue[tuple[int, int, object]] = queue.Queue()
+        self._inbox: queue.Queue[tuple[int, int, float, object]] = queue.Queue()
+        """(pid, local rank, when it arrived, message) of every rank's every message."""
         self._ranks: list[_Rank] = []
         self._generation = 0
         self.model: str | None = None
         """What the ranks have loaded (model, LoRA shape, precision); None: no ranks."""
         self.world: str | None = None
         """The world the ranks are joined to; None: not joined."""
+        self.world_members: tuple[str, ...] = ()
+        """The workers whose ranks are in that world, in rank order."""
         self.holding: str | None = None
         """What the ranks' model holds (a staging id): kept only while they live and the world stands."""
         self.base_fraction = 1.0
@@ -110,10 +129,18 @@ class LocalRanks:
         cuda = torch.cuda.is_available()
         return [f"cuda:{i}" if cuda else "cpu" for i in range(self.settings.ranks)]
 
+    @staticmethod
+    def model_key(model: ModelSpec, precision: str) -> str:
+        return f"{model.base_model}|{model.lora.model_dump_json()}|{precision}"
+
+    def holds(self, model: ModelSpec, precision: str) -> bool:
+        """Whether the ranks run, every one, with ``model`` in ``precision`` loaded."""
+        return self.model == self.model_key(model, precision) and all(r.child.alive() for r in self._ranks)
+
     def load(self, model: ModelSpec, precision: str, watch: Watch) -> None:
         """Ranks holding ``model`` in ``precision``: those running, or fresh ones (the old recycled)."""
-        key = f"{model.base_model}|{model.lora.model_dump_json()}|{precision}"
-        if self.model == key and all(r.child.alive() for r in self._ranks):
+        key = self.model_key(model, precision)
+        if self.holds(model, precision):
             return
         self.recycle()
         try:
@@ -130,34 +157,36 @@ class LocalRanks:
             self.recycle()
             raise
 
-    def join(
-        self, address: str, port: int, first_rank: int, world_size: int, world: str, watch: Watch
-    ) -> None:
-        """Join the loaded ranks to ``world`` (``first_rank`` is this worker's first rank in it)."""
+    def join(self, world: World, watch: Watch) -> None:
+        """Join the loaded ranks to ``world``."""
         try:
             for i, rank in enumerate(self._ranks):
-                command = Join(address, port, first_rank + i, world_size, self.settings.shard,
-                               self.settings.collective_timeout_s)  # fmt: skip
+                command = Join(world.address, world.port, world.first_rank + i, world.world_size, world.sharding,
+                               world.timeout_s)  # fmt: skip
                 self._send(rank, command)
             joined = self._collect(Joined, watch)
             self.base_fraction = joined[0].base_fraction
-            self.world = world
+            self.world, self.world_members = world.name, world.members
         except BaseException:
             self.recycle()
             raise
 
-    def train(self, commands: Sequence[Train], on_progress: OnProgress | None, watch: Watch) -> Trained:
-        """One step on the joined ranks (``commands[i]`` to local rank ``i``); local rank 0's answer (every rank's
-        stats are the gang's sums). Any failure recycles the ranks."""
+    def train(self, commands: Sequence[Train], on_progress: OnProgress | None, watch: Watch) -> list[Trained]:
+        """One step on the joined ranks (``commands[i]`` to local rank ``i``); each rank's answer, in order (the
+        stats in each are the gang's sums). Any failure recycles the ranks."""
         self.holding = None
         try:
             for rank, command in zip(self._ranks, commands, strict=True):
                 rank.done = 0
                 self._send(rank, command)
-            return self._collect(Trained, watch, on_progress)[0]
+            return self._collect(Trained, watch, on_progress)
         except BaseException:
             self.recycle()
             raise
+
+    def rank_pids(self) -> tuple[int, ...]:
+        """The rank processes' ids, in local rank order (none before the first step)."""
+        return tuple(r.child.proc.pid for r in self._ranks if r.child.proc is not None)
 
     def recycle(self) -> None:
         """Kill every rank (stopped ones too) and forget what they held."""
@@ -171,6 +200,7 @@ class LocalRanks:
             log.info("gang ranks recycled")
         self._ranks = []
         self.model = self.world = self.holding = None
+        self.world_members = ()
 
     def _start(self, watch: Watch) -> None:
         env = {**os.environ, ENV_CONTROL: f"{HOST}:{self._listener.address[1]}", ENV_KEY: self._key.hex()}
@@ -210,13 +240,13 @@ class LocalRanks:
             threading.Thread(target=self._read, args=(conn, hello), daemon=True).start()
 
     def _read(self, conn: Connection, hello: Hello) -> None:
-        self._inbox.put((hello.pid, hello.local_rank, _Connected(conn, hello)))
+        self._inbox.put((hello.pid, hello.local_rank, time.monotonic(), _Connected(conn, hello)))
         while True:
             try:
                 message = conn.recv()
             except (EOFError, OSError):
                 return  # the rank exited (its exit is seen by the waits) or was recycled
-            self._inbox.put((hello.pid, hello.local_rank, message))
+            self._inbox.put((hello.pid, hello.local_rank, time.monotonic(), message))
 
     # ---- waiting ------------------------------------------------------------------------------------
     def _send(self, rank: _Rank, command: ToRank) -> None:
@@ -230,12 +260,14 @@ class LocalRanks:
         """Every rank's answer of ``kind``, in local rank order, while watching them all."""
         answers: dict[int, T] = {}
         while len(answers) < len(self._ranks):
-            self._check(watch)
-            for local_rank, message in self._take(POLL_S, on_progress):
+            for local_rank, message in self._take(
+                POLL_S, on_progress
+            ):  # first: every beat that came is counted
                 if isinstance(message, kind):
                     answers[local_rank] = message
                 elif isinstance(message, Failed):
                     raise self._failure(message, local_rank)
+            self._check(watch)
         return [answers[i] for i in range(len(self._ranks))]
 
     def _take(self, timeout: float, on_progress: OnProgress | None) -> list[tuple[int, object]]:
@@ -249,16 +281,16 @@ class LocalRanks:
         while not self._inbox.empty():
             items.append(self._inbox.get_nowait())
         pids = {r.child.proc.pid: i for i, r in enumerate(self._ranks) if r.child.proc is not None}
-        for pid, local_rank, message in items:
+        for pid, local_rank, arrived, message in items:
             if pids.get(pid) != local_rank:  # a rank of a recycled generation
                 if isinstance(message, _Connected):
                     message.conn.close()
                 continue
             if isinstance(message, _Connected):
                 self._ranks[local_rank].conn = message.conn
-                self._ranks[local_rank].heard = time.monotonic()
+                self._ranks[local_rank].heard = arrived
                 continue
-            self._ranks[local_rank].heard = time.monotonic()
+            self._ranks[local_rank].heard = max(self._ranks[local_rank].heard, arrived)
             if isinstance(message, Progress):
                 self._progress(local_rank, message, on_progress)
             else:

@@ -60,7 +60,9 @@ class Train:
     micro_batch: int
     restore_from: Path | None
     stage: Stage | None
-    """Rank 0's; None on every other rank."""
+    """The leader's first rank's; None on every other rank."""
+    world_size: int
+    """The world the step trains in: a rank in another (or none) refuses it rather than train alone."""
     config: TrainConfig | None = None
     sequences: list[TrainSequence] = field(default_factory=list)
     sft: SftConfig | None = None
@@ -105,6 +107,8 @@ class Trained:
     gradient_checkpointing: bool
     seconds: float
     """The forward, backward and optimizer passes alone."""
+    peak_bytes: int = 0
+    """This rank's peak memory: on a GPU, torch's allocated peak; on a CPU, the process's resident peak."""
     sft_losses: list[float] = field(default_factory=list)
     sft_grad_norms: list[float] = field(default_factory=list)
 

@@ -17,6 +17,7 @@ import time
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
+import psutil
 import torch
 from torch.distributed.tensor import DTensor
 
@@ -106,6 +107,12 @@ class Rank:
     def on_train(self, command: Train) -> Trained:
         trainer = self.trainer
         assert trainer is not None, "Load and Join first"
+        if (
+            trainer.ranks.world_size != command.world_size
+        ):  # never a share trained alone as if it were the step
+            raise RuntimeError(
+                f"this rank is in a world of {trainer.ranks.world_size}, the step's of {command.world_size}"
+            )
         if command.restore_from is not None:
             trainer.load_state(command.restore_from)
 
@@ -118,19 +125,24 @@ class Rank:
         checkpointing = trainer.ranks.most(int(plan.gradient_checkpointing)) > 0
         trainer.use_gradient_checkpointing(checkpointing)
         started = time.monotonic()
-        if command.config is not None:
-            stats = trainer.train_step(
-                command.sequences, command.config, command.step, self.micro_batch, progress
-            )
-            trained = Trained({k: float(v) for k, v in vars(stats).items()}, self.micro_batch, checkpointing,
-                              time.monotonic() - started)  # fmt: skip
-        else:
-            assert command.sft is not None
-            done = sft.SftStats()
-            sft.train_batches(trainer, command.sft_batches, command.sft, command.step, self.micro_batch, done,
-                              progress)  # fmt: skip
-            trained = Trained({"n_trainable_tokens": float(done.n_trainable_tokens)}, self.micro_batch, checkpointing,
-                              time.monotonic() - started, done.losses, done.grad_norms)  # fmt: skip
+        with PeakMemory(trainer.device) as memory:
+            if command.config is not None:
+                stats = vars(trainer.train_step(command.sequences, command.config, command.step, self.micro_batch,
+                                                progress))  # fmt: skip
+                losses: list[float] = []
+                grad_norms: list[float] = []
+            else:
+                assert command.sft is not None
+                done = sft.SftStats()
+                sft.train_batches(trainer, command.sft_batches, command.sft, command.step, self.micro_batch, done,
+                                  progress)  # fmt: skip
+                stats, losses, grad_norms = (
+                    {"n_trainable_tokens": done.n_trainable_tokens},
+                    done.losses,
+                    done.grad_norms,
+                )
+        trained = Trained({k: float(v) for k, v in stats.items()}, self.micro_batch, checkpointing,
+                          time.monotonic() - started, memory.peak, losses, grad_norms)  # fmt: skip
         log.info(
             "step %d trained in %.2f s at micro-batch %d", command.step, trained.seconds, self.micro_batch
         )
@@ -156,6 +168,34 @@ class Rank:
         if isinstance(command, Train):
             return self.on_train(command)
         raise TypeError(f"unknown command {type(command).__name__}")
+
+
+class PeakMemory:
+    """This rank's peak memory over a block: torch's allocated peak on a GPU; on a CPU the process's resident
+    size, sampled (the resident peak of the whole process would count the model's load, before sharding)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.peak = 0
+        self._done = threading.Event()
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            threading.Thread(target=self._sample, daemon=True).start()
+        return self
+
+    def _sample(self) -> None:
+        process = psutil.Process()
+        while not self._done.is_set():
+            self.peak = max(self.peak, process.memory_info().rss)
+            self._done.wait(0.02)
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        if self.device.type == "cuda":
+            self.peak = int(torch.cuda.max_memory_allocated(self.device))
 
 
 def failure(err: BaseException, micro_batch: int) -> Failed:

@@ -43,10 +43,13 @@ def start_stack(c: Cluster, s3_address: str | None = None) -> dict[str, str]:
     return env
 
 
-def start_worker(host: Host, role: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """``dgrpo worker ROLE`` on ``host`` (a host whose directories were removed gets fresh ones)."""
+def start_worker(
+    host: Host, role: str, env: dict[str, str], flags: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
+    """``dgrpo worker ROLE [FLAGS]`` on ``host`` (a host whose directories were removed gets fresh ones)."""
     host.root.mkdir(parents=True, exist_ok=True)
-    return host.spawn([PYTHON, "-m", "dgrpo.cli", "worker", role], env, host.root / "worker.log", cwd=REPO)
+    argv = [PYTHON, "-m", "dgrpo.cli", "worker", role, *flags]
+    return host.spawn(argv, env, host.root / "worker.log", cwd=REPO)
 
 
 def healthy(host: Host, role: str, env: dict[str, str]) -> bool:

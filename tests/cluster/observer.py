@@ -19,6 +19,10 @@ JSON line at a time on stdin; each answer is one JSON line on stdout ({"error": 
         manifest, every file it lists sha256-verified (a missing or other file is an error)
     {"op": "verify", "faults": [...], "rows": R}                            what the run left, and each fault's
         seconds to the retry that succeeded
+    {"op": "trained_by", "steps": N}                                       each checkpoint's world size (the
+        ranks of the trainer gang that trained it; 1: a trainer alone)
+    {"op": "retrain", "steps": N}                                          each step trained again here on one
+        device from the checkpoint before it: how far each checkpoint is from it (tests/gang_checks.py)
 
     python tests/cluster/observer.py
 """
@@ -48,12 +52,14 @@ from chaos_cluster import (  # noqa: E402
 from temporalio.api.enums.v1 import EventType, PendingActivityState  # noqa: E402
 from temporalio.client import Client, WorkflowHandle  # noqa: E402
 
+from activities.checkpoints import TRAINER_STATE_FILE  # noqa: E402
 from activities.object_store import ObjectStore  # noqa: E402
 from dgrpo.client import run_control  # noqa: E402
 from schemas.config import RunSpec  # noqa: E402
 from schemas.layout import checkpoint_prefix, rollout_shard_key  # noqa: E402
 from schemas.run_state import RunStatus  # noqa: E402
 from schemas.settings import S3Settings  # noqa: E402
+from tests.gang_checks import retrained  # noqa: E402
 from workers.temporal import connect_client, result_across_restarts  # noqa: E402
 
 
@@ -82,18 +88,28 @@ class Observer:
         self.store = ObjectStore(S3Settings.from_env())
         self.handle: WorkflowHandle[Any, Any] | None = None
         self.result: asyncio.Future[RunStatus] | None = None
+        self.spec: RunSpec | None = None
 
     async def start(
-        self, run_id: str, steps: int, groups: int, group_size: int, heartbeat_timeout_s: float
+        self,
+        run_id: str,
+        steps: int,
+        groups: int,
+        group_size: int,
+        heartbeat_timeout_s: float,
+        epochs: int = 4,
     ) -> dict[str, Any]:
         data = json.loads((REPO / "examples" / "run.json").read_text())
         data.update(run_id=run_id, steps=steps, groups_per_step=groups, group_size=group_size)
         data.update(heartbeat_timeout_s=heartbeat_timeout_s)
         # 4 epochs: a training lasts a few seconds, so a fault struck a second into it lands mid-training (one
         # epoch of this run trains in about half a second since the trainer writes its state beside the next step)
-        data.update(groups_per_shard=1, metrics={"wandb": False}, train={"learning_rate": 2e-4, "epochs": 4})
+        data.update(
+            groups_per_shard=1, metrics={"wandb": False}, train={"learning_rate": 2e-4, "epochs": epochs}
+        )
         data["model"]["name"] = run_id
-        self.handle = await run_control.start_run(self.client, RunSpec.model_validate(data), self.store)
+        self.spec = RunSpec.model_validate(data)
+        self.handle = await run_control.start_run(self.client, self.spec, self.store)
         self.result = asyncio.ensure_future(result_across_restarts(self.handle))
         return {"workflow_id": run_id}
 
@@ -221,6 +237,30 @@ class Observer:
             "changed": await self.changed_since_recorded(),
         }
 
+    async def trained_by(self, steps: int) -> dict[str, Any]:
+        """Each checkpoint's world size, as its trainer state says (1: a trainer alone, which does not say)."""
+        assert self.handle is not None
+        states = [
+            json.loads(
+                await asyncio.to_thread(
+                    self.store.get_bytes, checkpoint_prefix(self.handle.id, step) + TRAINER_STATE_FILE
+                )
+            )
+            for step in range(1, steps + 1)
+        ]
+        return {"world_sizes": [state.get("world_size", 1) for state in states]}
+
+    async def retrain(self, steps: int) -> dict[str, Any]:
+        """Each step trained again here on one device from the run's checkpoint before it: how far each checkpoint
+        of the run is from it (tests/gang_checks.py)."""
+        assert self.spec is not None
+        distances = await asyncio.to_thread(retrained, self.store, self.spec, steps)
+        return {
+            "steps": [
+                {"step": i + 1, "problems": d.problems, "distance": str(d)} for i, d in enumerate(distances)
+            ]
+        }
+
     async def changed_since_recorded(self) -> list[str]:
         """Objects and checkpoints that completed activities recorded (in every run of the chain) whose content
         is no longer what was recorded: what a late attempt overwrote."""
@@ -264,7 +304,8 @@ async def main() -> None:
         ops = {"start": observer.start, "running": observer.running, "phase": observer.phase,
                "retried": observer.retried, "completed": observer.completed,
                "uploading": observer.uploading, "manifested": observer.manifested,
-               "late_write": observer.late_write, "final": observer.final, "verify": observer.verify}  # fmt: skip
+               "late_write": observer.late_write, "final": observer.final, "verify": observer.verify,
+               "trained_by": observer.trained_by, "retrain": observer.retrain}  # fmt: skip
         try:
             answer = await ops[request.pop("op")](**request)
         except Exception as err:  # the test shows it, with the hosts' logs

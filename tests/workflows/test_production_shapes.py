@@ -61,7 +61,9 @@ def engine(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def queues(engine: str) -> TaskQueues:
+def queues(engine: str, tiny_gang_queues: TaskQueues) -> TaskQueues:
+    if engine == "cpu":
+        return tiny_gang_queues
     suffix = f"{engine}-{uuid.uuid4().hex[:8]}"
     return TaskQueues(control=f"sh-c-{suffix}", inference=f"sh-i-{suffix}", trainer=f"sh-t-{suffix}")
 
@@ -72,12 +74,16 @@ def worker(
     tiny_qwen3: Path,
     stack: EmbeddedStack,
     queues: TaskQueues,
+    tiny_gang_worker: WorkerProcess,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[WorkerProcess]:
-    """``dgrpo worker all --model <tiny Qwen3> [--engine vllm]``."""
+    """Our engine: the session's ``dgrpo worker all --model <tiny Qwen3> --ranks 2`` (tests/conftest.py); vLLM:
+    ``dgrpo worker all --model <tiny Qwen3> --engine vllm`` of its own."""
+    if engine == "cpu":
+        yield tiny_gang_worker
+        return
     home = tmp_path_factory.mktemp(f"shapes-{engine}")
-    flags = ["--model", str(tiny_qwen3)]
-    flags += ["--engine", "vllm", "--max-lora-rank", "16"] if engine == "vllm" else ["--ranks", "2"]
+    flags = ["--model", str(tiny_qwen3), "--engine", "vllm", "--max-lora-rank", "16"]
     env = {ENV_HOME: str(home)}
     proc = WorkerProcess("all", home / "worker.log", task_queues=queues, env=env, cwd=REPO, extra_args=flags)
     proc.start()
