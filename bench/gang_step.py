@@ -133,6 +133,21 @@ def one_device_against(other: Path, base: str, a: argparse.Namespace) -> dict[st
             for name, s in times.items()}  # fmt: skip
 
 
+def table(figures: dict[str, Any]) -> str:
+    """The figures as the markdown table docs/scaling-out.md shows."""
+    rows = ["| ranks | sharding | s / step | trained tokens / s | peak GiB per rank | base share per rank |",
+            "|---:|---|---:|---:|---|---:|"]  # fmt: skip
+    if "one_device_step_s" in figures:
+        rows.append(f"| 1 (the worker's own trainer) | | {figures['one_device_step_s']} | | | 1.0 |")
+    for g in figures.get("gang", []):
+        peaks = ", ".join(f"{p:.2f}" for p in g["peak_gib_per_rank"])
+        rows.append(f"| {g['ranks']} | {g['shard']} | {g['step_s']} | {g['trained_tokens_per_s']} | {peaks} | "
+                    f"{g['base_share_per_rank']} |")  # fmt: skip
+    for name, one in figures.get("one_device", {}).items():
+        rows.append(f"| 1 ({name}) | | {one['median_s']} | | | |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -167,6 +182,7 @@ def main() -> None:
                            if not (n == 1 and shard == "replicate")]  # fmt: skip
     text = json.dumps(figures, indent=2)
     print(text)
+    print(table(figures))
     if a.out is not None:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(text + "\n")

@@ -4,8 +4,8 @@ The same activities, inputs and results as ``TrainerActivities`` (activities/tra
 staging layout, OOM halving and heartbeats it keeps: only where a step trains differs. The worker holds no model;
 it reads the step's data, tokenizes it, fetches the checkpoint it starts from, and gives every rank the step
 (activities/gang/local_ranks.py; with a gang over hosts, the other members through the object store,
-activities/gang/rendezvous.py). Rank 0 stages the step in the directory a single trainer stages it in, in the same
-format, so ``publish`` uploads it unchanged. The step's first checkpoint is made here without the base's weights
+activities/gang/coordinator.py). The worker's first rank stages the step in the directory a single trainer stages
+it in, in the same format, so ``publish`` uploads it unchanged. The step's first checkpoint is made here without the base's weights
 (activities/gang/initial.py).
 
 What the ranks hold after a step (the step as staged here) is kept while they live, so the next step of the run
@@ -78,6 +78,10 @@ class GangTrainerActivities(TrainerActivities):
         self._tokenizers: dict[str, Any] = {}
         self.last_roster: Roster | None = None
         """The world the last step trained in (its size and members: what a test or an operator reads)."""
+
+    def close(self) -> None:
+        """Leave the gang and end the ranks (a worker's exit does both by itself)."""
+        self.coordinator.close()
 
     def trainer_for(self, model: ModelSpec, precision: str) -> Any:
         raise AssertionError("a gang's worker holds no model: its ranks do")

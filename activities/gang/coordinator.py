@@ -132,6 +132,12 @@ class Coordinator:
                                      self.follow)  # fmt: skip
             self.member.start()
 
+    def close(self) -> None:
+        """Leave the gang (if any) and end the ranks."""
+        if self.member is not None:
+            self.member.stop()
+        self.local.recycle()
+
     # ---- leading ------------------------------------------------------------------------------------
     def form(
         self,

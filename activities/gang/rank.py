@@ -9,6 +9,7 @@ leaves the world unusable, so a failed rank is never given another step.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -105,20 +106,17 @@ class Rank:
         return Joined(base_fraction=held / max(whole, 1))
 
     def on_train(self, command: Train) -> Trained:
+        """Restore, plan with the other ranks, train, gather; the leader's first rank stages the step."""
         trainer = self.trainer
         assert trainer is not None, "Load and Join first"
         if (
             trainer.ranks.world_size != command.world_size
         ):  # never a share trained alone as if it were the step
             raise RuntimeError(
-                f"this rank is in a world of {trainer.ranks.world_size}, the step's of {command.world_size}"
+                f"a rank of a world of {trainer.ranks.world_size}, given a step of {command.world_size}"
             )
         if command.restore_from is not None:
             trainer.load_state(command.restore_from)
-
-        def progress(done: int, of: int, micro_batch: int) -> None:
-            self.link.send(Progress(done, of, micro_batch))
-
         everything = command.sequences or [s for _, batch in command.sft_batches for s in batch]
         plan = trainer.plan_memory(everything, command.micro_batch)
         self.micro_batch = trainer.ranks.least(plan.micro_batch)  # every rank runs as many micro-batches
@@ -126,39 +124,45 @@ class Rank:
         trainer.use_gradient_checkpointing(checkpointing)
         started = time.monotonic()
         with PeakMemory(trainer.device) as memory:
-            if command.config is not None:
-                stats = vars(trainer.train_step(command.sequences, command.config, command.step, self.micro_batch,
-                                                progress))  # fmt: skip
-                losses: list[float] = []
-                grad_norms: list[float] = []
-            else:
-                assert command.sft is not None
-                done = sft.SftStats()
-                sft.train_batches(trainer, command.sft_batches, command.sft, command.step, self.micro_batch, done,
-                                  progress)  # fmt: skip
-                stats, losses, grad_norms = (
-                    {"n_trainable_tokens": done.n_trainable_tokens},
-                    done.losses,
-                    done.grad_norms,
-                )
-        trained = Trained({k: float(v) for k, v in stats.items()}, self.micro_batch, checkpointing,
-                          time.monotonic() - started, memory.peak, losses, grad_norms)  # fmt: skip
+            grpo = command.config is not None
+            trained = self.train_grpo(trainer, command) if grpo else self.train_sft(trainer, command)
+        trained = dataclasses.replace(trained, gradient_checkpointing=checkpointing,
+                                      seconds=time.monotonic() - started, peak_bytes=memory.peak)  # fmt: skip
         log.info(
             "step %d trained in %.2f s at micro-batch %d", command.step, trained.seconds, self.micro_batch
         )
-        snapshot = trainer.snapshot()  # every rank gathers; rank 0 writes
+        snapshot = trainer.snapshot()  # every rank gathers: the stage's writer needs every shard
         if command.stage is not None:
             stage = command.stage
             state = stage.state.model_copy(update={"micro_batch_size": self.micro_batch})
-            metrics = {**trained.stats, **stage.metrics, "gradient_checkpointing": float(checkpointing)}
             if command.sft is not None:
                 metrics = {
                     **stage.metrics,
                     "loss": trained.sft_losses[-1],
                     "grad_norm": trained.sft_grad_norms[-1],
                 }
+            else:
+                metrics = {**trained.stats, **stage.metrics, "gradient_checkpointing": float(checkpointing)}
             stage_checkpoint(stage.directory, snapshot.write, state, metrics)
         return trained
+
+    def progress(self, done: int, of: int, micro_batch: int) -> None:
+        self.link.send(Progress(done, of, micro_batch))
+
+    def train_grpo(self, trainer: ShardedTrainer, command: Train) -> Trained:
+        assert command.config is not None
+        stats = trainer.train_step(
+            command.sequences, command.config, command.step, self.micro_batch, self.progress
+        )
+        return Trained({k: float(v) for k, v in vars(stats).items()}, self.micro_batch, False, 0.0)
+
+    def train_sft(self, trainer: ShardedTrainer, command: Train) -> Trained:
+        assert command.sft is not None
+        done = sft.SftStats()
+        sft.train_batches(trainer, command.sft_batches, command.sft, command.step, self.micro_batch, done,
+                          self.progress)  # fmt: skip
+        stats = {"n_trainable_tokens": float(done.n_trainable_tokens)}
+        return Trained(stats, self.micro_batch, False, 0.0, 0, done.losses, done.grad_norms)
 
     def handle(self, command: Any) -> FromRank:
         if isinstance(command, Load):

@@ -228,10 +228,19 @@ class GangMember:
         self._lock = threading.Lock()
         self._counts = itertools.count(1)
         self._answered: set[str] = set()
+        self._stopped = threading.Event()
 
     def start(self) -> None:
         threading.Thread(target=self._beat, name="gang-beat", daemon=True).start()
         threading.Thread(target=self._invitations, name="gang-invitations", daemon=True).start()
+
+    def stop(self) -> None:
+        """Leave the gang: no more beats, and this member's record goes (the others stop inviting it at once)."""
+        self._stopped.set()
+        try:
+            self.board.store.delete_prefix(layout.gang_member_key(self.board.gang, self.worker_id))
+        except StoreError as err:  # its record goes stale instead
+            log.warning("gang %s: could not remove this member's record: %s", self.board.gang, err)
 
     @property
     def worker_id(self) -> str:
@@ -239,7 +248,7 @@ class GangMember:
 
     def _beat(self) -> None:
         key = layout.gang_member_key(self.board.gang, self.worker_id)
-        while True:
+        while not self._stopped.is_set():
             try:
                 record = MemberRecord(worker_id=self.worker_id, address=self.address, ranks=self.ranks,
                                       count=next(self._counts), state=self.state, attempt=self.attempt)  # fmt: skip
@@ -247,7 +256,7 @@ class GangMember:
                 self.observe(self.board.members())
             except StoreError as err:  # cut off from the store: the others will find this member gone
                 log.warning("gang %s: beat failed: %s", self.board.gang, err)
-            time.sleep(BEAT_S)
+            self._stopped.wait(BEAT_S)
 
     def observe(self, records: list[MemberRecord]) -> None:
         now = self.clock()
@@ -271,8 +280,7 @@ class GangMember:
 
     def _invitations(self) -> None:
         key = layout.gang_invite_key(self.board.gang, self.worker_id)
-        while True:
-            time.sleep(POLL_S)
+        while not self._stopped.wait(POLL_S):
             try:
                 data = self.board.read(key)
             except StoreError:

@@ -62,7 +62,8 @@ class ShardedTrainer(Trainer):
                 if isinstance(module, FSDPModule):
                     # Sum, not average: each rank's loss is already its share of the step's.
                     module.set_gradient_divide_factor(1.0)
-                    module.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
+                    if self.device.type != "cuda":  # gloo has no pre-multiplied sum (NCCL's multiplies by 1)
+                        module.set_force_sum_reduction_for_comms(True)
         # fully_shard replaced the parameters (by name): the optimizer and the adapter's names follow.
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         by_name = dict(self.model.named_parameters())

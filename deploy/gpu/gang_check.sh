@@ -7,7 +7,7 @@
 #   DGRPO_GANG_DRY_RUN=1 OUT=/tmp/gang-dry deploy/gpu/gang_check.sh      # the plumbing, on a CPU, tiny shapes
 #
 # Parts, in this order, each under its own time bound (seconds):
-#   ranks      (100) bench/gang_step.py on the 0.6B shape: the one-device trainer in the worker, and a gang at 1
+#   ranks      (120) bench/gang_step.py on the 0.6B shape: the one-device trainer in the worker, and a gang at 1
 #              rank and at every GPU the machine has (FSDP and replicated): s/step, tokens/s, peak memory and
 #              share of the base per rank. With BASELINE (today's trainer's checkout, e.g. `git archive main |
 #              tar -x -C .baseline-main` beside this one, carried to the machine): this checkout's one-device
@@ -46,7 +46,7 @@ else
     shape=qwen3-0.6b; ranks=$(seq -s ' ' 1 "$gpus"); precision=auto
 fi
 
-part ranks 100 "$python" bench/gang_step.py --shape "$shape" --ranks $ranks --shard fsdp replicate \
+part ranks 120 "$python" bench/gang_step.py --shape "$shape" --ranks $ranks --shard fsdp replicate \
     --precision "$precision" --repeats 2 --one-device --out "$out/ranks.json"
 if [ -n "${BASELINE:-}" ]; then
     part one-device 60 "$python" bench/gang_step.py --shape "$shape" --against "$BASELINE" --rounds 3 \

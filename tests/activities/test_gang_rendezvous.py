@@ -1,9 +1,9 @@
 """Trainer workers of one gang (``--gang``) in this process, each with a rank of its own, their rendezvous through the
 real S3 (activities/gang/rendezvous.py): a step trains in one world of both ranks under FSDP whoever leads it, the
-same adapter as one device; the world outlives a change of leader (no rank restarted); and a member busy with a
-step of its own declines, so the leader trains alone instead of waiting (no two leaders wait on each other).
+same adapter as one device (a fine-tuning step too); the world outlives a change of leader (no rank restarted); and a
+member busy with a step of its own declines, so the leader trains alone instead of waiting (no two leaders wait on each other).
 
-The faults of a gang over hosts (a member cut off, a host killed) are tests/cluster/test_cluster_gang.py's.
+The faults of a gang over hosts (a member cut off, a host killed) are tests/cluster/test_cluster_faults.py's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,14 @@ from activities.training import TrainerActivities
 from schemas import layout
 from schemas.activities import InitialAdapterInput
 from schemas.settings import GangSettings
-from tests.activities.test_gang_training import CONFIG, assert_same_step, spec, step_groups, train
+from tests.activities.test_gang_training import (
+    CONFIG,
+    assert_same_fine_tuning,
+    assert_same_step,
+    spec,
+    step_groups,
+    train,
+)
 
 
 def test_gang_members_train_one_world_whoever_leads_and_a_busy_member_declines(
@@ -55,6 +62,9 @@ def test_gang_members_train_one_world_whoever_leads_and_a_busy_member_declines(
         assert b.world_size == 2 and not b.last_roster.fresh  # type: ignore[union-attr]
         assert {a.local.rank_pids(), b.local.rank_pids()} == ranks
         assert_same_step(again.staging_dir, want.staging_dir, again, want)
+        # a fine-tuning step too: its batches go to the other host with its sequences
+        assert_same_fine_tuning(object_store, model, one, b)
+        assert b.world_size == 2
 
         # b busy with a step of its own (it holds its trainer's lock): it declines, and a trains alone at once.
         with b._lock:
@@ -62,5 +72,5 @@ def test_gang_members_train_one_world_whoever_leads_and_a_busy_member_declines(
         assert a.world_size == 1
         assert_same_step(alone.staging_dir, want.staging_dir, alone, want)
     finally:
-        a.local.recycle()
-        b.local.recycle()
+        a.close()
+        b.close()

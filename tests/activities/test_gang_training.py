@@ -97,6 +97,27 @@ def assert_same_step(got: str, want: str, got_result: object = None, want_result
             assert got_value == pytest.approx(value, rel=NUMBERS_RTOL, abs=1e-6), name
 
 
+def assert_same_fine_tuning(
+    store: ObjectStore, model: ModelSpec, one: TrainerActivities, gang: GangTrainerActivities
+) -> None:
+    """A fine-tuning step of chat examples (two batches, micro-batches of 1) on ``gang`` as on ``one`` device."""
+    chats = [[{"role": "user", "content": f"Say {word}."}, {"role": "assistant", "content": word}]
+             for word in ("apple", "pear", "plum", "fig", "kiwi")]  # fmt: skip
+    data = "\n".join(sft.example_line(chat, None) for chat in chats).encode()
+    examples = store.put_bytes(layout.sft_examples_key(f"sft-{gang.worker_id}", 1), data)
+    config = SftConfig(learning_rates=[1e-2, 1e-2], batch_size=3, micro_batch_size=1)
+    results = []
+    for acts in (one, gang):
+        run_id = f"sft-{acts.worker_id}-{gang.worker_id}"
+        first = acts.publish_initial_sync(InitialAdapterInput(run_id=run_id, model=model, seed=3))
+        inp = SftInput(run_id=run_id, step=1, model=model, examples=examples, sft=config, start_from=first)
+        results.append(acts.train_sft_sync(inp, micro_batch=1))
+    alone, ranked = results
+    assert ranked.losses == pytest.approx(alone.losses, abs=1e-6)
+    assert ranked.grad_norms == pytest.approx(alone.grad_norms, rel=1e-5)
+    assert_same_step(ranked.staging_dir, alone.staging_dir)
+
+
 @pytest.fixture
 def one_thread(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """One thread in this process (the one-device trainer) as in each rank: float sums in a fixed order."""
@@ -150,24 +171,9 @@ def test_two_ranks_train_what_one_device_trains_and_resume_at_another_world_size
         assert_same_step(got.staging_dir, again.staging_dir, got, again)
 
         # Fine-tuning on chat examples, on the same gang, as one device does it.
-        chats = [[{"role": "user", "content": f"Say {word}."}, {"role": "assistant", "content": word}]
-                 for word in ("apple", "pear", "plum", "fig", "kiwi")]  # fmt: skip
-        data = "\n".join(sft.example_line(chat, None) for chat in chats).encode()
-        examples = object_store.put_bytes(layout.sft_examples_key("sft", 1), data)
-        config = SftConfig(learning_rates=[1e-2, 1e-2], batch_size=3, micro_batch_size=1)
-        sft_results = []
-        for acts, run_id in ((one, "sft-one"), (fsdp, "sft-fsdp")):
-            first = acts.publish_initial_sync(InitialAdapterInput(run_id=run_id, model=model, seed=3))
-            inp = SftInput(
-                run_id=run_id, step=1, model=model, examples=examples, sft=config, start_from=first
-            )
-            sft_results.append(acts.train_sft_sync(inp, micro_batch=1))
-        alone, ranked = sft_results
-        assert ranked.losses == pytest.approx(alone.losses, abs=1e-6)
-        assert ranked.grad_norms == pytest.approx(alone.grad_norms, rel=1e-5)
-        assert_same_step(ranked.staging_dir, alone.staging_dir)
+        assert_same_fine_tuning(object_store, model, one, fsdp)
     finally:
-        fsdp.local.recycle()
+        fsdp.close()
 
     # Two replicated ranks resume the one-device checkpoint 2: the same step 3.
     replicated = GangTrainerActivities(
@@ -178,4 +184,4 @@ def test_two_ranks_train_what_one_device_trains_and_resume_at_another_world_size
         assert_same_step(got.staging_dir, want[3].staging_dir, got, want[3])
         assert replicated.local.base_fraction == 1.0
     finally:
-        replicated.local.recycle()
+        replicated.close()

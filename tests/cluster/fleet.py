@@ -52,17 +52,20 @@ def start_worker(
     return host.spawn(argv, env, host.root / "worker.log", cwd=REPO)
 
 
-def healthy(host: Host, role: str, env: dict[str, str]) -> bool:
+def healthy(host: Host, role: str, env: dict[str, str], queue: str | None = None) -> bool:
     """The worker's own health probe (deploy/k8s's readiness probe), run on its host."""
     try:
-        host.run([PYTHON, "-m", "workers.health", role], env, timeout=30, cwd=REPO)
+        host.run([PYTHON, "-m", "workers.health", role, *(["--queue", queue] if queue else [])], env, timeout=30,
+                 cwd=REPO)  # fmt: skip
     except (RuntimeError, subprocess.TimeoutExpired):
         return False
     return True
 
 
-def wait_healthy(host: Host, role: str, env: dict[str, str]) -> None:
-    wait_for(lambda: healthy(host, role, env), f"the {role} worker on {host.name} polling Temporal", 300)
+def wait_healthy(host: Host, role: str, env: dict[str, str], queue: str | None = None) -> None:
+    wait_for(
+        lambda: healthy(host, role, env, queue), f"the {role} worker on {host.name} polling Temporal", 300
+    )
 
 
 def logs(c: Cluster) -> str:
