@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
+
 from dgrpo.cli import fleet
 from dgrpo.cli.arg_types import at_least_one, port_number
 from schemas.config import TaskQueues
@@ -88,8 +90,9 @@ def gang_settings(args: argparse.Namespace) -> GangSettings:
             address=args.gang_address,
             collective_timeout_s=args.collective_timeout_s,
         )
-    except ValueError as err:
-        raise EngineSetupError(f"the trainer's gang: {err}") from None
+    except ValidationError as err:
+        said = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in err.errors())
+        raise EngineSetupError(f"the trainer's gang (--ranks, --devices, --gang ...): {said}") from None
 
 
 def judge_key_arg(entry: str) -> tuple[str, str]:
