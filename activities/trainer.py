@@ -173,7 +173,11 @@ class PolicyHead(torch.nn.Module):
 class Trainer:
     """A base model with one trainable LoRA adapter, kept warm across steps."""
 
-    def __init__(self, model: ModelSpec, precision: str = "auto", device: str | None = None) -> None:
+    def __init__(
+        self, model: ModelSpec, precision: str = "auto", device: str | None = None, load_on: str | None = None
+    ) -> None:
+        """``load_on``: where the base's weights are read into (default ``device``); a rank of a gang reads them on
+        the CPU, and each layer moves to its device as it is sharded (activities/gang/sharded.py)."""
         self.spec = model
         self.device = torch.device(device) if device else default_device()
         self.precision = resolve_precision(precision, self.device)
@@ -189,7 +193,7 @@ class Trainer:
             bf16_weights = self.precision == "bf16" and self.device.type == "cuda"
             weights = torch.bfloat16 if bf16_weights else torch.float32
             base = AutoModelForCausalLM.from_pretrained(self.base_path, dtype=weights)
-            base = base.to(self.device)  # type: ignore[arg-type]
+            base = base.to(torch.device(load_on) if load_on else self.device)  # type: ignore[arg-type]
         if self.warm_start_path is not None:
             self.model: Any = PeftModel.from_pretrained(base, self.warm_start_path, is_trainable=True)
         else:

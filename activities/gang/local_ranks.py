@@ -39,6 +39,7 @@ from activities.gang.messages import (
     Trained,
 )
 from activities.gang.rank import ENV_CONTROL, ENV_KEY, ENV_LOCAL_RANK
+from activities.trainer import ENV_BACKEND
 from activities.training import OutOfMemory
 from host.processes import HOST, ChildProcess
 from schemas.config import ModelSpec
@@ -204,6 +205,7 @@ class LocalRanks:
 
     def _start(self, watch: Watch) -> None:
         env = {**os.environ, ENV_CONTROL: f"{HOST}:{self._listener.address[1]}", ENV_KEY: self._key.hex()}
+        env[ENV_BACKEND] = "torch"  # torch + peft: unsloth patches the model its own way, FSDP's is not its
         if self.interface is not None:
             env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.interface
         else:

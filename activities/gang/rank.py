@@ -86,7 +86,9 @@ class Rank:
         torch.set_num_threads(command.threads)
         self.load = command
         started = time.monotonic()
-        self.trainer = ShardedTrainer(command.model, command.precision, command.device)
+        # Read on the CPU: a GPU then holds one layer whole at a time, as fully_shard moves each (or, replicated,
+        # the whole model once sharding is decided).
+        self.trainer = ShardedTrainer(command.model, command.precision, command.device, load_on="cpu")
         log.info(
             "loaded on %s in %.1f s (%d threads)", command.device, time.monotonic() - started, command.threads
         )

@@ -64,7 +64,9 @@ class ShardedTrainer(Trainer):
                     module.set_gradient_divide_factor(1.0)
                     if self.device.type != "cuda":  # gloo has no pre-multiplied sum (NCCL's multiplies by 1)
                         module.set_force_sum_reduction_for_comms(True)
-        # fully_shard replaced the parameters (by name): the optimizer and the adapter's names follow.
+        else:
+            self.model.to(self.device)  # read on the CPU (rank.py): the whole model to this rank's device
+        # fully_shard replaced the parameters (by name), on this rank's device: the adapter's names follow them.
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         by_name = dict(self.model.named_parameters())
         self._adapter = {key: by_name[name] for key, name in adapter_names.items()}
