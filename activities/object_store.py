@@ -18,7 +18,7 @@ import re
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import BinaryIO, cast
 
 import urllib3
@@ -27,6 +27,7 @@ from minio.deleteobjects import DeleteObject
 from minio.error import S3Error
 
 from activities import progress
+from host.files import inside
 from schemas import layout
 from schemas import settings as env_names
 from schemas.errors import CorruptCheckpointError, ForeignObjectError, StoreAuthError, StoreError
@@ -351,17 +352,19 @@ class ObjectStore:
         root = Path(local_dir)
         root.mkdir(parents=True, exist_ok=True)
         entries = [e for e in manifest.files if only is None or only(e.path)]
+        places: dict[str, Path] = {}
         for entry in entries:
-            rel = PurePosixPath(entry.path)
-            if rel.is_absolute() or ".." in rel.parts:
+            place = inside(root, entry.path)
+            if place is None:
                 raise CorruptCheckpointError(
-                    f"{self.uri(prefix)}: manifest path {entry.path!r} leaves the prefix"
+                    f"{self.uri(prefix)}: manifest path {entry.path!r} would be written outside {root}"
                 )
+            places[entry.path] = place
 
         def get(entry: ManifestEntry) -> None:
-            sha256, size = self._get_verified(prefix + entry.path, root / entry.path)
+            sha256, size = self._get_verified(prefix + entry.path, places[entry.path])
             if size != entry.size or sha256 != entry.sha256:
-                (root / entry.path).unlink()
+                places[entry.path].unlink()
                 raise CorruptCheckpointError(
                     f"{self.uri(prefix + entry.path)} does not match its manifest: size {size} vs {entry.size}, "
                     f"sha256 {sha256[:12]}… vs {entry.sha256[:12]}…; the checkpoint is corrupt or was overwritten"
