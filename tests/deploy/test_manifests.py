@@ -74,6 +74,19 @@ def test_temporal_has_one_fairness_setup_in_compose_k8s_and_the_embedded_stack()
     assert embedded == {key: str(values[0]["value"]).lower() for key, values in in_k8s.items()}
 
 
+def test_the_single_machine_compose_starts_its_workers_again_after_they_exit() -> None:
+    """deploy/compose.yaml's workers (its services built from this project) restart after exiting, as a trainer
+    whose compute thread was stuck does (exit 75); deploy/cluster's are checked by compose_checks.py."""
+    services = yaml.safe_load((contract.REPO / "deploy" / "compose.yaml").read_text())["services"]
+    workers = {name: svc for name, svc in services.items() if "build" in svc}
+    assert set(workers) == {"control", "inference", "trainer"}
+    assert {
+        name: svc.get("restart")
+        for name, svc in workers.items()
+        if svc.get("restart") not in contract.RESTARTS
+    } == {}
+
+
 def deployed_roles_k8s(docs: Docs) -> dict[str, int]:
     roles = {}
     for d in docs:
@@ -289,6 +302,52 @@ K8S_DEFECTS: dict[str, tuple[Callable[[Docs], Any], str]] = {
     "Temporal reading no dynamic config": (
         lambda d: container(d, "temporal")["env"].remove(env_item(d, "temporal", "DYNAMIC_CONFIG_FILE_PATH")),
         "DYNAMIC_CONFIG_FILE_PATH must name a file mounted from a ConfigMap",
+    ),
+    "metrics open to every pod": (
+        lambda d: d.remove(obj(d, "NetworkPolicy", "worker-metrics")),
+        "Deployment trainer container worker: its metrics port 9464 is open to every pod",
+    ),
+    "metrics reached from any pod": (
+        lambda d: obj(d, "NetworkPolicy", "worker-metrics")["spec"]["ingress"][0].update(
+            {"from": [{"podSelector": {}}]}
+        ),
+        "NetworkPolicy worker-metrics: ingress rule 0 lets pods other than Prometheus's reach Deployment control",
+    ),
+    "metrics admitted by a rule of every port": (
+        lambda d: obj(d, "NetworkPolicy", "inference-serve")["spec"]["ingress"][0].pop("ports"),
+        "NetworkPolicy inference-serve: ingress rule 0 lets pods other than Prometheus's reach Deployment inference",
+    ),
+    "a rule naming a port the pods lack": (
+        lambda d: obj(d, "NetworkPolicy", "worker-metrics")["spec"]["ingress"][0]["ports"][0].update(
+            port="metric"
+        ),
+        "names port 'metric', which Deployment trainer container worker does not declare",
+    ),
+    "Temporal of a release without fairness": (
+        lambda d: container(d, "temporal").update(image="temporalio/server:1.29.1"),
+        "temporalio/server:1.29.1: fairness is generally available from Temporal 1.31",
+    ),
+    "Temporal unpinned": (
+        lambda d: container(d, "temporal").update(image="temporalio/server:latest"),
+        "temporalio/server:latest: pin a Temporal release",
+    ),
+    "schema of another release": (
+        lambda d: obj(d, "Deployment", "temporal")["spec"]["template"]["spec"]["initContainers"][0].update(
+            image="temporalio/admin-tools:1.31.0"
+        ),
+        "the Temporal images are of different releases",
+    ),
+    "init container of a tool the image lacks": (
+        lambda d: obj(d, "Deployment", "temporal")["spec"]["template"]["spec"]["initContainers"][0].update(
+            command=["bash", "-ec", "true"]
+        ),
+        "Deployment temporal init container schema: image temporalio/admin-tools:1.32.0 has no `bash`",
+    ),
+    "init container reading a Secret that does not exist": (
+        lambda d: obj(d, "Deployment", "temporal")["spec"]["template"]["spec"]["initContainers"][0]["env"][
+            -1
+        ]["valueFrom"]["secretKeyRef"].update(name="pg"),
+        "Deployment temporal init container schema: SQL_PASSWORD reads Secret 'pg', which does not exist",
     ),
     "mount of no volume": (
         lambda d: container(d, "trainer")["volumeMounts"].append({"name": "models", "mountPath": "/models"}),
