@@ -5,6 +5,8 @@ cluster: test_compose_cluster.py)."""
 from __future__ import annotations
 
 import copy
+import re
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -13,9 +15,10 @@ import yaml
 
 from tests.deploy import k8s_checks as k8s
 from tests.deploy import worker_contract as contract
-from workers.stack import TEMPORAL_DYNAMIC_CONFIG
+from workers.stack import TEMPORAL_DYNAMIC_CONFIG, find_binary
 
 Docs = list[dict[str, Any]]
+COMPOSE_CLUSTER = contract.REPO / "deploy" / "cluster" / "compose.yaml"
 
 
 def test_every_yaml_under_deploy_parses() -> None:
@@ -72,6 +75,20 @@ def test_temporal_has_one_fairness_setup_in_compose_k8s_and_the_embedded_stack()
     assert in_k8s == in_compose and contract.dynamic_config_problems(in_k8s, "k8s") == []
     embedded = {key: value for key, value in TEMPORAL_DYNAMIC_CONFIG.items() if key in in_k8s}
     assert embedded == {key: str(values[0]["value"]).lower() for key, values in in_k8s.items()}
+
+
+def test_the_cluster_runs_the_temporal_release_the_embedded_stack_and_the_tests_run() -> None:
+    """deploy/k8s and deploy/cluster run Temporal of the release of ``temporal server start-dev`` here (the
+    release every test of fairness runs on), server and schema tools alike."""
+    shown = subprocess.run([find_binary("temporal"), "--version"], capture_output=True, text=True, check=True)
+    release = re.search(r"Server (\d+\.\d+\.\d+)", shown.stdout)
+    assert release is not None, shown.stdout
+    in_k8s = [c["image"] for w in k8s.load_k8s() if w["kind"] in k8s.WORKLOADS for c in k8s.pod_containers(w)]
+    in_compose = [
+        str(svc.get("image", "")) for svc in yaml.safe_load(COMPOSE_CLUSTER.read_text())["services"].values()
+    ]
+    temporal = [i for i in in_k8s + in_compose if i.startswith("temporalio/")]
+    assert len(temporal) == 6 and {i.rpartition(":")[2] for i in temporal} == {release.group(1)}, temporal
 
 
 def test_the_single_machine_compose_starts_its_workers_again_after_they_exit() -> None:
