@@ -12,6 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from urllib3.connection import HTTPConnection
 
 from activities import progress
 from activities.checkpoints import TRAINER_STATE_FILE, download_checkpoint, publish_staged
@@ -25,6 +26,7 @@ BOUND_S = 2.0
 """The upload and download stages' bound here: far above the time one block takes (16 KiB up, 1 MiB down, a
 quarter of a second at most), far below the whole transfer."""
 ADAPTER_BYTES = 16 << 20
+SENT_BLOCK = HTTPConnection(host="localhost").blocksize
 
 
 @pytest.fixture
@@ -39,10 +41,20 @@ def slow_store(s3_settings: S3Settings, object_store: ObjectStore) -> Iterator[O
         )
 
 
-def as_stage(stage: Stage, work: Callable[[], object]) -> tuple[float, list[str]]:
+class Counted(progress.Progress):
+    """An attempt's stages that count how often they advance."""
+
+    advances = 0
+
+    def advance(self) -> None:
+        self.advances += 1
+        super().advance()
+
+
+def as_stage(stage: Stage, work: Callable[[], object]) -> tuple[float, list[str], int]:
     """``work()`` as stage ``stage`` of an attempt whose bound for it is ``BOUND_S``, watched as the heartbeat
-    ticker watches it (``stalled()``, every 50 ms); how long it took and every stall seen."""
-    attempt = progress.Progress({stage: BOUND_S})
+    ticker watches it (``stalled()``, every 50 ms); how long it took, every stall seen and how often it advanced."""
+    attempt = Counted({stage: BOUND_S})
     stalls: list[str] = []
     done = threading.Event()
 
@@ -60,7 +72,7 @@ def as_stage(stage: Stage, work: Callable[[], object]) -> tuple[float, list[str]
     finally:
         done.set()
         watcher.join()
-    return time.monotonic() - started, stalls
+    return time.monotonic() - started, stalls, attempt.advances
 
 
 def staged_checkpoint(directory: Path) -> Path:
@@ -76,15 +88,19 @@ def test_a_slow_publish_and_download_advance_as_their_bytes_move(
 ) -> None:
     staged = staged_checkpoint(tmp_path / "staged")
     published: list[object] = []
-    took, stalls = as_stage("upload", lambda: published.append(publish_staged(slow_store, staged, "slow", 1)))
+    took, stalls, advances = as_stage(
+        "upload", lambda: published.append(publish_staged(slow_store, staged, "slow", 1))
+    )
     assert took > BOUND_S, f"the upload took {took:.1f} s: no longer than its bound, it shows nothing"
     assert stalls == [], f"a healthy upload of {took:.1f} s was seen as stalled: {stalls[:1]}"
+    assert advances >= ADAPTER_BYTES // SENT_BLOCK, advances  # each block sent (docs/isolation.md)
 
-    took, stalls = as_stage(
+    took, stalls, advances = as_stage(
         "download", lambda: download_checkpoint(slow_store, published[0], tmp_path / "got")
     )
     assert took > BOUND_S, f"the download took {took:.1f} s: no longer than its bound, it shows nothing"
     assert stalls == [], f"a healthy download of {took:.1f} s was seen as stalled: {stalls[:1]}"
+    assert advances >= ADAPTER_BYTES >> 20, advances  # each MiB received
     assert (tmp_path / "got" / "adapter_model.safetensors").read_bytes() == (
         staged / "adapter_model.safetensors"
     ).read_bytes()
