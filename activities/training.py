@@ -482,6 +482,7 @@ class TrainerActivities:
             metrics = {k: float(v) for k, v in vars(stats).items()}
             metrics["n_dropped_overlength"] = float(tokenized.n_dropped_overlength)
             metrics["n_template_choices"] = float(tokenized.n_template_choices)
+            metrics["n_recovered_choices"] = float(tokenized.n_recovered_choices)
             metrics["gradient_checkpointing"] = float(plan.gradient_checkpointing)
             metrics["bf16"] = float(trainer.precision == "bf16")
             staged = self._stage(

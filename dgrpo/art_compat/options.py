@@ -119,12 +119,20 @@ def chat_template_of(internal: Mapping[str, Any]) -> str | None:
         raise ValueError(f"_internal_config['chat_template_path']: cannot read {path}: {err}") from err
 
 
+def given_sections(internal: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``_internal_config`` sections a program gave: a section set to None is not given (NeMo Agent
+    Toolkit builds ``InternalModelConfig(init_args=None, engine_args=None, trainer_args=None)`` from its
+    defaults, which ART's client accepts without reading)."""
+    return {section: values for section, values in internal.items() if values is not None}
+
+
 def refuse_gpu_ids(internal: Mapping[str, Any]) -> None:
     """``register``'s check of ART's dedicated-mode GPU ids (ART checks them when the model gets its service):
     a model cannot place dgrpo's workers."""
+    given = given_sections(internal)
     for key in GPU_IDS:
-        if key in internal:
-            raise _refuse("_internal_config", key, internal[key])
+        if key in given:
+            raise _refuse("_internal_config", key, given[key])
 
 
 def _refuse(where: str, key: str, value: Any) -> UnsupportedArtOption:
@@ -138,7 +146,7 @@ def internal_settings(internal: Mapping[str, Any]) -> InternalSettings:
     """What an ART ``_internal_config`` asks for, checked: its LoRA, default ``TrainConfig`` fields and the
     engine and hardware settings accepted but not applied (settings_rule.py); anything else is refused."""
     settings = InternalSettings()
-    for section, values in internal.items():
+    for section, values in given_sections(internal).items():
         if section == "peft_args":
             for key, value in dict(values).items():
                 if key not in PEFT_ARGS:
