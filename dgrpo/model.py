@@ -48,6 +48,7 @@ from dgrpo.client.train_step import (
 )
 from dgrpo.errors import NotRegisteredError, UnsupportedArtOption
 from dgrpo.metrics_taxonomy import average_metric_samples
+from dgrpo.types import TrainConfig as ArtTrainConfig
 from dgrpo.types import TrainResult, TrainSFTConfig
 from schemas import layout
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
@@ -125,7 +126,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
 
     base_model: str = "smollm2-135m-instruct"
     lora: LoraConfig | None = None
-    """dgrpo's LoRA shape (else ``lora_config``, ``_internal_config['peft_args']``, or ``LoraConfig()``)."""
+    """dgrpo's LoRA shape (else ``lora_config``, ``_internal_config['peft_args']``, or ART's default, rank 8)."""
     lora_config: dict[str, Any] | None = None
     """ART 0.5's ``art.LoRAConfig`` (``rank``, ``alpha``, ``dropout``, ``target_modules``)."""
     run_name: str | None = None
@@ -400,14 +401,10 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         return TrainResult(step=step, metrics=metrics)
 
     def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
-        """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's
-        ``train_defaults`` (from ``_internal_config``) where the config leaves them unset."""
-        fields = dict(config.model_dump(exclude_unset=True)) if config is not None else {}
-        fields.update(overrides)
-        for key, value in self.train_defaults.items():
-            fields.setdefault(key, value)
-        # A plain TrainConfig (not a subclass such as dgrpo.types.TrainConfig) goes into the workflow input.
-        return TrainConfig.model_validate(fields)
+        """The step's ``TrainConfig``: what ``config`` sets and ART's options (``overrides``), then the model's
+        ``train_defaults`` (its ``_internal_config``), then ART's defaults (``art.TrainConfig``'s)."""
+        given = dict(config.model_dump(exclude_unset=True)) if config is not None else {}
+        return ArtTrainConfig.model_validate({**self.train_defaults, **given, **overrides}).for_step()
 
     # ---- checkpoints ------------------------------------------------------------------------------
     async def delete_checkpoints(
