@@ -379,11 +379,13 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         config: TrainSFTConfig | None = None,
         _config: Mapping[str, Any] | None = None,
         verbose: bool = False,
+        log_metrics: bool = True,
     ) -> TrainResult | None:
         """ART's supervised fine-tuning, through the backend's ``_train_sft`` (dgrpo's: a durable ``TrainSFT``
         that trains on the trajectories' assistant turns, then publishes and serves the next step). As in
-        ART, the batches' numbers are averaged into one ``train`` row at the step the backend then reports;
-        returns that step and row (ART returns None), or None when the backend trained no batch."""
+        ART, the batches' numbers are averaged into one ``train`` row at the step the backend then reports
+        (not logged with ``log_metrics=False``, ART 0.5.23's); returns that step and row (ART returns None),
+        or None when the backend trained no batch."""
         started = time.monotonic()
         samples = [
             metrics
@@ -397,7 +399,8 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         # dgrpo's backends give the trainer's own time (the workflow's); for others, ART's: this call's.
         metrics.setdefault("time/step_trainer_s", time.monotonic() - started)
         step = await self.get_step()
-        await self.log(metrics=metrics, split="train", step=step)
+        if log_metrics:
+            await self.log(metrics=metrics, split="train", step=step)
         return TrainResult(step=step, metrics=metrics)
 
     def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:

@@ -113,6 +113,8 @@ class TrainSFTConfig(BaseModel):
     """One learning rate for every batch, or a list with one per batch (ART's schedules)."""
     batch_size: int | Literal["auto"] = Field("auto")
     """Examples per optimizer step; ``"auto"`` is 2, as in ART's local backend."""
+    assistant_turns: Literal["all", "last"] = "all"
+    """The targets: every assistant turn, or only each chat's last, which must end it (ART 0.5.23's)."""
     megatron_topology: Any = None
     """ART's Megatron layout; refused unless None (dgrpo trains with torch + peft)."""
 
