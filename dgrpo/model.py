@@ -38,6 +38,7 @@ from dgrpo.art_compat.options import (
 )
 from dgrpo.art_compat.settings_rule import warn_ignored
 from dgrpo.capture.exchange_training import PolicyNames
+from dgrpo.client.art_hooks import delete_by_hooks, train_by_hooks
 from dgrpo.client.backends import ArtBackend, Backend
 from dgrpo.client.model_base import ModelBase, ModelConfig, StateType, check_config, run_id_of
 from dgrpo.client.openai_client import CostRecordingClient, CostRecordingCompletions
@@ -363,15 +364,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         if isinstance(backend, Backend):
             # The step's numbers also as history.jsonl rows and W&B, as ART 0.3's model.train logged them.
             return await backend.train_step(self, groups, step_config, history=True)
-        started = time.monotonic()
-        rows = [
-            m async for m in backend._train_model(self, groups, step_config, dict(_config or {}), verbose)
-        ]
-        metrics = average_metric_samples(rows)
-        metrics.setdefault("time/step_trainer_s", time.monotonic() - started)
-        step = await self.get_step()
-        await self.log(groups, split="train", metrics=metrics, step=step)
-        return TrainResult(step=step, metrics=metrics)
+        return await train_by_hooks(self, backend, groups, step_config, dict(_config or {}), verbose)
 
     async def train_sft(
         self,
@@ -424,11 +417,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
                 select_checkpoints_to_keep, backend.object_store(), run_id, best_checkpoint_metric, keep_last
             )
             return list(await backend._delete_checkpoint_files(self, kept))
-        keep = [await self.get_step()]
-        best = self.local_log().best_step(best_checkpoint_metric)
-        if best is not None:
-            keep.append(best)
-        await backend._delete_checkpoint_files(self, keep)
+        await delete_by_hooks(self, backend, best_checkpoint_metric)
         return []
 
     # ---- helpers ----------------------------------------------------------------------------------
