@@ -278,6 +278,8 @@ async def run_workers(
     _add_cwd_to_path()
     stop = stop or asyncio.Event()
     server = _own_server(opts)
+    if opts.role in ("inference", "all"):
+        opts.engine.refuse_unservable_parallelism(starts_server=server is not None)
     if server is not None:
         await asyncio.to_thread(
             server.preflight

@@ -61,6 +61,9 @@ ENGINE_FLAGS = {
     "enable_prefix_caching": f"{INFERENCE} --prefix-cache-mb`",
     "tool_call_parser": f"{INFERENCE} --tool-call-parser`",
     "enable_auto_tool_choice": f"{INFERENCE} --tool-call-parser`",
+    "tensor_parallel_size": f"{INFERENCE} --engine vllm --tensor-parallel-size`",
+    "data_parallel_size": f"{INFERENCE} --engine vllm --data-parallel-size`",
+    "distributed_executor_backend": f"{INFERENCE} --engine vllm --distributed-executor-backend`",
 }
 """vLLM ``engine_args`` with a flag of their own; any other one (not refused below) is the engine's
 ``ENGINE_HELP``."""

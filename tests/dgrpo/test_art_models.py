@@ -135,7 +135,7 @@ def test_identity_fields_are_frozen_by_registration() -> None:
 def test_engine_and_hardware_settings_are_accepted_with_one_warning_naming_the_worker_flag() -> None:
     internal = art.dev.InternalModelConfig(
         init_args=art.dev.InitArgs(gpu_memory_utilization=0.775),
-        engine_args=art.dev.EngineArgs(num_scheduler_steps=1, enable_sleep_mode=True),  # type: ignore[typeddict-unknown-key]
+        engine_args=art.dev.EngineArgs(num_scheduler_steps=1, enable_sleep_mode=True, tensor_parallel_size=2),  # type: ignore[typeddict-unknown-key]
         trainer_args=art.dev.TrainerArgs(gradient_checkpointing=True, logging_steps=5),  # type: ignore[typeddict-unknown-key]
     )
     with pytest.warns(ArtSettingIgnored) as warned:
@@ -146,6 +146,7 @@ def test_engine_and_hardware_settings_are_accepted_with_one_warning_naming_the_w
         "init_args.gpu_memory_utilization=0.775 (`dgrpo worker inference --gpu-memory-utilization`)",
         "engine_args.enable_sleep_mode=True (`dgrpo worker inference --sleep-mode`)",
         "engine_args.num_scheduler_steps=1 (`dgrpo worker inference --help`)",
+        "engine_args.tensor_parallel_size=2 (`dgrpo worker inference --engine vllm --tensor-parallel-size`)",
         "trainer_args.gradient_checkpointing=True",
         "trainer_args.logging_steps=5",
     ):
