@@ -19,7 +19,6 @@ from dgrpo.art_server.auth import require_key
 from dgrpo.art_server.models import ArtModelJson, ServedModels
 from dgrpo.art_server.training import TrainModelRequest, train_rows
 from dgrpo.client.backup_bucket import BUCKET_ENV, BackupBucketUnset, backup_bucket_name
-from dgrpo.client.train_step import TrainStepFailed
 from dgrpo.errors import BackendError, ModelConflictError, UnsupportedArtFeature
 from dgrpo.model import Model
 from schemas.errors import DgrpoError, RunSpecError
@@ -75,10 +74,11 @@ def art_app(models: ServedModels, openai_port: int, api_key: str | None) -> Fast
     app = FastAPI(title="dgrpo art-server: ART's backend API")
     require_key(app, api_key, OPEN_PATHS)
 
-    async def error(_: Request, err: Exception) -> JSONResponse:
+    async def error(request: Request, err: Exception) -> JSONResponse:
         status = status_of(err)
-        if status >= 500 and not isinstance(err, TrainStepFailed | BackendError):
-            log.error("request failed: %s: %s", type(err).__name__, err)
+        # Said here too: a client may show only the status (NeMo Agent Toolkit logs "500 Internal Server Error").
+        log.log(logging.ERROR if status >= 500 else logging.WARNING, "%s %s: %d %s: %s", request.method,
+                request.url.path, status, type(err).__name__, err)  # fmt: skip
         return JSONResponse({"detail": f"{type(err).__name__}: {err}"}, status_code=status)
 
     # Errors that say what to fix (anything else is a bug: FastAPI's plain 500, its traceback in the log).
