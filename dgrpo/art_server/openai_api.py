@@ -79,7 +79,11 @@ def openai_app(models: ServedModels, upstream_key: str | None, api_key: str | No
             json=body,
             headers=auth_headers(upstream_key),
         )
-        answer = await client.send(sent, stream=True)
+        try:
+            answer = await client.send(sent, stream=True)
+        except httpx.HTTPError as err:
+            message = f"the inference server behind this endpoint did not answer: {type(err).__name__}: {err}"
+            return JSONResponse(error_body(503, message), status_code=503)
         return StreamingResponse(
             answer.aiter_raw(),
             status_code=answer.status_code,

@@ -23,8 +23,11 @@ from openai import AsyncOpenAI
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from activities.object_store import ObjectStore
+from dgrpo.art_server.models import ServedModels
+from dgrpo.art_server.openai_api import openai_app
 from dgrpo.client.attach import workflow_status
 from dgrpo.client.model_base import run_id_of
+from dgrpo.client.temporal_backend import TemporalBackend
 from dgrpo.client.train_step import train_workflow_id
 from host.processes import HOST
 from schemas.settings import ENV_ART_SERVER_API_KEY, ENV_TEMPORAL_ADDRESS
@@ -260,3 +263,16 @@ def test_the_command_refuses_an_exposed_server_without_a_key_and_a_taken_port() 
             [*command, "--openai-port", port], env=env, capture_output=True, text=True, cwd=REPO
         )
     assert done.returncode == 2 and f"cannot listen on {HOST}:{port}" in done.stderr, done.stderr
+
+
+async def test_the_endpoint_says_when_its_inference_server_does_not_answer(tmp_path: Path) -> None:
+    with socket.socket() as gone:  # a port nothing listens on once closed
+        gone.bind((HOST, 0))
+        url = f"http://{HOST}:{gone.getsockname()[1]}"
+    models = ServedModels(TemporalBackend(inference_url=url), str(tmp_path))
+    transport = httpx.ASGITransport(app=openai_app(models, upstream_key=None, api_key=None))
+    async with httpx.AsyncClient(transport=transport, base_url="http://art-server") as http:
+        body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}]}
+        answer = await http.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 503
+    assert "did not answer" in answer.json()["error"]["message"]
