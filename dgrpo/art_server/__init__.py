@@ -1,5 +1,5 @@
 """``dgrpo art-server``: ART's backend HTTP protocol (``art run``) in front of dgrpo's durable backend, so a client
-of ART's server (NVIDIA NeMo Agent Toolkit's ``RemoteBackend``, ART 0.4's ``art.Backend``) trains on dgrpo.
+of ART's server (NVIDIA NeMo Agent Toolkit's ``RemoteBackend``) trains on dgrpo.
 
 Two listeners in one process: ART's API (``art_api.py``: ``/healthcheck``, ``/register``, ``/_get_step``,
 ``/_prepare_backend_for_training``, ``/_train_model``, ...) and an OpenAI-compatible endpoint

@@ -1,7 +1,7 @@
 """ART's backend API (``art run``, ART's ``src/art/cli.py``), each endpoint what ART's server does with its
-``LocalBackend``, here with dgrpo's durable backend: the request bodies as ART's clients send them (ART 0.4's
-``art.Backend``, NeMo Agent Toolkit's ``RemoteBackend``), errors as ``{"detail": ...}`` with a status that says
-whose they are (400/409: the request's; 503: the backend's).
+``LocalBackend``, here with dgrpo's durable backend: the request bodies as ART's clients send them (NeMo Agent
+Toolkit's ``RemoteBackend``), errors as ``{"detail": ...}`` with a status that says whose they are (400/409: the
+request's; 503: the backend's).
 """
 
 from __future__ import annotations
