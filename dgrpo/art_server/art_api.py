@@ -184,4 +184,6 @@ async def backup_model(models: ServedModels, model: ArtModelJson, s3_bucket: str
     operator_bucket(s3_bucket)  # refused before anything is registered
     if model.trainable:
         return await models.model(model)
-    return Model(name=model.name, project=model.project, base_path=models.art_path)
+    local = Model(name=model.name, project=model.project, base_path=models.art_path)
+    _ = local.run_id  # a name that cannot name a run is refused: the local files are the server's (``../..``)
+    return local

@@ -48,7 +48,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def art_server(held_backend: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArtServer]:
     base = tmp_path_factory.mktemp("art-server")
-    server = ArtServer(base / "server.log", ["--path", str(held_backend), "--art-path", str(base / "art")])
+    args = ["--path", str(held_backend), "--art-path", str(base / "art")]
+    server = ArtServer(base / "server.log", args, env={**os.environ, "BACKUP_BUCKET": "art-server-backups"})
     try:
         yield server.start()
     finally:
@@ -197,6 +198,11 @@ async def test_bad_requests_are_refused_saying_why_and_store_nothing(
         body = {"model": model, "s3_bucket": "someone-elses-bucket"}
         refused = await http.post("/_experimental_push_to_s3", json=body)
         assert refused.status_code == 400 and "BACKUP_BUCKET" in refused.json()["detail"]
+        # a model's local files are the server's: a name that is a path is refused, trainable or not
+        for path in ("/_experimental_push_to_s3", "/_experimental_pull_from_s3"):
+            escaping = {**art_model("../../../tmp", project), "trainable": False}
+            refused = await http.post(path, json={"model": escaping})
+            assert refused.status_code == 400 and "cannot name a run" in refused.json()["detail"]
     # nothing of the refused calls is in the store (no step's record, input or checkpoint), nor in Temporal
     store = ObjectStore(EmbeddedStack(held_backend).s3_settings)
     assert store.list(f"runs/{run_id}/") == []
