@@ -528,7 +528,7 @@ class TrainerActivities:
         started = time.monotonic()
         with stage_progress.stage("download"):
             data = trajectory_store.verified_bytes(self.store, inp.examples)
-        examples = sft.parse_examples(data, inp.examples.uri)
+        examples = sft.parse_examples(data, inp.examples.uri, inp.sft.assistant_turns)
         with self._lock:
             trainer = self.trainer_for(inp.model, inp.sft.precision)
             self._restore(trainer, inp.run_id, inp.model, inp.start_from, inp.sft.seed)

@@ -38,6 +38,7 @@ from dgrpo.art_compat.options import (
 )
 from dgrpo.art_compat.settings_rule import warn_ignored
 from dgrpo.capture.exchange_training import PolicyNames
+from dgrpo.client.art_hooks import delete_by_hooks, train_by_hooks
 from dgrpo.client.backends import ArtBackend, Backend
 from dgrpo.client.model_base import ModelBase, ModelConfig, StateType, check_config, run_id_of
 from dgrpo.client.openai_client import CostRecordingClient, CostRecordingCompletions
@@ -48,6 +49,7 @@ from dgrpo.client.train_step import (
 )
 from dgrpo.errors import NotRegisteredError, UnsupportedArtOption
 from dgrpo.metrics_taxonomy import average_metric_samples
+from dgrpo.types import TrainConfig as ArtTrainConfig
 from dgrpo.types import TrainResult, TrainSFTConfig
 from schemas import layout
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
@@ -125,7 +127,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
 
     base_model: str = "smollm2-135m-instruct"
     lora: LoraConfig | None = None
-    """dgrpo's LoRA shape (else ``lora_config``, ``_internal_config['peft_args']``, or ``LoraConfig()``)."""
+    """dgrpo's LoRA shape (else ``lora_config``, ``_internal_config['peft_args']``, or ART's default, rank 8)."""
     lora_config: dict[str, Any] | None = None
     """ART 0.5's ``art.LoRAConfig`` (``rank``, ``alpha``, ``dropout``, ``target_modules``)."""
     run_name: str | None = None
@@ -362,15 +364,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         if isinstance(backend, Backend):
             # The step's numbers also as history.jsonl rows and W&B, as ART 0.3's model.train logged them.
             return await backend.train_step(self, groups, step_config, history=True)
-        started = time.monotonic()
-        rows = [
-            m async for m in backend._train_model(self, groups, step_config, dict(_config or {}), verbose)
-        ]
-        metrics = average_metric_samples(rows)
-        metrics.setdefault("time/step_trainer_s", time.monotonic() - started)
-        step = await self.get_step()
-        await self.log(groups, split="train", metrics=metrics, step=step)
-        return TrainResult(step=step, metrics=metrics)
+        return await train_by_hooks(self, backend, groups, step_config, dict(_config or {}), verbose)
 
     async def train_sft(
         self,
@@ -378,11 +372,13 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         config: TrainSFTConfig | None = None,
         _config: Mapping[str, Any] | None = None,
         verbose: bool = False,
+        log_metrics: bool = True,
     ) -> TrainResult | None:
         """ART's supervised fine-tuning, through the backend's ``_train_sft`` (dgrpo's: a durable ``TrainSFT``
         that trains on the trajectories' assistant turns, then publishes and serves the next step). As in
-        ART, the batches' numbers are averaged into one ``train`` row at the step the backend then reports;
-        returns that step and row (ART returns None), or None when the backend trained no batch."""
+        ART, the batches' numbers are averaged into one ``train`` row at the step the backend then reports
+        (not logged with ``log_metrics=False``, ART 0.5.23's); returns that step and row (ART returns None),
+        or None when the backend trained no batch."""
         started = time.monotonic()
         samples = [
             metrics
@@ -396,18 +392,15 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         # dgrpo's backends give the trainer's own time (the workflow's); for others, ART's: this call's.
         metrics.setdefault("time/step_trainer_s", time.monotonic() - started)
         step = await self.get_step()
-        await self.log(metrics=metrics, split="train", step=step)
+        if log_metrics:
+            await self.log(metrics=metrics, split="train", step=step)
         return TrainResult(step=step, metrics=metrics)
 
     def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
-        """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's
-        ``train_defaults`` (from ``_internal_config``) where the config leaves them unset."""
-        fields = dict(config.model_dump(exclude_unset=True)) if config is not None else {}
-        fields.update(overrides)
-        for key, value in self.train_defaults.items():
-            fields.setdefault(key, value)
-        # A plain TrainConfig (not a subclass such as dgrpo.types.TrainConfig) goes into the workflow input.
-        return TrainConfig.model_validate(fields)
+        """The step's ``TrainConfig``: what ``config`` sets and ART's options (``overrides``), then the model's
+        ``train_defaults`` (its ``_internal_config``), then ART's defaults (``art.TrainConfig``'s)."""
+        given = dict(config.model_dump(exclude_unset=True)) if config is not None else {}
+        return ArtTrainConfig.model_validate({**self.train_defaults, **given, **overrides}).for_step()
 
     # ---- checkpoints ------------------------------------------------------------------------------
     async def delete_checkpoints(
@@ -424,11 +417,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
                 select_checkpoints_to_keep, backend.object_store(), run_id, best_checkpoint_metric, keep_last
             )
             return list(await backend._delete_checkpoint_files(self, kept))
-        keep = [await self.get_step()]
-        best = self.local_log().best_step(best_checkpoint_metric)
-        if best is not None:
-            keep.append(best)
-        await backend._delete_checkpoint_files(self, keep)
+        await delete_by_hooks(self, backend, best_checkpoint_metric)
         return []
 
     # ---- helpers ----------------------------------------------------------------------------------

@@ -82,7 +82,14 @@ ENGINE_ARGS_REFUSED = {
     "enable_lora": "dgrpo serves every step as a LoRA adapter (True, which may be given)",
 }
 
-TRAINER_ARGS_MAPPED = {"max_grad_norm": "max_grad_norm", "weight_decay": "weight_decay", "seed": "seed"}
+TRAINER_ARGS_MAPPED = {
+    "max_grad_norm": "max_grad_norm",
+    "weight_decay": "weight_decay",
+    "seed": "seed",
+    "adam_beta1": "adam_beta1",
+    "adam_beta2": "adam_beta2",
+    "adam_epsilon": "adam_epsilon",
+}
 """Hugging Face ``trainer_args`` -> the model's default ``TrainConfig`` fields (``backend.train`` sets the rest)."""
 
 TRAINER_ARGS_IGNORED = {
@@ -119,9 +126,16 @@ TRAINER_ARGS_IGNORED_PREFIXES = {
 """Hugging Face ``trainer_args`` that only tune speed, memory or output: accepted, with what does it here."""
 
 OPTIMIZER_WHY = (
-    "dgrpo's trainer takes one AdamW step (betas 0.9/0.999, lr from backend.train) per TrainConfig.epochs "
+    "dgrpo's trainer takes one optimizer step (lr from backend.train, a constant schedule) per TrainConfig.epochs "
     "over the step's whole batch, so this would train differently from what it says"
 )
+OPTIMIZERS = {
+    "paged_adamw_8bit": "paged_adamw_8bit",
+    "adamw_torch": "adamw",
+    "adamw_torch_fused": "adamw",
+    "adamw_hf": "adamw",
+}
+"""Hugging Face's ``optim`` names -> ``TrainConfig.optimizer`` (ART's default is ``paged_adamw_8bit``)."""
 TRAINER_ARGS_REFUSED = {
     "fp16": "dgrpo trains in fp32 or bf16 (trainer_args bf16=True, or TrainConfig.precision)",
 }
@@ -175,6 +189,10 @@ def check_trainer_args(values: Mapping[str, Any], settings: InternalSettings) ->
         prefix = next((p for p in TRAINER_ARGS_IGNORED_PREFIXES if key.startswith(p)), None)
         if key in TRAINER_ARGS_MAPPED:
             settings.train_defaults[TRAINER_ARGS_MAPPED[key]] = value
+        elif key == "optim" and str(value) in OPTIMIZERS:
+            settings.train_defaults["optimizer"] = OPTIMIZERS[str(value)]
+        elif key == "lr_scheduler_type" and value == "constant":
+            continue  # ART's default, and a step's rate here
         elif key == "bf16" and isinstance(value, bool):
             settings.train_defaults["precision"] = "bf16" if value else "fp32"
         elif key in TRAINER_ARGS_IGNORED:

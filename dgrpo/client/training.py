@@ -247,7 +247,7 @@ class ArtTraining:
         """Run (or join) the model's next step as a durable ``TrainSFT`` and route the model to the adapter
         it served."""
         examples = list(trajectories)
-        sft = sft_config(config, len(examples), model.max_seq_len, dev_config)
+        sft = sft_config(config, examples, model.max_seq_len, dev_config)
         self.check_registered(model)
         run_id, spec = model.check_identity()
         client = await self.temporal_client()
