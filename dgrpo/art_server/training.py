@@ -28,7 +28,6 @@ from dgrpo.model import TrainableModel
 from dgrpo.model_log.run_metrics import train_result_metrics
 from dgrpo.types import TrainConfig as ArtTrainConfig
 from schemas import layout
-from schemas.config import TrainConfig
 from schemas.run_state import TrainStepResult
 from schemas.trajectory import TrajectoryGroup
 
@@ -74,16 +73,17 @@ OURS = frozenset(ArtTrainConfig.model_fields) | {"beta"}
 """``config`` keys of a ``TrainConfig`` (dgrpo's fields, and ART's ``beta``); the rest are ART's options."""
 
 
-def step_config(config: dict[str, Any]) -> TrainConfig:
+def step_config(config: dict[str, Any]) -> ArtTrainConfig:
     """The step's ``TrainConfig`` from the request's ``config``: its ``TrainConfig`` fields as set there, ART's
     other options mapped as ``backend.train``'s are. ART's clients send every field of their ``TrainConfig``, so a
-    field at its default counts as unset: the model's ``_internal_config`` defaults then apply (``_train_model``)."""
+    field at its default counts as unset."""
     ours = {k: v for k, v in config.items() if k in OURS}
     fields = ArtTrainConfig.model_validate(ours).model_dump(exclude_defaults=True)
     fields.update(
         train_config_fields("/_train_model config", {k: v for k, v in config.items() if k not in OURS})
     )
-    return TrainConfig.model_validate(fields)
+    # Set here is what the client set: the model's defaults, then ART's, fill the rest (``model.step_config``).
+    return ArtTrainConfig.model_validate(fields)
 
 
 def recorded_request(store: ObjectStore, run_id: str, step: int) -> str | None:
@@ -103,7 +103,9 @@ async def train_rows(models: ServedModels, request: TrainModelRequest) -> list[d
     rows again); the step's rows as the backend yields them."""
     groups = trajectory_groups(request.trajectory_groups)
     config = step_config(request.config)
-    train_config_fields("/_train_model dev_config", request.dev_config)  # refused before anything is stored
+    # What cannot be trained is refused before anything is stored (``_train_model`` checks them again).
+    config.for_step()
+    train_config_fields("/_train_model dev_config", request.dev_config)
     model = await models.model(request.model)
     digest = request_digest(model.run_id, request)
     store = models.backend.object_store()

@@ -194,6 +194,10 @@ async def test_bad_requests_are_refused_saying_why_and_store_nothing(
         body = {**body, "trajectory_groups": [good], "dev_config": {"plot_tensors": True}}
         refused = await http.post("/_train_model", json=body)
         assert refused.status_code == 400 and "plot_tensors" in refused.json()["detail"]
+        # ART 0.5.23's KL-penalized advantage, which dgrpo does not have, likewise
+        body = {**body, "config": {"learning_rate": 1e-5, "kl_penalty_coef": 0.5}, "dev_config": {}}
+        refused = await http.post("/_train_model", json=body)
+        assert refused.status_code == 400 and "kl_penalty_coef" in refused.json()["detail"]
         # backups go to the server operator's bucket only, reached with the operator's credentials
         body = {"model": model, "s3_bucket": "someone-elses-bucket"}
         refused = await http.post("/_experimental_push_to_s3", json=body)
