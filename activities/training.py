@@ -506,6 +506,7 @@ class TrainerActivities:
             metrics = {k: float(v) for k, v in vars(stats).items()}
             metrics["n_dropped_overlength"] = float(tokenized.n_dropped_overlength)
             metrics["n_template_choices"] = float(tokenized.n_template_choices)
+            metrics["n_recovered_choices"] = float(tokenized.n_recovered_choices)
             metrics["gradient_checkpointing"] = float(plan.gradient_checkpointing)
             metrics["bf16"] = float(trainer.precision == "bf16")
             staged = self._stage(
@@ -551,7 +552,7 @@ class TrainerActivities:
         started = time.monotonic()
         with stage_progress.stage("download"):
             data = trajectory_store.verified_bytes(self.store, inp.examples)
-        examples = sft.parse_examples(data, inp.examples.uri)
+        examples = sft.parse_examples(data, inp.examples.uri, inp.sft.assistant_turns)
         with self._lock:
             trainer = self.trainer_for(inp.model, inp.sft.precision)
             self._restore(trainer, inp.run_id, inp.model, inp.start_from, inp.sft.seed)

@@ -49,6 +49,9 @@ ENGINES = ("cpu", "vllm")
 ENV_SERVE_API_KEY = "DGRPO_SERVE_API_KEY"
 """The inference server's API key: our CPU server requires it as a Bearer token (its ``--api-key``
 default), and ``ServingClient``, the rollouts and the default judge send it."""
+ENV_ART_SERVER_API_KEY = "DGRPO_ART_SERVER_API_KEY"
+"""The key ``dgrpo art-server`` requires as a Bearer token on ART's API and its OpenAI endpoint (``--api-key``'s
+default); required when it binds beyond loopback."""
 ENV_WORKER_GRACE_S = "DGRPO_WORKER_GRACE_S"
 """Seconds a worker's running activities get to finish after SIGTERM (``dgrpo worker --grace-s``)."""
 ENV_TEMPORAL_WAIT_S = "DGRPO_TEMPORAL_WAIT_S"

@@ -75,7 +75,7 @@ def test_a_copy_renamed_before_register_trains_its_new_identity() -> None:
 
 def test_settings_set_after_construction_are_checked_and_used() -> None:
     model = policy()
-    assert model.step_config(None, {}).max_seq_len == 2048  # TrainConfig's default
+    assert model.step_config(None, {}).max_seq_len == 32768  # ART's default
     model._internal_config = art.dev.InternalModelConfig(init_args=art.dev.InitArgs(max_seq_length=8192))
     assert model.step_config(None, {}).max_seq_len == 8192  # 2048's assignment: used by the next step
     model.lora_config = {"rank": 8, "alpha": 16}
@@ -167,9 +167,14 @@ def test_trainer_args_that_change_training_are_mapped_or_refused_saying_why() ->
     config = model.step_config(None, {})
     assert (config.max_grad_norm, config.weight_decay) == (0.1, 0.01)  # every step's default
     assert model.step_config(art.TrainConfig(max_grad_norm=0.5), {}).max_grad_norm == 0.5  # a step's own wins
+    adam = art.TrainableModel(
+        name="hn", _internal_config={"trainer_args": {"optim": "adamw_torch", "adam_beta2": 0.95}}
+    ).step_config(None, {})
+    assert (adam.optimizer, adam.adam_beta2) == ("adamw", 0.95)  # Hugging Face's names, mapped
     for key, value, why in [
-        ("optim", "paged_adamw_8bit", "one AdamW step"),
-        ("gradient_accumulation_steps", 4, "one AdamW step"),
+        ("optim", "sgd", "one optimizer step"),
+        ("gradient_accumulation_steps", 4, "one optimizer step"),
+        ("lr_scheduler_type", "cosine", "a constant schedule"),
         ("fp16", True, "fp32 or bf16"),
     ]:
         with pytest.raises(UnsupportedArtOption, match=rf"trainer_args'\]: {key}={value!r}.*{why}"):
