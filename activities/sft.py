@@ -46,17 +46,25 @@ def example_line(messages: list[Any], tools: list[Any] | None) -> str:
     return json.dumps({"messages": messages, "tools": tools}, separators=(",", ":"))
 
 
-def parse_examples(data: bytes, source: str) -> list[Trajectory]:
-    """The JSONL's chats as trajectories whose assistant messages are (token-less) choices: the targets."""
+def parse_examples(data: bytes, source: str, assistant_turns: str = "all") -> list[Trajectory]:
+    """The JSONL's chats as trajectories whose target assistant messages are (token-less) choices: every one,
+    or with ``assistant_turns="last"`` only the last message, which must be the assistant's (the earlier
+    ones are context)."""
     out = []
     for number, line in enumerate(data.decode().splitlines(), 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
+            messages = record["messages"]
+            if assistant_turns == "last" and (not messages or messages[-1].get("role") != "assistant"):
+                raise ValueError("assistant_turns='last' needs the last message to be the assistant's")
+            targets = range(len(messages)) if assistant_turns == "all" else [len(messages) - 1]
             turns = [
-                Choice(message=m, finish_reason="stop") if m.get("role") == "assistant" else m
-                for m in record["messages"]
+                Choice(message=m, finish_reason="stop")
+                if m.get("role") == "assistant" and i in targets
+                else m
+                for i, m in enumerate(messages)
             ]
             out.append(Trajectory(messages_and_choices=turns, tools=record.get("tools")))
         except (ValueError, KeyError, TypeError, AttributeError) as err:

@@ -37,12 +37,13 @@ from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from activities import optimizers, shared_prefix
 from activities import progress as stage_progress
-from activities import shared_prefix
 from activities.device import default_device, free_memory_bytes, resolve_precision
 from activities.grpo_loss import LossOutput, LossParams, grpo_loss, token_logprobs
 from activities.lora_targets import lora_target_modules
 from activities.memory_plan import MemoryPlan, model_dims, plan_micro_batch, sharding_bytes
+from activities.optimizers import PAGED_ADAMW_8BIT, kind_of, runs_8bit, set_hyperparameters, state_kind
 from activities.ranks import ONE_RANK, Ranks
 from activities.state_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, Snapshot, read_optimizer_state
 from activities.tokenize import TrainSequence
@@ -204,7 +205,7 @@ class Trainer:
         """The other ranks a step is trained with (activities/gang/); alone by default."""
         self.gradient_checkpointing = False
         """Each decoder layer recomputed in the backward pass (``use_gradient_checkpointing``)."""
-        self.optimizer: torch.optim.AdamW | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
         self._adapter = self._adapter_tensors()
         """The adapter's live tensors under PEFT's state-dict names: saved and loaded without PEFT's module walks."""
         with tempfile.TemporaryDirectory() as written:  # PEFT's own adapter_config.json, written once
@@ -275,8 +276,13 @@ class Trainer:
                     self._adapter[name].copy_(tensor)
         self.optimizer = None
         state = read_optimizer_state(directory)
-        if state is not None:
-            self.optimizer = self.new_optimizer(TrainConfig())
+        if state is not None and state_kind(state) == PAGED_ADAMW_8BIT and not runs_8bit(self.device):
+            log.warning(
+                "%s: its 8-bit AdamW state cannot run here (no CUDA or bitsandbytes): a fresh optimizer",
+                directory,
+            )
+        elif state is not None:
+            self.optimizer = optimizers.new_optimizer(self.params, TrainConfig(), state_kind(state))
             self.optimizer.load_state_dict(state)
 
     def snapshot(self) -> Snapshot:
@@ -291,8 +297,12 @@ class Trainer:
     def adapter_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self._live_adapter().items()}
 
-    def new_optimizer(self, config: TrainConfig) -> torch.optim.AdamW:
-        return torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay)
+    def optimizer_kind(self, config: TrainConfig) -> str:
+        """The optimizer ``config`` asks for, as this trainer can run it (activities/optimizers.py)."""
+        return optimizers.optimizer_kind(config, self.device)
+
+    def new_optimizer(self, config: TrainConfig) -> torch.optim.Optimizer:
+        return optimizers.new_optimizer(self.params, config, self.optimizer_kind(config))
 
     # ---- memory -----------------------------------------------------------------------------------
     def plan_memory(self, sequences: list[TrainSequence], requested: int) -> MemoryPlan:
@@ -444,10 +454,9 @@ class Trainer:
     ) -> StepStats:
         """One GRPO step: ``config.epochs`` passes, each accumulating all micro-batches, then one update. On a rank
         of a gang, the micro-batches of its share of ``sequences`` (activities/ranks.py)."""
-        if self.optimizer is None:
-            self.optimizer = self.new_optimizer(config)
-        for group in self.optimizer.param_groups:
-            group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
+        if self.optimizer is None or kind_of(self.optimizer) != self.optimizer_kind(config):
+            self.optimizer = self.new_optimizer(config)  # the first step, or another kind: a fresh state
+        set_hyperparameters(self.optimizer, config)
         params = LossParams.from_config(config)
         weights = token_weights(sequences, config.length_weighting)
         total_weight = sum(sum(w) for w in weights)

@@ -11,9 +11,13 @@ worker process:
 - ``trust_chat_template``: the operator trusts run specs' Jinja (``--trust-request-chat-template``, the
   inference worker's flag); without it a run with a template of its own (``model.chat_template``) is refused.
 
-Each stage of the work says when it advances (activities/progress.py: downloads, tokenizing, every chat
-render, every micro-batch, uploads), so a stage that hangs stops the heartbeats and Temporal retries the
-attempt; a render is stopped at its bound and fails as retryable (``Stalled``).
+Each stage of the work says when it advances (activities/progress.py: downloads, loading the base model and a
+step's state, tokenizing, every chat render, every micro-batch, uploads), so a stage that hangs stops the
+heartbeats and Temporal retries the attempt; a render is stopped at its bound and fails as retryable
+(``Stalled``). Other work that hangs on the compute thread cannot be stopped: while it is past its stage's bound
+the trainer is ``stuck()`` (activities/compute_thread.py), every attempt here fails at once as ``Stalled`` (the
+stuck one too, so its retry starts without waiting for a heartbeat timeout), and a worker process leaves for a
+fresh one (workers/worker.py): a retry never waits, heartbeating, behind the stuck thread.
 
 The ``Trainer`` (base model + adapter) stays warm across steps; when ``start_from`` is the checkpoint
 this worker itself just trained and published, it is not downloaded again.
@@ -68,6 +72,7 @@ from activities.checkpoints import (
     stage_checkpoint,
     staging_dir,
 )
+from activities.compute_thread import ComputeThread
 from activities.device import default_device, resolve_precision
 from activities.errors import application_error
 from activities.fleet_metrics import fleet_metrics
@@ -97,6 +102,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 HEARTBEAT_INTERVAL_S = 5.0
+STUCK_CHECK_S = 1.0
+"""How often an attempt waiting on the compute thread looks whether that thread is stuck."""
 
 
 def worker_task_queue(trainer_queue: str, worker_id: str) -> str:
@@ -256,9 +263,7 @@ class TrainerActivities:
         # what follows (the next step's training); publishing and continuing from the files wait for the write.
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stager")
         self._writing: dict[Path, concurrent.futures.Future[Path]] = {}
-        # Training always runs on this one thread: torch's OpenMP team and oneDNN's per-thread state stay
-        # warm (a step landing on a new pool thread each time trained ~2x slower on the CPU).
-        self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
+        self._compute = ComputeThread()
 
     def all(self) -> list[Callable[..., Any]]:
         return [
@@ -294,6 +299,10 @@ class TrainerActivities:
         fleet_metrics().trained_tokens.add(trained.n_trainable_tokens)
         return trained
 
+    def stuck(self) -> str | None:
+        """What this trainer's compute thread is stuck in (activities/compute_thread.py), or None."""
+        return self._compute.stuck()
+
     def _check_chat_template(self, model: ModelSpec, stored: bool = False) -> None:
         """Refuse a run whose own chat template (inline, or ``stored`` once for the run) this trainer's operator
         does not trust to render here."""
@@ -325,6 +334,10 @@ class TrainerActivities:
             why = "its last attempt died without a word mid-training" if died_training(details) else "an OOM"
             log.warning("step %d attempt %d: micro-batch %d after %s", step, info.attempt, micro_batch, why)
         progress: dict[str, Any] = {"micro_batch": 0, "of": 0, "micro_batch_size": micro_batch}
+        try:
+            self._compute.refuse_if_stuck(f"trainer {self.worker_id}")
+        except DgrpoError as err:
+            raise application_error(err) from err
 
         def on_progress(i: int, n: int, m: int) -> None:
             progress.update(micro_batch=i, of=n, micro_batch_size=m)
@@ -332,7 +345,7 @@ class TrainerActivities:
 
         try:
             return await self._in_thread(
-                lambda stop: work(micro_batch, on_progress, stop), progress, self._compute
+                lambda stop: work(micro_batch, on_progress, stop), progress, compute=True
             )
         except OutOfMemory as err:
             raise self._out_of_memory(err, run_id, step, progress) from err
@@ -389,22 +402,30 @@ class TrainerActivities:
 
     # ---- plumbing ---------------------------------------------------------------------------------
     async def _in_thread(
-        self,
-        fn: Callable[[Callable[[], bool]], T],
-        progress: dict[str, Any],
-        executor: concurrent.futures.Executor | None = None,
+        self, fn: Callable[[Callable[[], bool]], T], progress: dict[str, Any], compute: bool = False
     ) -> T:
-        """Run ``fn`` off the event loop (on ``executor``, default the loop's), heartbeating ``progress``;
-        typed errors become ApplicationErrors."""
+        """Run ``fn`` off the event loop (on the compute thread, else the loop's executor), heartbeating
+        ``progress``; typed errors become ApplicationErrors. Waiting on the compute thread fails (``Stalled``) as
+        soon as that thread is stuck, whichever attempt's work it is stuck in."""
         stop = threading.Event()
-        context = contextvars.copy_context()  # the attempt's progress (activities/progress.py) goes along
-        task = asyncio.get_running_loop().run_in_executor(executor, context.run, fn, stop.is_set)
+        if compute:
+            task = self._compute.run(lambda: fn(stop.is_set))
+        else:
+            context = contextvars.copy_context()  # the attempt's progress (activities/progress.py) goes along
+            task = asyncio.get_running_loop().run_in_executor(None, context.run, fn, stop.is_set)
+        beat = time.monotonic()
         try:
             while True:
-                done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_INTERVAL_S)
+                done, _ = await asyncio.wait(
+                    {task}, timeout=STUCK_CHECK_S if compute else HEARTBEAT_INTERVAL_S
+                )
                 if done:
                     break
-                activity.heartbeat(dict(progress))
+                if compute:
+                    self._compute.refuse_if_stuck(f"trainer {self.worker_id}")
+                if not compute or time.monotonic() - beat >= HEARTBEAT_INTERVAL_S:
+                    activity.heartbeat(dict(progress))
+                    beat = time.monotonic()
             return task.result()
         except asyncio.CancelledError:
             stop.set()  # the thread stops at the next micro-batch
@@ -420,7 +441,8 @@ class TrainerActivities:
             self.trainer = None
             self._hold(None)
             gc.collect()
-            self.trainer, self._trainer_key = Trainer(model, precision), key
+            with stage_progress.stage("load"):  # a base model on a dead mount never returns
+                self.trainer, self._trainer_key = Trainer(model, precision), key
         return self.trainer
 
     def _restore(
@@ -436,7 +458,8 @@ class TrainerActivities:
         with stage_progress.stage("download"):
             download_checkpoint(self.store, ref, local)
         check_checkpoint_fits(read_trainer_state(local), model, ref.uri)
-        trainer.load_state(local)
+        with stage_progress.stage("load"):
+            trainer.load_state(local)
 
     def _continue(self, trainer: Trainer, model: ModelSpec, staged: StagedRef) -> None:
         """Hold step ``staged`` as this worker staged it: already in memory, else from its staged files (the
@@ -453,7 +476,8 @@ class TrainerActivities:
                 f"{staged.worker_id} ({staged.staged_id}); train from its checkpoint once it is manifested"
             )
         check_checkpoint_fits(state, model, str(directory))
-        trainer.load_state(directory)
+        with stage_progress.stage("load"):
+            trainer.load_state(directory)
 
     def train_sync(
         self,
@@ -487,6 +511,7 @@ class TrainerActivities:
             metrics = {k: float(v) for k, v in vars(stats).items()}
             metrics["n_dropped_overlength"] = float(tokenized.n_dropped_overlength)
             metrics["n_template_choices"] = float(tokenized.n_template_choices)
+            metrics["n_recovered_choices"] = float(tokenized.n_recovered_choices)
             metrics["gradient_checkpointing"] = float(plan.gradient_checkpointing)
             metrics["bf16"] = float(trainer.precision == "bf16")
             staged = self._stage(
@@ -532,7 +557,7 @@ class TrainerActivities:
         started = time.monotonic()
         with stage_progress.stage("download"):
             data = trajectory_store.verified_bytes(self.store, inp.examples)
-        examples = sft.parse_examples(data, inp.examples.uri)
+        examples = sft.parse_examples(data, inp.examples.uri, inp.sft.assistant_turns)
         with self._lock:
             trainer = self.trainer_for(inp.model, inp.sft.precision)
             self._restore(trainer, inp.run_id, inp.model, inp.start_from, inp.sft.seed)

@@ -35,7 +35,9 @@ NON_FINITE_UPDATE = "NonFiniteUpdate"
 ENGINE_RESTARTED = "EngineRestarted"
 """The inference server stopped answering (or died) and was restarted; the work that used it is retried."""
 STALLED = "Stalled"
-"""A stage of the work did not advance within its bound (a chat render that ran on) and was stopped; retried."""
+"""A stage of the work did not advance within its bound and the attempt was failed: a chat render that ran on
+(stopped), or work on the trainer's compute thread that cannot be stopped (that trainer then leaves for a fresh
+process); retried."""
 STAGED_STATE_LOST = "StagedStateLost"
 """A trainer no longer holds the unpublished step it was asked to continue from (pipelined mode): the workflow
 trains from that step's checkpoint once it is manifested instead."""

@@ -51,6 +51,12 @@ def scored_key(run_id: str, step: int, attempt: int = 1) -> str:
     return step_prefix(run_id, step) + SCORED_FILE.replace(".parquet", f"{suffix}.parquet")
 
 
+def art_request_key(run_id: str, step: int) -> str:
+    """The sha256 of the ART server request (``/_train_model``) that trains ``step``, written before it trains:
+    the same request again, after a lost connection or a restarted server, gets that step's result."""
+    return step_prefix(run_id, step) + "art-request.json"
+
+
 def judge_cache_key(run_id: str, sha256: str) -> str:
     """One judged group's scores, by the content hash of what the judge was asked."""
     return f"runs/{run_id}/judge_cache/{sha256}.json"

@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +49,24 @@ from base_models.resolve import resolve_base_model
 from schemas import layout
 from schemas.activities import InitialAdapterInput, SftInput, SftResult, StagedRef, TrainInput, TrainResult
 from schemas.config import ModelSpec
-from schemas.errors import StagedStateLostError
+from schemas.errors import GangLostError, StagedStateLostError
 from schemas.refs import CheckpointRef
 from schemas.settings import GangSettings, model_roots
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int, int], None]
+
+
+@contextmanager
+def shallow_gang_failure() -> Iterator[None]:
+    """A lost gang raised afresh from here, without the frames it came through: Temporal keeps a retried attempt's
+    failure, stack traces and all, only up to 4 KB (its per-activity limit, temporalio/temporal#7367), and beyond
+    it keeps "Failure exceeds size limit" instead of what was lost."""
+    try:
+        yield
+    except GangLostError as err:
+        raise GangLostError(str(err)) from None
 
 
 class GangTrainerActivities(TrainerActivities):
@@ -108,6 +120,26 @@ class GangTrainerActivities(TrainerActivities):
         progress: Progress | None = None,
         should_stop: Callable[[], bool] | None = None,
     ) -> TrainResult:
+        with shallow_gang_failure():
+            return self._train_grpo(inp, micro_batch, progress, should_stop)
+
+    def train_sft_sync(
+        self,
+        inp: SftInput,
+        micro_batch: int,
+        progress: Progress | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> SftResult:
+        with shallow_gang_failure():
+            return self._train_sft(inp, micro_batch, progress, should_stop)
+
+    def _train_grpo(
+        self,
+        inp: TrainInput,
+        micro_batch: int,
+        progress: Progress | None,
+        should_stop: Callable[[], bool] | None,
+    ) -> TrainResult:
         started = time.monotonic()
         with stage_progress.stage("download"):
             table = read_step_table(self.store, inp.advantages)
@@ -118,6 +150,7 @@ class GangTrainerActivities(TrainerActivities):
             metrics = {
                 "n_dropped_overlength": float(tokenized.n_dropped_overlength),
                 "n_template_choices": float(tokenized.n_template_choices),
+                "n_recovered_choices": float(tokenized.n_recovered_choices),
                 "bf16": float(precision == "bf16"),
             }
             step = self._shared_step(inp, precision, micro_batch, inp.train.seed, config=inp.train)
@@ -147,17 +180,17 @@ class GangTrainerActivities(TrainerActivities):
             compute_seconds=trained.seconds,
         )
 
-    def train_sft_sync(
+    def _train_sft(
         self,
         inp: SftInput,
         micro_batch: int,
-        progress: Progress | None = None,
-        should_stop: Callable[[], bool] | None = None,
+        progress: Progress | None,
+        should_stop: Callable[[], bool] | None,
     ) -> SftResult:
         started = time.monotonic()
         with stage_progress.stage("download"):
             data = trajectory_store.verified_bytes(self.store, inp.examples)
-        examples = sft.parse_examples(data, inp.examples.uri)
+        examples = sft.parse_examples(data, inp.examples.uri, inp.sft.assistant_turns)
         with self._lock:
             tokenizer = run_tokenizer(self.tokenizer_for(inp.model), inp.model.chat_template)
             stats = sft.SftStats()

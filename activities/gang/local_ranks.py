@@ -322,15 +322,15 @@ class LocalRanks:
                 )
 
     def _raise_reported(self, what: str, rank: _Rank) -> NoReturn:
-        """A rank ended: what it reported before, if anything, else how it ended and its log's tail."""
+        """A rank ended: what it reported before, if anything, else how it ended (its log's tail goes to this
+        worker's log: Temporal keeps a retried attempt's failure only up to a few KB)."""
+        log.error("%s; the end of its log (%s):\n%s", what, rank.child.log_path, rank.child.log_tail(1500))
         deadline = time.monotonic() + FAILURE_GRACE_S
         while time.monotonic() < deadline:
             for local_rank, message in self._take(POLL_S, None):
                 if isinstance(message, Failed):
                     raise self._failure(message, local_rank)
-        raise GangLostError(
-            f"{what}; the gang is recycled. Its log ({rank.child.log_path}):\n{rank.child.log_tail(1500)}"
-        )
+        raise GangLostError(f"{what}; the gang is recycled (its log: {rank.child.log_path})")
 
     def _failure(self, failed: Failed, local_rank: int) -> Exception:
         """A rank's report as the error the activity raises; a peer's own error wins over a broken collective."""

@@ -206,7 +206,7 @@ class PeakMemory:
 
 def failure(err: BaseException, micro_batch: int) -> Failed:
     """``err`` as the rank reports it; the worker raises the matching typed error."""
-    message = f"{type(err).__name__}: {str(err)[:2000]}"
+    message = f"{type(err).__name__}: {str(err)[:600]}"  # its traceback is in the rank's log
     if is_out_of_memory(err):
         return Failed("out_of_memory", message, micro_batch)
     if isinstance(err, NonFiniteUpdateError):

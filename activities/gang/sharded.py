@@ -14,6 +14,7 @@ written at any world size loads at any other, exactly.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,15 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from activities import optimizers
 from activities.gang.collectives import GangRanks
+from activities.optimizers import ADAMW, PAGED_ADAMW_8BIT, runs_8bit, state_kind
 from activities.state_files import ADAPTER_WEIGHTS, Snapshot, read_optimizer_state
 from activities.trainer import Trainer
 from schemas.config import TrainConfig
 from schemas.settings import Sharding
+
+log = logging.getLogger(__name__)
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
@@ -105,16 +110,30 @@ class ShardedTrainer(Trainer):
                 )
         self.optimizer = None
         state = read_optimizer_state(directory)
-        if state is not None:
-            for index, entry in state["state"].items():
-                like = self.params[int(index)]
-                for name, value in entry.items():
-                    if (
-                        name != "step" and value.shape == like.shape
-                    ):  # exp_avg, exp_avg_sq: shaped as the param
-                        entry[name] = placed_like(value, like)
-            self.optimizer = self.new_optimizer(TrainConfig())
-            self.optimizer.load_state_dict(state)
+        if state is None:
+            return
+        kind = state_kind(state)
+        if kind == PAGED_ADAMW_8BIT and (self.ranks.shards_base or not runs_8bit(self.device)):
+            log.warning("%s: its 8-bit AdamW state cannot run on these ranks: a fresh optimizer", directory)
+            return
+        for index, entry in state["state"].items():
+            like = self.params[int(index)]
+            for name, value in entry.items():
+                if name != "step" and value.shape == like.shape:  # AdamW's moments: shaped as the param
+                    entry[name] = placed_like(value, like)
+        self.optimizer = optimizers.new_optimizer(self.params, TrainConfig(), kind)
+        self.optimizer.load_state_dict(state)
+
+    def optimizer_kind(self, config: TrainConfig) -> str:
+        """AdamW under FSDP: bitsandbytes' 8-bit AdamW does not take sharded (DTensor) parameters."""
+        kind = super().optimizer_kind(config)
+        if kind == PAGED_ADAMW_8BIT and self.ranks.shards_base:
+            if self.optimizer is None:  # said once a run, when its optimizer is made
+                log.warning(
+                    "8-bit AdamW does not take FSDP's sharded parameters: torch's AdamW, same settings"
+                )
+            return ADAMW
+        return kind
 
     def snapshot(self) -> Snapshot:
         """The whole adapter and optimizer state, gathered (every rank must call it, in step)."""

@@ -64,6 +64,9 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
             probe_timeout_s=args.probe_timeout_s,
             unanswered_probes=args.unanswered_probes,
             vllm_python=args.vllm_python,
+            tensor_parallel_size=args.tensor_parallel_size,
+            data_parallel_size=args.data_parallel_size,
+            distributed_executor_backend=args.distributed_executor_backend,
         ),
         lifecycle=worker_lifecycle(args),
         staging_root=Path(args.staging) if args.staging else None,
@@ -217,6 +220,27 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     worker.add_argument(
         "--vllm-python",
         help="--engine vllm: the Python of vLLM's environment (default $DGRPO_VLLM_PYTHON, else .venv-vllm)",
+    )
+    worker.add_argument(
+        "--tensor-parallel-size",
+        type=at_least_one,
+        default=engine.tensor_parallel_size,
+        metavar="N",
+        help="--engine vllm: split each layer over N devices of this host (vLLM's flag; GPUs, or core groups on "
+        "vLLM's CPU build)",
+    )
+    worker.add_argument(
+        "--data-parallel-size",
+        type=at_least_one,
+        default=engine.data_parallel_size,
+        metavar="N",
+        help="--engine vllm: N engine replicas behind the one server (vLLM's flag)",
+    )
+    worker.add_argument(
+        "--distributed-executor-backend",
+        choices=("mp", "ray"),
+        default=None,
+        help="--engine vllm: how vLLM starts its ranks (default vLLM's: mp on one host)",
     )
     worker.add_argument(
         "--serve-port", type=port_number, help="port of the CPU server (default $DGRPO_SERVE_PORT or free)"
