@@ -77,7 +77,7 @@ WORKER_OUTAGE_S = WorkerLifecycle().store_outage_s
 (``WorkerLifecycle.store_outage_s``): a store restart or a 60 s outage costs a wait, not a run."""
 
 
-def _http_client(outage_s: float) -> urllib3.PoolManager:
+def _http_client(outage_s: float, read_timeout_s: float = 120.0) -> urllib3.PoolManager:
     """Retries of unreachable or failing (5xx) requests that last about ``outage_s``: a client gives up in
     seconds (a stopped store is a clear error at once), a worker rides out a restart of the store."""
     waited, attempts = 0.0, 1
@@ -95,7 +95,9 @@ def _http_client(outage_s: float) -> urllib3.PoolManager:
         allowed_methods=None,  # S3 writes are whole-object puts to fixed keys: safe to repeat
         raise_on_status=False,
     )
-    return _SendingPool(timeout=urllib3.Timeout(connect=3.0, read=120.0), retries=retries, maxsize=16)
+    return _SendingPool(
+        timeout=urllib3.Timeout(connect=3.0, read=read_timeout_s), retries=retries, maxsize=16
+    )
 
 
 class _SendingPool(urllib3.PoolManager):
@@ -136,8 +138,9 @@ def in_threads(work: Callable[[T], R], items: Sequence[T]) -> list[R]:
 class ObjectStore:
     """One bucket of an S3-compatible store."""
 
-    def __init__(self, settings: S3Settings, outage_s: float = 1.0) -> None:
-        """``outage_s``: how long a request keeps retrying an unreachable store (workers: ``WORKER_OUTAGE_S``)."""
+    def __init__(self, settings: S3Settings, outage_s: float = 1.0, read_timeout_s: float = 120.0) -> None:
+        """``outage_s``: how long a request keeps retrying an unreachable store (workers: ``WORKER_OUTAGE_S``);
+        ``read_timeout_s``: how long a request waits for an answer (a trainer gang's records: seconds)."""
         self.settings = settings
         self.bucket = settings.bucket
         endpoint = settings.endpoint.removeprefix("http://").removeprefix("https://").rstrip("/")
@@ -149,7 +152,7 @@ class ObjectStore:
             secret_key=settings.secret_key.get_secret_value(),
             secure=secure,
             region="us-east-1",  # skips the bucket-location round trip; SeaweedFS and MinIO accept it
-            http_client=_http_client(outage_s),
+            http_client=_http_client(outage_s, read_timeout_s),
         )
 
     @classmethod

@@ -78,7 +78,7 @@ from activities.errors import application_error
 from activities.fleet_metrics import fleet_metrics
 from activities.object_store import ObjectStore
 from activities.run_texts import read_run_text
-from activities.tokenize import TrainSequence, build_sequences, run_tokenizer
+from activities.tokenize import ChatTokenizer, TokenizedStep, TrainSequence, build_sequences, run_tokenizer
 from activities.trainer import StepStats, Trainer, check_finite_adapter
 from host.files import write_json_atomic
 from schemas import layout
@@ -169,6 +169,28 @@ def or_out_of_memory(trainer: Trainer, micro_batch: int, compute: Callable[[], T
 
 def config_error(message: str) -> ApplicationError:
     return ApplicationError(message, type=CONFIG_ERROR, non_retryable=True)
+
+
+def tokenize_step(inp: TrainInput, table: Any, tokenizer: ChatTokenizer) -> TokenizedStep:
+    """The step's sequences: its trajectories that have an advantage, tokenized; refused when none trains."""
+    groups = trajectory_store.table_to_groups(table, inp.advantages.uri)
+    advantages = trajectory_store.advantages_of(table, inp.advantages.uri)
+    pairs = [
+        (t, a)
+        for g, adv in zip(groups, advantages, strict=True)
+        for t, a in zip(g.trajectories, adv, strict=True)
+        if a is not None
+    ]
+    with stage_progress.stage("tokenize"):
+        tokenized = build_sequences(
+            [t for t, _ in pairs], [a for _, a in pairs], inp.train.max_seq_len, tokenizer
+        )
+    if not tokenized.sequences:
+        raise config_error(
+            f"step {inp.step}: no trainable tokens ({len(pairs)} trajectories with advantages, "
+            f"{tokenized.n_dropped_overlength} sequences over max_seq_len={inp.train.max_seq_len})"
+        )
+    return tokenized
 
 
 def next_micro_batch(configured: int, oom: OomState | None, heartbeat: Any) -> int:
@@ -467,26 +489,9 @@ class TrainerActivities:
         started = time.monotonic()
         with stage_progress.stage("download"):
             table = read_step_table(self.store, inp.advantages)
-        groups = trajectory_store.table_to_groups(table, inp.advantages.uri)
-        advantages = trajectory_store.advantages_of(table, inp.advantages.uri)
-        pairs = [
-            (t, a)
-            for g, adv in zip(groups, advantages, strict=True)
-            for t, a in zip(g.trajectories, adv, strict=True)
-            if a is not None
-        ]
         with self._lock:
             trainer = self.trainer_for(inp.model, inp.train.precision)
-            tokenizer = run_tokenizer(trainer.tokenizer, self._chat_template(inp))
-            with stage_progress.stage("tokenize"):
-                tokenized = build_sequences(
-                    [t for t, _ in pairs], [a for _, a in pairs], inp.train.max_seq_len, tokenizer
-                )
-            if not tokenized.sequences:
-                raise config_error(
-                    f"step {inp.step}: no trainable tokens ({len(pairs)} trajectories with advantages, "
-                    f"{tokenized.n_dropped_overlength} sequences over max_seq_len={inp.train.max_seq_len})"
-                )
+            tokenized = tokenize_step(inp, table, run_tokenizer(trainer.tokenizer, self._chat_template(inp)))
             if inp.continue_from is not None:
                 self._continue(trainer, inp.model, inp.continue_from)
             else:

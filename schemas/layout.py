@@ -126,6 +126,27 @@ def worker_task_queue(trainer_queue: str, worker_id: str) -> str:
     return f"{trainer_queue}@{worker_id}"
 
 
+def gang_prefix(gang: str) -> str:
+    """What the trainer workers of gang ``gang`` share (activities/gang/rendezvous.py): each member's record,
+    its invitation, and each attempt's step, answers and roster."""
+    return f"gangs/{gang}/"
+
+
+def gang_member_key(gang: str, worker_id: str) -> str:
+    """A member's record, rewritten every second while it lives (how the others know it does)."""
+    return f"{gang_prefix(gang)}members/{worker_id}.json"
+
+
+def gang_invite_key(gang: str, worker_id: str) -> str:
+    """The newest attempt a member is invited to (a leader overwrites it)."""
+    return f"{gang_prefix(gang)}invites/{worker_id}.json"
+
+
+def gang_attempt_prefix(gang: str, attempt: str) -> str:
+    """One attempt's files: ``step.json``, ``sequences.safetensors``, ``replies/``, ``roster.json``, ``ready/``."""
+    return f"{gang_prefix(gang)}attempts/{attempt}/"
+
+
 ART_BASE_PATH = ".art"
 """Where ART-style models keep their local files unless given ``base_path`` (ART: ``.art``)."""
 ART_HISTORY_FILE = "history.jsonl"

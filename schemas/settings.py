@@ -12,9 +12,10 @@ import os
 from collections.abc import Mapping
 from typing import Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from schemas.errors import EngineSetupError
+from schemas.refs import NAME_PATTERN
 
 ENV_TEMPORAL_ADDRESS = "DGRPO_TEMPORAL_ADDRESS"
 ENV_TEMPORAL_NAMESPACE = "DGRPO_TEMPORAL_NAMESPACE"
@@ -359,6 +360,47 @@ class WorkerDeployment(BaseModel):
             return cls(name=name, build_id=build_id)
         except ValueError as err:
             raise EngineSetupError(f"worker deployment {name!r} build {build_id!r}: {err}") from None
+
+
+Sharding = Literal["fsdp", "replicate"]
+"""How a gang holds the model (``GangSettings.shard``)."""
+
+
+class GangSettings(BaseModel):
+    """How a trainer worker trains a step over several devices and hosts (``dgrpo worker trainer --ranks 2``):
+    the operator's, never a run's. A run trains the same adapter on any gang (docs/scaling-out.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ranks: int = Field(1, ge=1, le=64)
+    """Rank processes this worker starts, one per device. 1 without ``gang``: the trainer runs in the worker
+    itself, as it always has."""
+    devices: tuple[str, ...] = ()
+    """Each rank's device (``cuda:0,cuda:1``), one per rank; empty: ``cuda:<i>`` where CUDA is, else the CPU."""
+    shard: Sharding = "fsdp"
+    """``fsdp``: FSDP2 shards the frozen base and the LoRA weights over the ranks (each holds about 1/world of
+    them); ``replicate``: every rank holds the whole model and only the gradients are summed (plain data
+    parallel: no all-gather per layer, for a base that fits each device)."""
+    gang: str | None = Field(None, pattern=NAME_PATTERN)
+    """Trainer workers started with the same gang name, on any hosts, train each step together: the one that
+    takes the step leads, the others that are idle join (rendezvous through the object store)."""
+    address: str | None = None
+    """Where the other hosts of the gang reach this worker's ranks; default: this host's address on the route
+    to the object store."""
+    collective_timeout_s: float = Field(20.0, ge=1, le=3600)
+    """Every collective and the gang's rendezvous fail after this long without their peers, so a rank lost
+    (killed, stopped, cut off) fails the step's attempt instead of hanging it."""
+
+    @model_validator(mode="after")
+    def _a_device_per_rank(self) -> GangSettings:
+        if self.devices and len(self.devices) != self.ranks:
+            raise ValueError(f"{len(self.devices)} devices for {self.ranks} ranks: name one device per rank")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the worker trains through rank processes (several ranks, or a gang over hosts)."""
+        return self.ranks > 1 or self.gang is not None
 
 
 def default_engine(env: Mapping[str, str] | None = None) -> str:

@@ -49,6 +49,7 @@ from schemas.settings import (
     ENV_SERVE_PORT,
     EngineSettings,
     FleetBounds,
+    GangSettings,
     WorkerDeployment,
     WorkerLifecycle,
     dgrpo_home,
@@ -104,6 +105,8 @@ class WorkerOptions:
     loopback it needs ``$DGRPO_SERVE_API_KEY``, or the worker refuses to start."""
     staging_root: Path | None = None
     """Where the trainer stages trained steps (default ``$DGRPO_HOME/staging``)."""
+    gang: GangSettings = field(default_factory=GangSettings)
+    """The trainer's ranks and devices, and the gang it trains in over hosts (activities/gang/)."""
     worker_id: str | None = None
     ready_file: Path | None = None
     """Written once every worker polls (launchers wait for it)."""
@@ -255,12 +258,16 @@ async def build_workers(
         from activities.training import TrainerActivities
 
         staging = opts.staging_root or Path(dgrpo_home()) / "staging"
-        trainer = TrainerActivities(
-            store,
-            staging,
-            worker_id=opts.worker_id,
-            trust_chat_template=opts.engine.trust_request_chat_template,
-        )
+        trust = opts.engine.trust_request_chat_template
+        if opts.gang.enabled:
+            from activities.gang.activities import GangTrainerActivities
+
+            logs = opts.ready_file.parent if opts.ready_file else Path(dgrpo_home()) / "logs"
+            trainer: TrainerActivities = GangTrainerActivities(
+                store, staging, opts.gang, worker_id=opts.worker_id, trust_chat_template=trust, log_dir=logs
+            )
+        else:
+            trainer = TrainerActivities(store, staging, worker_id=opts.worker_id, trust_chat_template=trust)
         own_queue = worker_task_queue(queues.trainer, trainer.worker_id)
         log.info("trainer %s polls %s and %s", trainer.worker_id, queues.trainer, own_queue)
         workers += [worker(queues.trainer, trainer.all()), worker(own_queue, trainer.all(), versioned=False)]
@@ -409,6 +416,7 @@ def _trainer_child(opts: WorkerOptions) -> WorkerProcess:
     if bind is not None:  # explicit: a bind from the environment would be the parent's own port
         extra += ["--metrics-bind", next_port(bind)]
     extra += ["--trust-request-chat-template"] if opts.engine.trust_request_chat_template else []
+    extra += gang_flags(opts.gang)
     return WorkerProcess(
         "trainer",
         log_dir / f"trainer-{os.getpid()}.log",
@@ -416,6 +424,24 @@ def _trainer_child(opts: WorkerOptions) -> WorkerProcess:
         die_with_parent=True,
         extra_args=extra,
     )
+
+
+def gang_flags(gang: GangSettings) -> list[str]:
+    """``dgrpo worker``'s flags that give a trainer ``gang`` (role ``all``'s trainer child gets its parent's)."""
+    if not gang.enabled:
+        return []
+    flags = [
+        "--ranks",
+        str(gang.ranks),
+        "--shard",
+        gang.shard,
+        "--collective-timeout-s",
+        str(gang.collective_timeout_s),
+    ]
+    flags += ["--devices", ",".join(gang.devices)] if gang.devices else []
+    flags += ["--gang", gang.gang] if gang.gang else []
+    flags += ["--gang-address", gang.address] if gang.address else []
+    return flags
 
 
 async def run_all_workers(client: Client, task_queues: TaskQueues, serve_port: int | None = None) -> None:
