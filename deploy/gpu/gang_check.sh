@@ -16,7 +16,7 @@
 #   trl        (100) bench/vs_trl.py --gpu --steps 4: dgrpo's whole step against TRL's GRPOTrainer (TRL's wheels
 #              pre-installed in .bench/trl, as bench/vs_trl.py says; skipped without them)
 #   shapes     (the time left, at least 60) deploy/gpu/production_shapes.py: the 0.6B, 4B and 8B shapes
-# Writes into $OUT: gang.log (every part's output), ranks.json, one-device.json (with BASELINE),
+# Writes into $OUT: gang-output.txt (every part's output), ranks.json, one-device.json (with BASELINE),
 # run_pipelined.json, vs_trl.json, shapes/shapes.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,11 +31,11 @@ started=$(date +%s)
 budget=480
 failed=()
 
-part() {  # name, seconds, command...: bounded, its output appended to $OUT/gang.log
+part() {  # name, seconds, command...: bounded, its output appended to $OUT/gang-output.txt
     local name="$1" seconds="$2" status=ok; shift 2
-    echo "== $name (at most ${seconds} s): $*" | tee -a "$out/gang.log" >&2
-    timeout -s INT "$seconds" "$@" >>"$out/gang.log" 2>&1 || { status="FAILED ($?)"; failed+=("$name"); }
-    echo "== $name: $status after $(( $(date +%s) - started )) s" | tee -a "$out/gang.log" >&2
+    echo "== $name (at most ${seconds} s): $*" | tee -a "$out/gang-output.txt" >&2
+    timeout -s INT "$seconds" "$@" >>"$out/gang-output.txt" 2>&1 || { status="FAILED ($?)"; failed+=("$name"); }
+    echo "== $name: $status after $(( $(date +%s) - started )) s" | tee -a "$out/gang-output.txt" >&2
 }
 
 gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
@@ -53,7 +53,7 @@ if [ -n "${BASELINE:-}" ]; then
         --repeats 1 --out "$out/one-device.json"
 fi
 if [ -n "$dry" ]; then
-    echo "== pipelined, trl: skipped in the dry run (vLLM and a GPU)" | tee -a "$out/gang.log" >&2
+    echo "== pipelined, trl: skipped in the dry run (vLLM and a GPU)" | tee -a "$out/gang-output.txt" >&2
 else
     part pipelined 150 "$python" -m pytest -m gpu tests/gpu/test_training_run_vllm.py -k pipelined -q \
         -p no:cacheprovider --basetemp "$work/pytest/gang-pipelined"
@@ -62,7 +62,7 @@ else
         part trl 100 "$python" bench/vs_trl.py --gpu --steps 4
         cp bench/out/vs_trl_gpu.json "$out/vs_trl.json" 2>/dev/null
     else
-        echo "== trl: skipped, no .bench/trl (TRL's wheels, pre-installed)" | tee -a "$out/gang.log" >&2
+        echo "== trl: skipped, no .bench/trl (TRL's wheels, pre-installed)" | tee -a "$out/gang-output.txt" >&2
     fi
 fi
 left=$(( budget - ($(date +%s) - started) ))
@@ -75,7 +75,7 @@ else
         --work "$work"
 fi
 if [ ${#failed[@]} -gt 0 ]; then
-    echo "failed: ${failed[*]} (see $out/gang.log)" >&2
+    echo "failed: ${failed[*]} (see $out/gang-output.txt)" >&2
     exit 1
 fi
 echo "all parts passed in $(( $(date +%s) - started )) s" >&2
