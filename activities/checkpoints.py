@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from activities.object_store import ObjectStore, sha256_file
-from host.files import write_dir_atomic, write_json_atomic
+from host.files import inside, write_dir_atomic, write_json_atomic
 from schemas import layout
 from schemas.config import ModelSpec
 from schemas.errors import CheckpointMismatchError, CorruptCheckpointError, UnsafePathError
@@ -101,13 +101,12 @@ def under_root(root: str | Path, *parts: str) -> Path:
     """``root/parts...``, refused with ``UnsafePathError`` unless it stays inside ``root`` once ``..`` and
     links are resolved (run ids are validated names, so this only trips on a bug or a hostile input)."""
     base = Path(root).resolve()
-    path = base.joinpath(*parts)
-    if not parts or path.resolve() == base or not path.resolve().is_relative_to(base):
+    if not parts or inside(base, "/".join(parts)) is None:
         raise UnsafePathError(
             f"{'/'.join(parts)!r} would leave {base}; run ids and names are 1-128 letters, digits, '.', '_' "
             "or '-', starting with a letter or digit"
         )
-    return path
+    return base.joinpath(*parts)
 
 
 def run_dir(root: str | Path, run_id: str) -> Path:

@@ -9,8 +9,12 @@ its ``logs`` (``RULER explanation: ...``, as ART's ``ruler_score_group`` logs it
 Small judges write nonsense; the contract with them is:
 
 1. the prompt names how many score objects to return and their ids (``1, 2, ...``), as ART 0.5.23's does;
-2. the reply is parsed leniently (code fences, prose around the JSON, a bare list of numbers);
-3. a malformed reply (no JSON, a score that is not a number in [0, 1], or ART's structural faults: the
+2. the reply is parsed leniently (code fences, prose around the JSON, a bare list of numbers), and its scores
+   are brought to [0, 1] (``normalized``): a score written as a fraction (``"8/10"``) or a percentage
+   (``"80%"``) is that share; plain numbers above 1 are read on the scale their largest one fits, 0-10 or
+   0-100, every score of the reply on the same one (so their order and ratios are the judge's); what falls
+   outside [0, 1] then is clamped;
+3. a malformed reply (no JSON, a score that is not a number, or ART's structural faults: the
    wrong number of scores, a missing, duplicate or unexpected trajectory id) is sent back to the judge
    with a correction that says what was wrong; ``STRUCTURAL_ATTEMPTS`` (2, ART's) answers in all;
 4. if the last answer is malformed too, the group keeps its rollout rewards and every trajectory gets
@@ -37,15 +41,20 @@ import hashlib
 import json
 import logging
 import os
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from openai import AsyncOpenAI
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.judge_replies import (
+    Judgement,
+    MalformedJudgement,
+    id_list,
+    parse_judgements,
+)
 from activities.object_store import ObjectStore
 from activities.rollout_model import DEFAULT_API_KEY, discover_base_model, own_server_api_key
 from activities.run_texts import read_run_text
@@ -86,14 +95,6 @@ GROUP_CONCURRENCY = 4
 HEARTBEAT_EVERY_S = 10.0
 
 
-class Judgement(NamedTuple):
-    """The judge's verdict on one trajectory."""
-
-    score: float
-    explanation: str = ""
-    """What the judge said of it (empty when its reply gave none, e.g. a bare list of scores)."""
-
-
 class JudgeCache(Protocol):
     """Where judgements are kept by content hash."""
 
@@ -121,54 +122,6 @@ class StoreJudgeCache:
         scores, explanations = [j.score for j in judgements], [j.explanation for j in judgements]
         body = json.dumps({"scores": scores, "explanations": explanations}).encode()
         await asyncio.to_thread(self.store.put_bytes, layout.judge_cache_key(self.run_id, key), body)
-
-
-class MalformedJudgement(ValueError):
-    """The judge's reply is not the JSON asked for; the message says what to fix."""
-
-    def correction(self, n: int) -> str:
-        """What the judge is told before it answers again."""
-        return (
-            f"That reply is not valid: {self}. Reply again with JSON only: "
-            f'{{"scores": [{{"trajectory_id": "1", "explanation": "...", "score": 0.5}}, ...]}} '
-            f"with exactly {n} entries, ids {_id_list(n)}, scores between 0 and 1."
-        )
-
-
-class StructuralFault(MalformedJudgement):
-    """Scores that parse, for the wrong set of trajectories: too few or many, or ids missing, repeated or
-    unknown (ART 0.5.23's structural checks; its message and its correction's fields)."""
-
-    def __init__(self, received: Sequence[str], n: int) -> None:
-        self.received = list(received)
-        expected = [str(i) for i in range(1, n + 1)]
-        self.missing = [i for i in expected if i not in self.received]
-        self.duplicate = sorted({i for i in self.received if self.received.count(i) > 1}, key=_id_order)
-        self.unexpected = sorted(set(self.received) - set(expected), key=_id_order)
-        if len(self.received) != n:
-            super().__init__(f"Expected {n} score{'' if n == 1 else 's'}, but got {len(self.received)}")
-        else:
-            super().__init__(f"Expected trajectory ids {expected}, but got {self.received}")
-
-    def correction(self, n: int) -> str:
-        def listed(ids: list[str]) -> str:
-            return ", ".join(ids) or "none"
-
-        count = len(self.received)
-        return (
-            f"Your response had {count} score object{'' if count == 1 else 's'}; expected {n}. "
-            f"Missing trajectory IDs: {listed(self.missing)}. Duplicate trajectory IDs: "
-            f"{listed(self.duplicate)}. Unexpected trajectory IDs: {listed(self.unexpected)}. "
-            f"Return one complete replacement using each trajectory ID exactly once: {_id_list(n)}."
-        )
-
-
-def _id_list(n: int) -> str:
-    return ", ".join(str(i) for i in range(1, n + 1))
-
-
-def _id_order(trajectory_id: str) -> tuple[int, str]:
-    return (int(trajectory_id), "") if trajectory_id.isdigit() else (1 << 62, trajectory_id)
 
 
 def _render_content(message: dict[str, Any]) -> str:
@@ -214,86 +167,12 @@ def judge_messages(
     n = len(unique)
     count = (  # ART 0.5.23's prompt names the count and the ids: its most common fault is a short list
         f"\n\nReturn exactly {n} score object{'' if n == 1 else 's'}, one for each of these trajectory IDs, "
-        f"with no duplicates or omissions: {_id_list(n)}"
+        f"with no duplicates or omissions: {id_list(n)}"
     )
     return [
         {"role": "system", "content": SYSTEM_PROMPT.format(rubric=rubric or DEFAULT_RUBRIC) + count},
         {"role": "user", "content": "\n\n".join(parts)},
     ]
-
-
-def _json_candidates(text: str) -> list[Any]:
-    fenced = re.findall(r"```(?:json)?\s*(.*?)```", text, flags=re.DOTALL)
-    candidates = [*fenced, text]
-    for opener, closer in (("{", "}"), ("[", "]")):
-        start, end = text.find(opener), text.rfind(closer)
-        if 0 <= start < end:
-            candidates.append(text[start : end + 1])
-    out = []
-    for candidate in candidates:
-        try:
-            out.append(json.loads(candidate.strip()))
-        except ValueError:
-            continue
-    return out
-
-
-def _as_score(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise MalformedJudgement(f"a score must be a number, got {value!r}")
-    try:
-        score = float(value)
-    except ValueError:
-        raise MalformedJudgement(f"a score must be a number, got {value!r}") from None
-    if not 0.0 <= score <= 1.0:
-        raise MalformedJudgement(f"every score must be between 0 and 1, got {score}")
-    return score
-
-
-def _judgements_from(data: Any, n: int) -> list[Judgement]:
-    if isinstance(data, dict) and "scores" in data:
-        data = data["scores"]
-    if isinstance(data, dict):  # {"1": 0.5, "2": 0.9}
-        data = [{"trajectory_id": k, "score": v} for k, v in data.items()]
-    if not isinstance(data, list):
-        raise MalformedJudgement('the reply must be {"scores": [...]}')
-    if all(not isinstance(item, dict) for item in data):  # a bare list: scores in trajectory order
-        scores = [_as_score(item) for item in data]
-        if len(scores) != n:
-            raise StructuralFault([str(i) for i in range(1, len(scores) + 1)], n)
-        return [Judgement(score) for score in scores]
-    received: list[str] = []
-    by_id: dict[str, Judgement] = {}
-    for position, item in enumerate(data, start=1):
-        if not isinstance(item, dict) or "score" not in item:
-            raise MalformedJudgement(f'entry {position} must be an object with a "score"')
-        raw_id = item.get("trajectory_id", item.get("id", position))
-        match = re.search(r"\d+", str(raw_id))  # "trajectory 2" and 2 both mean "2"
-        trajectory_id = str(int(match.group())) if match else str(raw_id).strip()
-        received.append(trajectory_id)
-        explanation = item.get("explanation")
-        by_id[trajectory_id] = Judgement(
-            _as_score(item["score"]), "" if explanation is None else str(explanation)
-        )
-    fault = StructuralFault(received, n)
-    if fault.missing or fault.duplicate or fault.unexpected:
-        raise fault
-    return [by_id[str(i)] for i in range(1, n + 1)]
-
-
-def parse_judgements(text: str, n: int) -> list[Judgement]:
-    """The ``n`` judgements in a judge's reply, read leniently; ``MalformedJudgement`` says what is wrong."""
-    candidates = _json_candidates(text)
-    if not candidates:
-        raise MalformedJudgement("the reply contains no JSON")
-    first_error: MalformedJudgement | None = None
-    for data in candidates:
-        try:
-            return _judgements_from(data, n)
-        except MalformedJudgement as err:
-            first_error = first_error or err
-    assert first_error is not None
-    raise first_error
 
 
 JudgeCall = Callable[[list[dict[str, str]]], Awaitable[str]]

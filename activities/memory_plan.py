@@ -11,6 +11,10 @@ device's free memory:
 - otherwise gradient checkpointing on (each decoder layer keeps only its input and is recomputed in the
   backward pass), and as many sequences as then fit, at least 1.
 
+A rank of a gang (activities/gang/) plans the same way, in its share of the device's free memory, less what
+sharding holds beside its activations (``sharding_bytes``: its part of the optimizer state, and under FSDP the
+layers gathered whole while they compute).
+
 The estimate is rough on purpose (it counts the tensors a Llama-shaped layer saves, and only
 ``USABLE_FRACTION`` of the free memory): the out-of-memory halving of activities/training.py stays the net
 below it. Pure arithmetic on a model's config and a number of free bytes, no torch.
@@ -49,6 +53,10 @@ class ModelDims:
         layer = 6 * self.hidden + 4 * self.q_width + 4 * self.kv_width + 4 * self.intermediate
         return self.layers * self.hidden + layer if checkpointing else self.layers * layer
 
+    def layer_parameters(self) -> int:
+        """Weights of one decoder layer: the attention's four projections and the MLP's three."""
+        return 2 * self.hidden * (self.q_width + self.kv_width) + 3 * self.hidden * self.intermediate
+
 
 def model_dims(config: Any) -> ModelDims:
     """The sizes of ``config``'s decoder that its activations grow with (an HF ``PretrainedConfig``)."""
@@ -72,6 +80,18 @@ class MemoryPlan:
     """The estimate for one sequence of the step's longest, at this plan's checkpointing."""
     budget_bytes: int
     """``USABLE_FRACTION`` of the free memory the plan was made for."""
+
+
+def sharding_bytes(
+    dims: ModelDims, weight_bytes: int, optimizer_bytes: int, world_size: int, sharded: bool
+) -> int:
+    """What a rank of a gang needs beyond its activations and what it already holds: its share of the optimizer
+    state still to be made (``optimizer_bytes`` for the whole adapter), and under FSDP the layers gathered whole
+    while they compute (the layer running and the one fetched ahead, ``weight_bytes`` per weight). Alone (world
+    size 1, not sharded): the optimizer state, as before."""
+    if not sharded:
+        return optimizer_bytes
+    return optimizer_bytes // world_size + 2 * dims.layer_parameters() * weight_bytes
 
 
 def sequence_bytes(

@@ -10,23 +10,26 @@ from __future__ import annotations
 
 import builtins
 import concurrent.futures
+import contextvars
 import hashlib
 import io
 import logging
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path, PurePosixPath
-from typing import BinaryIO, cast
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
 
 import urllib3
 from minio import Minio
 from minio.deleteobjects import DeleteObject
 from minio.error import S3Error
+from urllib3 import BaseHTTPResponse
 
 from activities import progress
+from host.files import inside
 from schemas import layout
 from schemas import settings as env_names
 from schemas.errors import CorruptCheckpointError, ForeignObjectError, StoreAuthError, StoreError
@@ -41,6 +44,8 @@ _CHUNK = 1 << 20
 _STEP_DIR = re.compile(r"^(\d+)/$")
 
 ManifestMetadata = dict[str, str | int | float | bool | None]
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def parse_uri(uri: str) -> tuple[str, str]:
@@ -72,7 +77,7 @@ WORKER_OUTAGE_S = WorkerLifecycle().store_outage_s
 (``WorkerLifecycle.store_outage_s``): a store restart or a 60 s outage costs a wait, not a run."""
 
 
-def _http_client(outage_s: float) -> urllib3.PoolManager:
+def _http_client(outage_s: float, read_timeout_s: float = 120.0) -> urllib3.PoolManager:
     """Retries of unreachable or failing (5xx) requests that last about ``outage_s``: a client gives up in
     seconds (a stopped store is a clear error at once), a worker rides out a restart of the store."""
     waited, attempts = 0.0, 1
@@ -90,19 +95,30 @@ def _http_client(outage_s: float) -> urllib3.PoolManager:
         allowed_methods=None,  # S3 writes are whole-object puts to fixed keys: safe to repeat
         raise_on_status=False,
     )
-    return urllib3.PoolManager(timeout=urllib3.Timeout(connect=3.0, read=120.0), retries=retries, maxsize=16)
+    return _SendingPool(
+        timeout=urllib3.Timeout(connect=3.0, read=read_timeout_s), retries=retries, maxsize=16
+    )
 
 
-class _Advancing:
-    """A stream whose every read reports progress (an upload that hangs stops advancing)."""
+class _SendingPool(urllib3.PoolManager):
+    """Sends a request's body block by block, each block reporting progress as it goes out: minio hands urllib3
+    a whole part's bytes (up to ``PART_SIZE``), which would otherwise leave in one send that never advances."""
 
-    def __init__(self, data: BinaryIO) -> None:
-        self.data = data
+    def urlopen(  # type: ignore[override]  # as PoolManager.urlopen itself
+        self, method: str, url: str, redirect: bool = True, **kw: Any
+    ) -> BaseHTTPResponse:
+        body = kw.get("body")
+        if isinstance(body, bytes) and len(body) > _CHUNK:
+            kw["body"] = _Sending(body)  # seekable: urllib3 rewinds it for a retry
+        return super().urlopen(method, url, redirect, **kw)
 
-    def read(self, size: int = -1) -> bytes:
-        chunk = self.data.read(size)
+
+class _Sending(io.BytesIO):
+    """A request body whose every read (http.client reads each block just before it sends it) advances."""
+
+    def read(self, size: int | None = -1) -> bytes:
         progress.advance()
-        return chunk
+        return super().read(size)
 
 
 def _advancing(chunks: Iterator[bytes]) -> Iterator[bytes]:
@@ -111,11 +127,20 @@ def _advancing(chunks: Iterator[bytes]) -> Iterator[bytes]:
         yield chunk
 
 
+def in_threads(work: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``work`` on each of ``items``, ``UPLOADS_AT_ONCE`` at a time, each in the caller's context: the threads
+    that move a directory's files report to the activity's stage as the caller would (activities/progress.py)."""
+    with concurrent.futures.ThreadPoolExecutor(UPLOADS_AT_ONCE) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, work, item) for item in items]
+        return [f.result() for f in futures]
+
+
 class ObjectStore:
     """One bucket of an S3-compatible store."""
 
-    def __init__(self, settings: S3Settings, outage_s: float = 1.0) -> None:
-        """``outage_s``: how long a request keeps retrying an unreachable store (workers: ``WORKER_OUTAGE_S``)."""
+    def __init__(self, settings: S3Settings, outage_s: float = 1.0, read_timeout_s: float = 120.0) -> None:
+        """``outage_s``: how long a request keeps retrying an unreachable store (workers: ``WORKER_OUTAGE_S``);
+        ``read_timeout_s``: how long a request waits for an answer (a trainer gang's records: seconds)."""
         self.settings = settings
         self.bucket = settings.bucket
         endpoint = settings.endpoint.removeprefix("http://").removeprefix("https://").rstrip("/")
@@ -127,7 +152,7 @@ class ObjectStore:
             secret_key=settings.secret_key.get_secret_value(),
             secure=secure,
             region="us-east-1",  # skips the bucket-location round trip; SeaweedFS and MinIO accept it
-            http_client=_http_client(outage_s),
+            http_client=_http_client(outage_s, read_timeout_s),
         )
 
     @classmethod
@@ -191,7 +216,7 @@ class ObjectStore:
             self.client.put_object(
                 self.bucket,
                 key,
-                cast(BinaryIO, _Advancing(data)),
+                data,
                 size,
                 metadata={"sha256": sha256},
                 part_size=PART_SIZE,
@@ -322,8 +347,7 @@ class ObjectStore:
                     ref = self._put_stream(prefix + rel, f, os.fstat(f.fileno()).st_size, digest)
             return ManifestEntry(path=rel, size=ref.size, sha256=ref.sha256)
 
-        with concurrent.futures.ThreadPoolExecutor(UPLOADS_AT_ONCE) as uploads:
-            entries = list(uploads.map(lambda file: present.get(file[1]) or put(*file), files))
+        entries = in_threads(lambda file: present.get(file[1]) or put(*file), files)
         manifest = Manifest(files=entries, metadata=dict(metadata or {}))
         return self.put_bytes(prefix + manifest_name, manifest.model_dump_json(indent=2).encode())
 
@@ -363,24 +387,25 @@ class ObjectStore:
         root = Path(local_dir)
         root.mkdir(parents=True, exist_ok=True)
         entries = [e for e in manifest.files if only is None or only(e.path)]
+        places: dict[str, Path] = {}
         for entry in entries:
-            rel = PurePosixPath(entry.path)
-            if rel.is_absolute() or ".." in rel.parts:
+            place = inside(root, entry.path)
+            if place is None:
                 raise CorruptCheckpointError(
-                    f"{self.uri(prefix)}: manifest path {entry.path!r} leaves the prefix"
+                    f"{self.uri(prefix)}: manifest path {entry.path!r} would be written outside {root}"
                 )
+            places[entry.path] = place
 
         def get(entry: ManifestEntry) -> None:
-            sha256, size = self._get_verified(prefix + entry.path, root / entry.path)
+            sha256, size = self._get_verified(prefix + entry.path, places[entry.path])
             if size != entry.size or sha256 != entry.sha256:
-                (root / entry.path).unlink()
+                places[entry.path].unlink()
                 raise CorruptCheckpointError(
                     f"{self.uri(prefix + entry.path)} does not match its manifest: size {size} vs {entry.size}, "
                     f"sha256 {sha256[:12]}… vs {entry.sha256[:12]}…; the checkpoint is corrupt or was overwritten"
                 )
 
-        with concurrent.futures.ThreadPoolExecutor(UPLOADS_AT_ONCE) as downloads:
-            list(downloads.map(get, entries))
+        in_threads(get, entries)
         return manifest
 
     def _get_verified(self, key: str, local: Path) -> tuple[str, int]:
@@ -392,7 +417,7 @@ class ObjectStore:
             with self._errors(f"download {self.uri(key)}"), os.fdopen(fd, "wb") as out:
                 response = self.client.get_object(self.bucket, key)
                 try:
-                    for chunk in response.stream(_CHUNK):
+                    for chunk in _advancing(response.stream(_CHUNK)):
                         digest.update(chunk)
                         out.write(chunk)
                         size += len(chunk)

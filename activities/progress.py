@@ -97,6 +97,11 @@ def stage(name: Stage) -> Iterator[None]:
         yield
 
 
+def current() -> Progress | None:
+    """The stages this context reports to (the attempt's, in an activity and the threads it starts), or None."""
+    return _current.get()
+
+
 def advance() -> None:
     """The current stage moved on (a chunk transferred, a chat rendered, a micro-batch trained)."""
     progress = _current.get()

@@ -82,6 +82,14 @@ def select_checkpoints_to_delete(
     return [s for s in steps if s not in keep]
 
 
+def select_checkpoints_to_keep(
+    store: ObjectStore, run_id: str, metric: str | None, keep_last: int
+) -> list[int]:
+    """The complete checkpoints ``select_checkpoints_to_delete`` spares (what ART's backends are told to keep)."""
+    doomed = set(select_checkpoints_to_delete(store, run_id, metric, keep_last))
+    return [s for s in complete_checkpoint_steps(store, run_id) if s not in doomed]
+
+
 def delete_checkpoints(store: ObjectStore, run_id: str, steps: Iterable[int]) -> None:
     """Delete each checkpoint, its manifests first: a half-deleted checkpoint must never look complete, nor its
     adapter servable."""

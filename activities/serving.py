@@ -44,6 +44,7 @@ from activities.engine_liveness import EngineLiveness
 from activities.errors import application_error
 from activities.fleet_metrics import fleet_metrics
 from activities.object_store import WORKER_OUTAGE_S, ObjectStore
+from host.files import inside
 from schemas import layout
 from schemas.activities import ActivityName, ReloadInput, ReloadResult, ServingControlInput
 from schemas.errors import CONFIG_ERROR, CORRUPT_LOCAL_COPY, CorruptCheckpointError, DgrpoError
@@ -223,8 +224,12 @@ class ServingActivities:
             self.contents.pop(evicted, None)
             self.leases.forget(evicted)
             parsed = _run_and_step(evicted)
-            if parsed is not None:
-                shutil.rmtree(self.local_dir(*parsed), ignore_errors=True)
+            # Another client of the server may have named an adapter anything: only our own copies go.
+            local = (
+                inside(self.adapter_root, f"{parsed[0]}/{layout.step_name(parsed[1])}") if parsed else None
+            )
+            if local is not None:
+                shutil.rmtree(local, ignore_errors=True)
 
     async def ensure_adapter(self, run_id: str, step: int) -> str:
         """Serve the run's published checkpoint of ``step`` as ``<run id>@<step>`` on every server: loaded where

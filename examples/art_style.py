@@ -21,6 +21,7 @@ from rich.console import Console
 
 import dgrpo
 from examples.arithmetic import rollout, scenarios
+from schemas.run_state import TrainStepResult
 
 console = Console()
 
@@ -65,6 +66,7 @@ async def main(args: argparse.Namespace) -> int:
             result = await model.train(
                 train_groups, config=dgrpo.TrainConfig(learning_rate=args.learning_rate)
             )
+            assert isinstance(result, TrainStepResult)  # what model.train returns on dgrpo's backends
             if not result.trained:  # as in ART >= 0.4.4 the step still advances, the adapter unchanged
                 console.print(
                     f"step {result.step}: every group's rewards were equal; nothing trained, skipped"

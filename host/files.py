@@ -1,4 +1,6 @@
-"""Files on this machine written so a reader never sees half of one: temp file in the same folder, then rename."""
+"""Files on this machine written so a reader never sees half of one (temp file in the same folder, then rename),
+and only where they belong: a name from elsewhere (an object key, a manifest path) lands inside its folder or
+nowhere."""
 
 from __future__ import annotations
 
@@ -7,8 +9,23 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+
+
+def inside(root: str | Path, relative: str) -> Path | None:
+    """Where file ``relative`` (an object key's tail, a manifest path: ``/``-separated) lands under ``root``, once
+    ``..`` and the links already on disk are resolved; None when that is not strictly inside ``root``: a leading
+    ``/`` (a key with ``//`` after its prefix), ``..`` past the top, a link out, or ``root`` itself."""
+    base = Path(root).resolve()
+    name = PurePosixPath(relative)
+    if not relative or relative.endswith("/") or name.is_absolute() or "\0" in relative:
+        return None
+    try:
+        target = base.joinpath(*name.parts).resolve()
+    except (OSError, RuntimeError):  # a link loop
+        return None
+    return target if target != base and target.is_relative_to(base) else None
 
 
 def write_atomic(path: str | Path, data: bytes | str, mode: int = 0o644) -> Path:
@@ -52,3 +69,19 @@ def write_dir_atomic(path: str | Path, fill: Callable[[Path], None]) -> Path:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def merge_dir(source: str | Path, target: str | Path) -> list[str]:
+    """Move every file of ``source`` into ``target`` at the same relative path, replacing a file of that name
+    and keeping every other file of ``target`` (a merge, as ``cp -r`` or ``aws s3 sync`` into a folder); the
+    relative paths that would leave ``target`` (through its links) are left behind and returned."""
+    root, left = Path(source), []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        dest = inside(target, rel)
+        if dest is None:
+            left.append(rel)
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, dest)
+    return left

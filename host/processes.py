@@ -218,6 +218,10 @@ class ChildProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def exit_code(self) -> int | None:
+        """The code the process exited with; None while it runs (or before it was spawned)."""
+        return None if self.proc is None else self.proc.poll()
+
     def log_tail(self, chars: int = 3000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-chars:]

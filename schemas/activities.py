@@ -348,6 +348,9 @@ class SftConfig(_Strict):
     max_seq_len: int = Field(2048, ge=16, le=1_048_576)
     """Longer examples are dropped and counted, never truncated."""
     max_grad_norm: float = Field(1.0, gt=0, le=1e6)
+    assistant_turns: Literal["all", "last"] = "all"
+    """Which assistant turns are the targets: every one, or only each example's last (ART 0.5.23's
+    ``TrainSFTConfig.assistant_turns``), the earlier ones then context."""
     micro_batch_size: int = Field(8, ge=1, le=4096)
     """Sequences per forward pass within a batch; halved after an out-of-memory failure."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"

@@ -107,6 +107,15 @@ class TrainConfig(_Strict):
     """Passes over the step's data (each with one optimizer step per pass)."""
     weight_decay: float = Field(0.0, ge=0, le=10)
     """AdamW weight decay on the LoRA parameters."""
+    optimizer: Literal["adamw", "paged_adamw_8bit"] = "adamw"
+    """``adamw``: torch's AdamW. ``paged_adamw_8bit``: bitsandbytes' 8-bit paged AdamW (ART's), on a CUDA trainer
+    where bitsandbytes is installed; elsewhere AdamW with the same hyperparameters, and a warning once."""
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    """Adam's first-moment decay."""
+    adam_beta2: float = Field(0.999, ge=0, lt=1)
+    """Adam's second-moment decay."""
+    adam_epsilon: float = Field(1e-8, gt=0, le=1)
+    """Added to Adam's denominator."""
     scale_rewards: bool = True
     """Divide group-centred rewards by the group's std (GRPO); False keeps only the centring (Dr. GRPO)."""
     advantage_eps: float = Field(1e-6, gt=0, le=10)

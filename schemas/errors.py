@@ -35,10 +35,16 @@ NON_FINITE_UPDATE = "NonFiniteUpdate"
 ENGINE_RESTARTED = "EngineRestarted"
 """The inference server stopped answering (or died) and was restarted; the work that used it is retried."""
 STALLED = "Stalled"
-"""A stage of the work did not advance within its bound (a chat render that ran on) and was stopped; retried."""
+"""A stage of the work did not advance within its bound and the attempt was failed: a chat render that ran on
+(stopped), or work on the trainer's compute thread that cannot be stopped (that trainer then leaves for a fresh
+process); retried."""
 STAGED_STATE_LOST = "StagedStateLost"
 """A trainer no longer holds the unpublished step it was asked to continue from (pipelined mode): the workflow
 trains from that step's checkpoint once it is manifested instead."""
+
+GANG_LOST = "GangLost"
+"""A rank of the trainer's gang died, stopped answering or was cut off: the gang's attempt failed and its processes
+were recycled; the retry trains the step again from its start, with the ranks that remain."""
 
 RETRYABLE: dict[str, bool] = {
     CONFIG_ERROR: False,
@@ -55,6 +61,7 @@ RETRYABLE: dict[str, bool] = {
     ENGINE_RESTARTED: True,
     STALLED: True,
     STAGED_STATE_LOST: False,
+    GANG_LOST: True,
 }
 """Every failure type, and whether another attempt can help."""
 NON_RETRYABLE: tuple[str, ...] = tuple(name for name, retry in RETRYABLE.items() if not retry)
@@ -161,3 +168,9 @@ class StagedStateLostError(DgrpoError):
     """The trainer asked to continue from its own staged step no longer holds it (another staging replaced it)."""
 
     failure_type = STAGED_STATE_LOST
+
+
+class GangLostError(DgrpoError):
+    """A rank of the trainer's gang died, went silent or was cut off mid-attempt (activities/gang/)."""
+
+    failure_type = GANG_LOST

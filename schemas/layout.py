@@ -55,6 +55,12 @@ def scored_key(run_id: str, step: int, attempt: int = 1) -> str:
     return step_prefix(run_id, step) + SCORED_FILE.replace(".parquet", f"{suffix}.parquet")
 
 
+def art_request_key(run_id: str, step: int) -> str:
+    """The sha256 of the ART server request (``/_train_model``) that trains ``step``, written before it trains:
+    the same request again, after a lost connection or a restarted server, gets that step's result."""
+    return step_prefix(run_id, step) + "art-request.json"
+
+
 def judge_cache_key(run_id: str, sha256: str) -> str:
     """One judged group's scores, by the content hash of what the judge was asked."""
     return f"runs/{run_id}/judge_cache/{sha256}.json"
@@ -122,6 +128,27 @@ def adapter_name(run_id: str, step: int) -> str:
 def worker_task_queue(trainer_queue: str, worker_id: str) -> str:
     """The task queue only trainer ``worker_id`` polls (publish runs where the staged adapter is)."""
     return f"{trainer_queue}@{worker_id}"
+
+
+def gang_prefix(gang: str) -> str:
+    """What the trainer workers of gang ``gang`` share (activities/gang/rendezvous.py): each member's record,
+    its invitation, and each attempt's step, answers and roster."""
+    return f"gangs/{gang}/"
+
+
+def gang_member_key(gang: str, worker_id: str) -> str:
+    """A member's record, rewritten every second while it lives (how the others know it does)."""
+    return f"{gang_prefix(gang)}members/{worker_id}.json"
+
+
+def gang_invite_key(gang: str, worker_id: str) -> str:
+    """The newest attempt a member is invited to (a leader overwrites it)."""
+    return f"{gang_prefix(gang)}invites/{worker_id}.json"
+
+
+def gang_attempt_prefix(gang: str, attempt: str) -> str:
+    """One attempt's files: ``step.json``, ``sequences.safetensors``, ``replies/``, ``roster.json``, ``ready/``."""
+    return f"{gang_prefix(gang)}attempts/{attempt}/"
 
 
 ART_BASE_PATH = ".art"

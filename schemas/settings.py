@@ -12,9 +12,10 @@ import os
 from collections.abc import Mapping
 from typing import Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from schemas.errors import EngineSetupError
+from schemas.refs import NAME_PATTERN
 
 ENV_TEMPORAL_ADDRESS = "DGRPO_TEMPORAL_ADDRESS"
 ENV_TEMPORAL_NAMESPACE = "DGRPO_TEMPORAL_NAMESPACE"
@@ -49,6 +50,9 @@ ENGINES = ("cpu", "vllm")
 ENV_SERVE_API_KEY = "DGRPO_SERVE_API_KEY"
 """The inference server's API key: our CPU server requires it as a Bearer token (its ``--api-key``
 default), and ``ServingClient``, the rollouts and the default judge send it."""
+ENV_ART_SERVER_API_KEY = "DGRPO_ART_SERVER_API_KEY"
+"""The key ``dgrpo art-server`` requires as a Bearer token on ART's API and its OpenAI endpoint (``--api-key``'s
+default); required when it binds beyond loopback."""
 ENV_WORKER_GRACE_S = "DGRPO_WORKER_GRACE_S"
 """Seconds a worker's running activities get to finish after SIGTERM (``dgrpo worker --grace-s``)."""
 ENV_TEMPORAL_WAIT_S = "DGRPO_TEMPORAL_WAIT_S"
@@ -132,6 +136,10 @@ class TemporalSettings(BaseModel):
         )
 
 
+MAX_PARALLEL_SIZE = 512
+"""The most devices one engine spans in either dimension: far above any host's GPUs."""
+
+
 class EngineSettings(BaseModel):
     """The inference engine an inference worker starts (``dgrpo worker inference --engine ...``), or the one
     it fronts with ``--server-url``: the operator's choice, checked against each run by ``check_serving``."""
@@ -174,10 +182,56 @@ class EngineSettings(BaseModel):
     unanswered_probes: int = Field(3, ge=1)
     """Missed probes in a row after which a hung engine is killed and started again with its adapters (the
     activities using it fail as retryable); while probes go unanswered, its activities' heartbeats stop."""
+    tensor_parallel_size: int = Field(1, ge=1, le=MAX_PARALLEL_SIZE)
+    """vLLM's ``--tensor-parallel-size``: each layer's weights split over this many devices of this host (GPUs;
+    on vLLM's CPU build, groups of cores), for a model one device cannot hold. The model's attention heads must
+    divide by it (vLLM says so at start)."""
+    data_parallel_size: int = Field(1, ge=1, le=MAX_PARALLEL_SIZE)
+    """vLLM's ``--data-parallel-size``: this many engine replicas behind the one server (each of
+    ``tensor_parallel_size`` devices), which vLLM spreads the requests over; adapters load on every replica."""
+    distributed_executor_backend: Literal["mp", "ray"] | None = None
+    """vLLM's ``--distributed-executor-backend``: ``mp`` (processes on this host) or ``ray`` (a Ray cluster the
+    operator runs); None keeps vLLM's choice (``mp`` on one host)."""
 
     @property
     def can_sleep(self) -> bool:
         return self.engine == "cpu" or self.sleep_mode
+
+    @property
+    def parallel_ranks(self) -> int:
+        """Devices (or core groups) the engine's server spans: tensor parallel times data parallel."""
+        return self.tensor_parallel_size * self.data_parallel_size
+
+    def parallel_flags(self) -> list[str]:
+        """The parallelism settings away from their defaults, as ``dgrpo worker`` flags (and vLLM's, the same)."""
+        flags = []
+        if self.tensor_parallel_size != 1:
+            flags += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
+        if self.data_parallel_size != 1:
+            flags += ["--data-parallel-size", str(self.data_parallel_size)]
+        if self.distributed_executor_backend is not None:
+            flags += ["--distributed-executor-backend", self.distributed_executor_backend]
+        return flags
+
+    def refuse_unservable_parallelism(self, starts_server: bool) -> None:
+        """Raise ``EngineSetupError`` naming the flag when parallelism is asked of what cannot give it: our CPU
+        engine (one process on this host's cores), or a server this worker does not start (``--server-url``:
+        that server's own flags decided its parallelism)."""
+        flags = self.parallel_flags()
+        if not flags:
+            return
+        named = " ".join(flags)
+        if self.engine != "vllm":
+            raise EngineSetupError(
+                f"{named}: our CPU engine ({ENV_ENGINE}=cpu / --engine cpu) is one process on this host's cores "
+                "and splits no model over devices; tensor and data parallelism are vLLM's: start the worker with "
+                "--engine vllm, or drop those flags"
+            )
+        if not starts_server:
+            raise EngineSetupError(
+                f"{named} shape the vLLM server this worker starts, and with --server-url it starts none (that "
+                "server's own flags decided its parallelism): drop those flags, or let the worker start vLLM"
+            )
 
 
 Stage = Literal["download", "upload", "render", "tokenize", "micro_batch", "load"]
@@ -306,6 +360,47 @@ class WorkerDeployment(BaseModel):
             return cls(name=name, build_id=build_id)
         except ValueError as err:
             raise EngineSetupError(f"worker deployment {name!r} build {build_id!r}: {err}") from None
+
+
+Sharding = Literal["fsdp", "replicate"]
+"""How a gang holds the model (``GangSettings.shard``)."""
+
+
+class GangSettings(BaseModel):
+    """How a trainer worker trains a step over several devices and hosts (``dgrpo worker trainer --ranks 2``):
+    the operator's, never a run's. A run trains the same adapter on any gang (docs/scaling-out.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ranks: int = Field(1, ge=1, le=64)
+    """Rank processes this worker starts, one per device. 1 without ``gang``: the trainer runs in the worker
+    itself, as it always has."""
+    devices: tuple[str, ...] = ()
+    """Each rank's device (``cuda:0,cuda:1``), one per rank; empty: ``cuda:<i>`` where CUDA is, else the CPU."""
+    shard: Sharding = "fsdp"
+    """``fsdp``: FSDP2 shards the frozen base and the LoRA weights over the ranks (each holds about 1/world of
+    them); ``replicate``: every rank holds the whole model and only the gradients are summed (plain data
+    parallel: no all-gather per layer, for a base that fits each device)."""
+    gang: str | None = Field(None, pattern=NAME_PATTERN)
+    """Trainer workers started with the same gang name, on any hosts, train each step together: the one that
+    takes the step leads, the others that are idle join (rendezvous through the object store)."""
+    address: str | None = None
+    """Where the other hosts of the gang reach this worker's ranks; default: this host's address on the route
+    to the object store."""
+    collective_timeout_s: float = Field(20.0, ge=1, le=3600)
+    """Every collective and the gang's rendezvous fail after this long without their peers, so a rank lost
+    (killed, stopped, cut off) fails the step's attempt instead of hanging it."""
+
+    @model_validator(mode="after")
+    def _a_device_per_rank(self) -> GangSettings:
+        if self.devices and len(self.devices) != self.ranks:
+            raise ValueError(f"{len(self.devices)} devices for {self.ranks} ranks: name one device per rank")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the worker trains through rank processes (several ranks, or a gang over hosts)."""
+        return self.ranks > 1 or self.gang is not None
 
 
 def default_engine(env: Mapping[str, str] | None = None) -> str:

@@ -221,8 +221,28 @@ class ServerProcess(ABC):
         self.stop()
 
 
+def cpu_rank_binding(settings: EngineSettings) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for vLLM's CPU build spanning ``settings.parallel_ranks`` ranks: the cores this
+    process may use, split evenly, one group per rank (``0-3|4-7``). vLLM's own automatic binding wants a NUMA
+    node per rank and refuses a one-node host; an operator's own value of the variable is kept."""
+    cores = sorted(os.sched_getaffinity(0))
+    ranks = settings.parallel_ranks
+    if len(cores) < ranks:
+        raise EngineSetupError(
+            f"{' '.join(settings.parallel_flags())}: vLLM's CPU build runs each of its {ranks} ranks on cores of "
+            f"its own, and this worker may use {len(cores)} ({cores}): lower the sizes, or set "
+            "VLLM_CPU_OMP_THREADS_BIND yourself"
+        )
+    share = len(cores) // ranks
+    groups = [cores[r * share : (r + 1) * share] for r in range(ranks)]
+    return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
+
+
 class CpuServerProcess(ServerProcess):
     """Our transformers + peft server (``python -m serving.server``)."""
+
+    def preflight(self) -> None:
+        self.settings.refuse_unservable_parallelism(starts_server=True)  # refused: tensor/data parallelism
 
     def __init__(
         self, model: str, settings: EngineSettings | None = None, *, max_batch: int = 32,
@@ -285,7 +305,16 @@ class VllmServerProcess(ServerProcess):
         return self._runtime
 
     def preflight(self) -> None:
+        self.settings.refuse_unservable_parallelism(starts_server=True)
         runtime = self.runtime
+        if (
+            not runtime.cuda
+            and self.settings.parallel_ranks > 1
+            and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+        ):
+            cpu_rank_binding(
+                self.settings
+            )  # refused now, not once vLLM has started, when the cores are too few
         if self.settings.sleep_mode and not runtime.cuda:
             raise EngineSetupError(
                 f"sleep mode is CUDA-only in vLLM, and {runtime.python} holds vLLM's CPU build "
@@ -325,6 +354,7 @@ class VllmServerProcess(ServerProcess):
             argv += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
         if s.trust_request_chat_template:
             argv.append("--trust-request-chat-template")
+        argv += s.parallel_flags()  # ours are vLLM's flags, by the same names
         if serving_api_key() is not None:  # vLLM's own key guards only /v1-style paths
             argv += ["--middleware", f"{KEY_GUARD.stem}.require_api_key"]
         return argv + self.extra_args
@@ -339,6 +369,8 @@ class VllmServerProcess(ServerProcess):
             )
         if not self.runtime.cuda:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
+            if self.settings.parallel_ranks > 1:
+                env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_rank_binding(self.settings))
             env.setdefault(
                 "VLLM_HOST_IP", "127.0.0.1"
             )  # its engine's message queue (else the outward address)

@@ -20,6 +20,10 @@ Fixtures (names are stable; other test modules rely on them):
   one real ``dgrpo worker all`` (CPU server + trainer child) on the stack, polling ``shared_queues``, shared by the
   modules whose runs need real workers but not workers of their own (run identity, liveness, real runs). A test
   may break its children (the worker must replace them); its runs name themselves apart from the others'.
+- ``tiny_gang_queues`` (session), ``tiny_gang_worker`` (session): ``dgrpo worker all --model <tiny_qwen3> --ranks 2``,
+  its trainer child a gang of two ranks (activities/gang/): the tiny Qwen3 shape's whole loop trains on it
+  (tests/workflows/test_production_shapes.py), and tests/workers/test_gang_faults.py breaks its ranks (the worker
+  must replace them).
 - ``vllm_queues`` (session), ``vllm_worker`` (session): ``dgrpo worker all --engine vllm`` (vLLM's CPU build, rank-8
   adapters at most, a request's own chat template taken, the API key ``vllm_api_key`` (session) wanted): the serving contract runs against its server, then
   tests/workflows/test_runs_on_vllm.py trains on it.
@@ -69,7 +73,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
 
 
-SHARED_WORKERS = ("held_backend", "shared_worker", "vllm_worker")
+SHARED_WORKERS = ("held_backend", "shared_worker", "vllm_worker", "tiny_gang_worker")
 """Session fixtures that hold real workers (a CPU server and a trainer: several GB each). The modules that use one
 run one after another, where the last of them stands, and it is stopped once they are done, not at the session's
 end: so no more of them are held at a time than when each module started its own."""
@@ -183,6 +187,32 @@ def shared_worker(
         yield proc
     finally:
         _release.pop("shared_worker", lambda: None)()
+
+
+@pytest.fixture(scope="session")
+def tiny_gang_queues() -> TaskQueues:
+    suffix = uuid.uuid4().hex[:8]
+    return TaskQueues(control=f"tg-c-{suffix}", inference=f"tg-i-{suffix}", trainer=f"tg-t-{suffix}")
+
+
+@pytest.fixture(scope="session")
+def tiny_gang_worker(
+    stack: EmbeddedStack,
+    tiny_gang_queues: TaskQueues,
+    tiny_qwen3: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[WorkerProcess]:
+    home = tmp_path_factory.mktemp("tiny-gang-worker")
+    proc = WorkerProcess(
+        "all", home / "worker.log", task_queues=tiny_gang_queues, env={ENV_HOME: str(home)}, cwd=REPO,
+        extra_args=["--model", str(tiny_qwen3), "--ranks", "2"],
+    )  # fmt: skip
+    _release["tiny_gang_worker"] = proc.stop
+    try:
+        proc.start()
+        yield proc
+    finally:
+        _release.pop("tiny_gang_worker", lambda: None)()
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,8 @@ LAYERS: dict[str, set[str]] = {
 CLI = "dgrpo.cli"
 """The ``dgrpo`` command, a layer on top of ``dgrpo``'s façade: it may import anything ``dgrpo`` may, and no
 module outside it imports it (the CLI is not ART's API, and the façade must not need it)."""
+ART_SERVER = "dgrpo.art_server"
+"""``dgrpo art-server``, a server with its own entry point on top of the façade: only the CLI imports it."""
 
 HEAVY = {"torch", "transformers", "peft", "vllm", "unsloth", "accelerate", "safetensors", "gguf", "trl"}
 """Libraries that must never load where they are not needed: the Temporal sandbox re-imports workflow
@@ -114,6 +116,8 @@ def within(module: str, package: str) -> bool:
 
 def allowed(importer: str, imported: str) -> bool:
     if within(imported, CLI) and not within(importer, CLI):
+        return False
+    if within(imported, ART_SERVER) and not (within(importer, ART_SERVER) or within(importer, CLI)):
         return False
     own = importer.split(".")[0]
     if imported.split(".")[0] == own:
@@ -215,6 +219,9 @@ def test_the_rules_catch_a_wrong_way_import() -> None:
     assert allowed("workers.worker", "activities.rollouts")
     assert not allowed("dgrpo.model", "dgrpo.cli.runs")  # the façade never needs the CLI
     assert not allowed("dgrpo", "dgrpo.cli") and not allowed("examples.arithmetic", "dgrpo.cli")
+    assert not allowed("dgrpo.model", "dgrpo.art_server.models") and allowed(
+        "dgrpo.cli.art_server", "dgrpo.art_server"
+    )
     assert allowed("dgrpo.cli.runs", "dgrpo.client.run_control") and allowed(
         "dgrpo.cli.worker", "workers.worker"
     )

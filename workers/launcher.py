@@ -82,6 +82,10 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.child.alive()
 
+    def exit_code(self) -> int | None:
+        """The code the process exited with; None while it runs."""
+        return self.child.exit_code()
+
     def stop(self, timeout: float = 60.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout``; returns the exit code (None if it was not running)."""
         return self.child.stop(timeout)

@@ -10,7 +10,9 @@
 
 The server an inference worker starts is probed and started again when it dies or stops answering
 (``keep_serving.py``); with role ``all`` the trainer runs in a child process that is started again when it dies
-(``keep_trainer.py``).
+(``keep_trainer.py``). A process whose trainer's compute thread is stuck past its stage's bound stops polling and,
+once its other activities had their grace, exits ``EXIT_TRAINER_STUCK`` (75) for its supervisor to start it
+afresh (``keep_trainer.py``).
 
 Temporal and the object store come from the environment (``DGRPO_TEMPORAL_*``, ``DGRPO_S3_*``). A worker started
 before Temporal keeps trying to connect (``WorkerLifecycle.temporal_wait_s``). On SIGTERM (a spot-preemption
@@ -47,6 +49,7 @@ from schemas.settings import (
     ENV_SERVE_PORT,
     EngineSettings,
     FleetBounds,
+    GangSettings,
     WorkerDeployment,
     WorkerLifecycle,
     dgrpo_home,
@@ -57,7 +60,7 @@ from workers.error_contract import ErrorContract
 from workers.heartbeat_ticker import THROTTLE as HEARTBEAT_THROTTLE
 from workers.heartbeat_ticker import HeartbeatTicker
 from workers.keep_serving import keep_serving
-from workers.keep_trainer import keep_trainer
+from workers.keep_trainer import EXIT_TRAINER_STUCK, keep_trainer, leave_when_stuck
 from workers.telemetry import StageMetrics, flush_traces, next_port, serve_metrics
 from workers.temporal import connect_client
 from workflows.versioned import VERSIONED_WORKFLOWS, WORKFLOWS
@@ -102,6 +105,8 @@ class WorkerOptions:
     loopback it needs ``$DGRPO_SERVE_API_KEY``, or the worker refuses to start."""
     staging_root: Path | None = None
     """Where the trainer stages trained steps (default ``$DGRPO_HOME/staging``)."""
+    gang: GangSettings = field(default_factory=GangSettings)
+    """The trainer's ranks and devices, and the gang it trains in over hosts (activities/gang/)."""
     worker_id: str | None = None
     ready_file: Path | None = None
     """Written once every worker polls (launchers wait for it)."""
@@ -125,6 +130,10 @@ class WorkerOptions:
     metrics_bind: str | None = None
     """``host:port`` of the Prometheus endpoint (None: ``$DGRPO_METRICS_BIND``, else none); role ``all``'s
     trainer child serves on the next port."""
+    leave_when_stuck: bool = True
+    """A process whose trainer's compute thread is stuck leaves (exit ``EXIT_TRAINER_STUCK``) for a fresh one.
+    Off in a client's own process (``LocalBackend(in_process=True)``): its trainer's attempts fail instead, each
+    at once, until the thread frees."""
 
 
 def _add_cwd_to_path() -> None:
@@ -198,9 +207,10 @@ async def build_workers(
     store: ObjectStore,
     server_urls: Sequence[str],
     serving: ServingActivities | None = None,
-) -> list[Worker]:
-    """The ``Worker`` objects of ``roles`` (not yet running); ``serving``: the inference worker's serving
-    activities, when the caller keeps them (to restore adapters on a restarted server)."""
+) -> tuple[list[Worker], Callable[[], str | None] | None]:
+    """The ``Worker`` objects of ``roles`` (not yet running), and the trainer's ``stuck`` when a trainer is among
+    them; ``serving``: the inference worker's serving activities, when the caller keeps them (to restore adapters
+    on a restarted server)."""
     queues = opts.task_queues
     grace = timedelta(seconds=opts.lifecycle.grace_s)
 
@@ -228,6 +238,7 @@ async def build_workers(
         )
 
     workers: list[Worker] = []
+    stuck: Callable[[], str | None] | None = None
     if "control" in roles:
         judge_url = server_urls[0] if server_urls else opts.server_url
         workflows = WORKFLOWS if opts.deployment is None else VERSIONED_WORKFLOWS
@@ -247,16 +258,21 @@ async def build_workers(
         from activities.training import TrainerActivities
 
         staging = opts.staging_root or Path(dgrpo_home()) / "staging"
-        trainer = TrainerActivities(
-            store,
-            staging,
-            worker_id=opts.worker_id,
-            trust_chat_template=opts.engine.trust_request_chat_template,
-        )
+        trust = opts.engine.trust_request_chat_template
+        if opts.gang.enabled:
+            from activities.gang.activities import GangTrainerActivities
+
+            logs = opts.ready_file.parent if opts.ready_file else Path(dgrpo_home()) / "logs"
+            trainer: TrainerActivities = GangTrainerActivities(
+                store, staging, opts.gang, worker_id=opts.worker_id, trust_chat_template=trust, log_dir=logs
+            )
+        else:
+            trainer = TrainerActivities(store, staging, worker_id=opts.worker_id, trust_chat_template=trust)
         own_queue = worker_task_queue(queues.trainer, trainer.worker_id)
         log.info("trainer %s polls %s and %s", trainer.worker_id, queues.trainer, own_queue)
         workers += [worker(queues.trainer, trainer.all()), worker(own_queue, trainer.all(), versioned=False)]
-    return workers
+        stuck = trainer.stuck
+    return workers, stuck
 
 
 def _own_server(opts: WorkerOptions) -> ServerProcess | None:
@@ -272,12 +288,15 @@ def _own_server(opts: WorkerOptions) -> ServerProcess | None:
 
 async def run_workers(
     opts: WorkerOptions, client: Client | None = None, stop: asyncio.Event | None = None
-) -> None:
+) -> int:
     """Run the workers of ``opts.role`` until ``stop`` is set (or the task is cancelled), then shut down:
-    no more polling, ``opts.lifecycle.grace_s`` for running activities, then the rest are cancelled."""
+    no more polling, ``opts.lifecycle.grace_s`` for running activities, then the rest are cancelled. Returns the
+    process's exit code: 0, or ``EXIT_TRAINER_STUCK`` when it stopped because its trainer was stuck."""
     _add_cwd_to_path()
     stop = stop or asyncio.Event()
     server = _own_server(opts)
+    if opts.role in ("inference", "all"):
+        opts.engine.refuse_unservable_parallelism(starts_server=server is not None)
     if server is not None:
         await asyncio.to_thread(
             server.preflight
@@ -286,7 +305,7 @@ async def run_workers(
         client = await _unless_stopped(connect_client(wait_s=opts.lifecycle.temporal_wait_s), stop)
         if client is None:
             log.info("%s worker stopped before Temporal answered", opts.role)
-            return
+            return 0
     store = ObjectStore.from_env(opts.lifecycle.store_outage_s)
     await asyncio.to_thread(store.ensure_bucket)
     async with contextlib.AsyncExitStack() as exits:
@@ -311,8 +330,8 @@ async def run_workers(
             trainer_child.spawn()
             await asyncio.to_thread(trainer_child.wait_ready)
             roles.discard("trainer")
-        workers = await build_workers(client, roles, opts, store, server_urls, serving)
-        await _serve(workers, opts, stop, server_urls, trainer_child)
+        workers, stuck = await build_workers(client, roles, opts, store, server_urls, serving)
+        return await _serve(workers, opts, stop, server_urls, trainer_child, stuck)
 
 
 async def _serve(
@@ -321,10 +340,17 @@ async def _serve(
     stop: asyncio.Event,
     server_urls: list[str],
     trainer_child: WorkerProcess | None,
-) -> None:
-    """Poll until ``stop`` (or a worker fails), then shut every worker (and the trainer child) down at once."""
+    stuck: Callable[[], str | None] | None = None,
+) -> int:
+    """Poll until ``stop`` (or a worker fails), then shut every worker (and the trainer child) down at once; the
+    exit code (``EXIT_TRAINER_STUCK`` when ``stuck``, this process's trainer, made it stop)."""
     tasks = [asyncio.create_task(w.run(), name=f"worker:{w.task_queue}") for w in workers]
     watch = None if trainer_child is None else asyncio.create_task(keep_trainer(trainer_child, stop))
+    leaving = (
+        asyncio.create_task(leave_when_stuck(stuck, stop))
+        if stuck is not None and opts.leave_when_stuck
+        else None
+    )
     log.info("%s worker polling %s", opts.role, ", ".join(w.task_queue for w in workers))
     if opts.ready_file is not None:
         opts.ready_file.write_text(" ".join(server_urls) + "\n")
@@ -337,6 +363,8 @@ async def _serve(
     finally:
         if watch is not None:
             watch.cancel()  # before the child is stopped: a stopped child is not restarted
+        if leaving is not None and not leaving.done():
+            leaving.cancel()
         grace = opts.lifecycle.grace_s
         log.info(
             "shutting down %s worker: no more polling; running activities get %.0fs to finish, then are "
@@ -350,6 +378,8 @@ async def _serve(
         await asyncio.gather(*stopping, return_exceptions=True)
         stopped.cancel()
         log.info("%s worker shut down", opts.role)
+    stuck_then = leaving is not None and leaving.done() and not leaving.cancelled() and leaving.result()
+    return EXIT_TRAINER_STUCK if stuck_then else 0
 
 
 async def _unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
@@ -386,6 +416,7 @@ def _trainer_child(opts: WorkerOptions) -> WorkerProcess:
     if bind is not None:  # explicit: a bind from the environment would be the parent's own port
         extra += ["--metrics-bind", next_port(bind)]
     extra += ["--trust-request-chat-template"] if opts.engine.trust_request_chat_template else []
+    extra += gang_flags(opts.gang)
     return WorkerProcess(
         "trainer",
         log_dir / f"trainer-{os.getpid()}.log",
@@ -393,6 +424,24 @@ def _trainer_child(opts: WorkerOptions) -> WorkerProcess:
         die_with_parent=True,
         extra_args=extra,
     )
+
+
+def gang_flags(gang: GangSettings) -> list[str]:
+    """``dgrpo worker``'s flags that give a trainer ``gang`` (role ``all``'s trainer child gets its parent's)."""
+    if not gang.enabled:
+        return []
+    flags = [
+        "--ranks",
+        str(gang.ranks),
+        "--shard",
+        gang.shard,
+        "--collective-timeout-s",
+        str(gang.collective_timeout_s),
+    ]
+    flags += ["--devices", ",".join(gang.devices)] if gang.devices else []
+    flags += ["--gang", gang.gang] if gang.gang else []
+    flags += ["--gang-address", gang.address] if gang.address else []
+    return flags
 
 
 async def run_all_workers(client: Client, task_queues: TaskQueues, serve_port: int | None = None) -> None:
@@ -403,6 +452,7 @@ async def run_all_workers(client: Client, task_queues: TaskQueues, serve_port: i
         serve_port=serve_port,
         lifecycle=WorkerLifecycle(grace_s=0),  # the client is closing: nothing waits for a retry elsewhere
         engine=EngineSettings(trust_request_chat_template=True),  # as LocalBackend's subprocess workers
+        leave_when_stuck=False,  # the client's own process
     )
     await run_workers(opts, client)
 
@@ -413,18 +463,19 @@ def metrics_bind(opts: WorkerOptions) -> str | None:
 
 
 def main(opts: WorkerOptions) -> int:
-    """Run until SIGTERM/SIGINT, then shut the workers down gracefully; 0 once they have."""
+    """Run until SIGTERM/SIGINT, then shut the workers down gracefully; 0 once they have. A process whose trainer
+    was stuck exits ``EXIT_TRAINER_STUCK`` at once, without waiting for its stuck thread (which never ends)."""
     bind = metrics_bind(opts)
     if bind is not None:
         serve_metrics(bind)  # first: the runtime every client of this process connects with
 
-    async def _main() -> None:
+    async def _main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, _on_signal, sig, stop)
         try:
-            await run_workers(opts, stop=stop)
+            return await run_workers(opts, stop=stop)
         finally:
             leftovers = asyncio.all_tasks() - {asyncio.current_task()}
             for task in leftovers:
@@ -435,11 +486,14 @@ def main(opts: WorkerOptions) -> int:
     # longer matter; they end with the process.
     loop = asyncio.new_event_loop()
     try:
-        loop.run_until_complete(_main())
+        code = loop.run_until_complete(_main())
     finally:
         loop.close()
         flush_traces()
-    return 0
+    if code == EXIT_TRAINER_STUCK:
+        logging.shutdown()
+        os._exit(code)  # a normal exit would join the stuck compute thread, for ever
+    return code
 
 
 def _on_signal(sig: signal.Signals, stop: asyncio.Event) -> None:

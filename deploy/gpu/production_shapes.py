@@ -359,7 +359,7 @@ def run_spec(run_id: str, shape: Shape, model: Path, queues: Any, mode: str, cpu
 
 
 async def one_run(client: Any, spec: Any) -> dict[str, Any]:
-    from dgrpo import run_control
+    from dgrpo.client import run_control
 
     started = time.perf_counter()
     handle = await run_control.start_run(client, spec)

@@ -144,7 +144,9 @@ def trainer_figures(
         for name, p in trainer.model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.02)
-    trainer.save_state(staging / shape.name / "other")
+    other = staging / shape.name / "other"
+    other.mkdir(parents=True, exist_ok=True)  # save_state writes the files, not their directory
+    trainer.save_state(other)
 
     record("oom", oom_chain(trainer, sizes.oom_start, sizes.oom_tokens))
     del trainer
@@ -233,7 +235,10 @@ async def _measure(
     tok_s["base"] = round(await server_requests(url, chats, max_tokens, [base]), 1)
     record("tok_s", tok_s)
     started = time.perf_counter()
-    local = await asyncio.to_thread(download_checkpoint, store, ref, adapter_root / ref.run_id / "000001")
+    local = (
+        adapter_root / ref.run_id / "000001"
+    )  # download_checkpoint returns the manifest, not the directory
+    await asyncio.to_thread(download_checkpoint, store, ref, local)
     downloaded = time.perf_counter()
     await client.load_adapter("trained@1", str(local))
     async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0) as sdk:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dgrpo.art_compat.defaults import ART_LORA
 from dgrpo.art_compat.settings_rule import (
     InternalSettings,
     check_engine_args,
@@ -119,12 +120,20 @@ def chat_template_of(internal: Mapping[str, Any]) -> str | None:
         raise ValueError(f"_internal_config['chat_template_path']: cannot read {path}: {err}") from err
 
 
+def given_sections(internal: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``_internal_config`` sections a program gave: a section set to None is not given (NeMo Agent
+    Toolkit builds ``InternalModelConfig(init_args=None, engine_args=None, trainer_args=None)`` from its
+    defaults, which ART's client accepts without reading)."""
+    return {section: values for section, values in internal.items() if values is not None}
+
+
 def refuse_gpu_ids(internal: Mapping[str, Any]) -> None:
     """``register``'s check of ART's dedicated-mode GPU ids (ART checks them when the model gets its service):
     a model cannot place dgrpo's workers."""
+    given = given_sections(internal)
     for key in GPU_IDS:
-        if key in internal:
-            raise _refuse("_internal_config", key, internal[key])
+        if key in given:
+            raise _refuse("_internal_config", key, given[key])
 
 
 def _refuse(where: str, key: str, value: Any) -> UnsupportedArtOption:
@@ -138,7 +147,7 @@ def internal_settings(internal: Mapping[str, Any]) -> InternalSettings:
     """What an ART ``_internal_config`` asks for, checked: its LoRA, default ``TrainConfig`` fields and the
     engine and hardware settings accepted but not applied (settings_rule.py); anything else is refused."""
     settings = InternalSettings()
-    for section, values in internal.items():
+    for section, values in given_sections(internal).items():
         if section == "peft_args":
             for key, value in dict(values).items():
                 if key not in PEFT_ARGS:
@@ -166,25 +175,29 @@ def internal_settings(internal: Mapping[str, Any]) -> InternalSettings:
 def lora_from_internal_config(internal: Mapping[str, Any]) -> tuple[LoraConfig | None, int | None]:
     """The ``LoraConfig`` and default ``max_seq_len`` an ART ``_internal_config`` asks for."""
     settings = internal_settings(internal)
-    lora = LoraConfig(**settings.peft_args) if settings.peft_args else None
+    lora = (
+        LoraConfig.model_validate({**ART_LORA.model_dump(), **settings.peft_args})
+        if settings.peft_args
+        else None
+    )
     return lora, settings.train_defaults.get("max_seq_len")
 
 
 def lora_from_lora_config(lora_config: Mapping[str, Any]) -> LoraConfig:
-    """The ``LoraConfig`` an ART 0.5 ``lora_config`` (``art.LoRAConfig``) asks for."""
-    fields: dict[str, Any] = {}
+    """The ``LoraConfig`` an ART 0.5 ``lora_config`` (``art.LoRAConfig``) asks for; what it leaves out is ART's."""
+    fields: dict[str, Any] = ART_LORA.model_dump()
     for key, value in lora_config.items():
         if key not in LORA_CONFIG:
             raise _refuse("lora_config", key, value)
         fields[LORA_CONFIG[key]] = value
-    return LoraConfig(**fields)
+    return LoraConfig.model_validate(fields)
 
 
 def lora_of(
     lora: LoraConfig | None, lora_config: Mapping[str, Any] | None, internal: Mapping[str, Any]
 ) -> LoraConfig:
     """A ``TrainableModel``'s LoRA shape: dgrpo's ``lora``, ART's ``lora_config`` or
-    ``_internal_config['peft_args']``, given once (equal when given more than once); else ``LoraConfig()``.
+    ``_internal_config['peft_args']``, given once (equal when given more than once); else ART's (``ART_LORA``).
     A copy: the model's own objects stay its own."""
     given = [c for c in (lora, lora_from_internal_config(internal)[0]) if c is not None]
     if lora_config is not None:
@@ -193,7 +206,7 @@ def lora_of(
         raise UnsupportedArtOption(
             "give the LoRA shape once: lora=, lora_config= or _internal_config['peft_args']"
         )
-    return given[0].model_copy(deep=True) if given else LoraConfig()
+    return (given[0] if given else ART_LORA).model_copy(deep=True)
 
 
 def importance_sampling(where: str, loss_fn: str) -> str:

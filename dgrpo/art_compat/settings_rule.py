@@ -61,6 +61,9 @@ ENGINE_FLAGS = {
     "enable_prefix_caching": f"{INFERENCE} --prefix-cache-mb`",
     "tool_call_parser": f"{INFERENCE} --tool-call-parser`",
     "enable_auto_tool_choice": f"{INFERENCE} --tool-call-parser`",
+    "tensor_parallel_size": f"{INFERENCE} --engine vllm --tensor-parallel-size`",
+    "data_parallel_size": f"{INFERENCE} --engine vllm --data-parallel-size`",
+    "distributed_executor_backend": f"{INFERENCE} --engine vllm --distributed-executor-backend`",
 }
 """vLLM ``engine_args`` with a flag of their own; any other one (not refused below) is the engine's
 ``ENGINE_HELP``."""
@@ -79,7 +82,14 @@ ENGINE_ARGS_REFUSED = {
     "enable_lora": "dgrpo serves every step as a LoRA adapter (True, which may be given)",
 }
 
-TRAINER_ARGS_MAPPED = {"max_grad_norm": "max_grad_norm", "weight_decay": "weight_decay", "seed": "seed"}
+TRAINER_ARGS_MAPPED = {
+    "max_grad_norm": "max_grad_norm",
+    "weight_decay": "weight_decay",
+    "seed": "seed",
+    "adam_beta1": "adam_beta1",
+    "adam_beta2": "adam_beta2",
+    "adam_epsilon": "adam_epsilon",
+}
 """Hugging Face ``trainer_args`` -> the model's default ``TrainConfig`` fields (``backend.train`` sets the rest)."""
 
 TRAINER_ARGS_IGNORED = {
@@ -98,6 +108,8 @@ TRAINER_ARGS_IGNORED = {
     "auto_find_batch_size": "the trainer (an out-of-memory step retries with half the micro-batch)",
     "per_device_eval_batch_size": "nothing: the trainer evaluates nothing",
     "run_name": "TrainableModel(run_name=...)",
+    "beta": "nothing, as in ART, whose RL loss never reads it: the KL coefficient is backend.train(beta=...) or "
+    "TrainConfig(beta=...)",
 }
 TRAINER_ARGS_IGNORED_PREFIXES = {
     "dataloader_": "the trainer",
@@ -114,12 +126,18 @@ TRAINER_ARGS_IGNORED_PREFIXES = {
 """Hugging Face ``trainer_args`` that only tune speed, memory or output: accepted, with what does it here."""
 
 OPTIMIZER_WHY = (
-    "dgrpo's trainer takes one AdamW step (betas 0.9/0.999, lr from backend.train) per TrainConfig.epochs "
+    "dgrpo's trainer takes one optimizer step (lr from backend.train, a constant schedule) per TrainConfig.epochs "
     "over the step's whole batch, so this would train differently from what it says"
 )
+OPTIMIZERS = {
+    "paged_adamw_8bit": "paged_adamw_8bit",
+    "adamw_torch": "adamw",
+    "adamw_torch_fused": "adamw",
+    "adamw_hf": "adamw",
+}
+"""Hugging Face's ``optim`` names -> ``TrainConfig.optimizer`` (ART's default is ``paged_adamw_8bit``)."""
 TRAINER_ARGS_REFUSED = {
     "fp16": "dgrpo trains in fp32 or bf16 (trainer_args bf16=True, or TrainConfig.precision)",
-    "beta": "give the KL coefficient as backend.train(beta=...)",
 }
 """``trainer_args`` refused with a reason of their own; every other key not named above gets ``OPTIMIZER_WHY``."""
 
@@ -171,6 +189,10 @@ def check_trainer_args(values: Mapping[str, Any], settings: InternalSettings) ->
         prefix = next((p for p in TRAINER_ARGS_IGNORED_PREFIXES if key.startswith(p)), None)
         if key in TRAINER_ARGS_MAPPED:
             settings.train_defaults[TRAINER_ARGS_MAPPED[key]] = value
+        elif key == "optim" and str(value) in OPTIMIZERS:
+            settings.train_defaults["optimizer"] = OPTIMIZERS[str(value)]
+        elif key == "lr_scheduler_type" and value == "constant":
+            continue  # ART's default, and a step's rate here
         elif key == "bf16" and isinstance(value, bool):
             settings.train_defaults["precision"] = "bf16" if value else "fp32"
         elif key in TRAINER_ARGS_IGNORED:
@@ -179,6 +201,72 @@ def check_trainer_args(values: Mapping[str, Any], settings: InternalSettings) ->
             settings.ignored.append(f"trainer_args.{key}={value!r} ({TRAINER_ARGS_IGNORED_PREFIXES[prefix]})")
         else:
             raise refused(where, key, value, TRAINER_ARGS_REFUSED.get(key) or OPTIMIZER_WHY)
+
+
+SERVER = "the inference worker's operator"
+SERVER_ARGS_IGNORED = {
+    "api_key": f"{SERVER}: the server's key is DGRPO_SERVE_API_KEY, which register gives the model",
+    "return_tokens_as_token_ids": "the model's client: it asks the server for each choice's token ids",
+    "tool_call_parser": f"{INFERENCE} --tool-call-parser`",
+    "enable_auto_tool_choice": f"{INFERENCE} --tool-call-parser`",
+    "log_file": "the inference worker's log",
+}
+"""ART's ``OpenAIServerConfig["server_args"]`` of its own vLLM server that dgrpo's server has its own way."""
+SERVER_ARGS_OPERATORS = frozenset(
+    {
+        "host", "port", "uvicorn_log_level", "allow_credentials", "allowed_origins", "allowed_methods",
+        "allowed_headers", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "enable_ssl_refresh", "ssl_cert_reqs",
+        "root_path", "middleware", "disable_frontend_multiprocessing", "enable_request_id_headers",
+        "max_log_len", "disable_fastapi_docs", "enable_prompt_tokens_details", "enable_server_load_tracking",
+        "disable_uvicorn_access_log", "tool_parser_plugin",
+    }
+)  # fmt: skip
+"""``server_args`` of how ART's vLLM server listens and logs: the inference worker's operator's here
+(``DGRPO_SERVE_HOST``, the worker's flags)."""
+SERVER_ARGS_REFUSED = {
+    "lora_modules": "dgrpo's server serves the model's steps as <run id>@<step> itself and loads no other adapter",
+    "prompt_adapters": "dgrpo's server serves LoRA adapters only",
+    "chat_template": "give the model's own template as _internal_config['chat_template'] (dgrpo's server and "
+    "trainer both use it)",
+    "chat_template_content_format": "dgrpo's servers render message content as the template receives it",
+    "response_role": "the server answers as 'assistant', which the trainer's chat rendering assumes",
+}
+
+
+def check_server_config(config: Mapping[str, Any]) -> list[str]:
+    """ART's ``register(backend, _openai_client_config=...)`` (its ``dev.OpenAIServerConfig``) checked against
+    dgrpo's server: ``server_args`` and ``engine_args`` of ART's own server are the inference worker
+    operator's here, accepted and listed (``section.key=value (what sets it here)``), for ``warn_ignored``; what
+    would change what is sampled is refused, saying why. A section set to None is not given."""
+    settings = InternalSettings()
+    for section, values in config.items():
+        if values is None:
+            continue
+        if section == "log_file":
+            settings.ignored.append(f"log_file={values!r} ({SERVER_ARGS_IGNORED['log_file']})")
+        elif section == "engine_args":
+            check_engine_args(dict(values), settings)
+        elif section == "server_args":
+            for key, value in dict(values).items():
+                if key in SERVER_ARGS_REFUSED:
+                    raise refused(
+                        "_openai_client_config['server_args']", key, value, SERVER_ARGS_REFUSED[key]
+                    )
+                if key not in SERVER_ARGS_IGNORED and key not in SERVER_ARGS_OPERATORS:
+                    raise refused(
+                        "_openai_client_config['server_args']",
+                        key,
+                        value,
+                        "dgrpo has no equivalent setting, and it may change what is sampled",
+                    )
+                settings.ignored.append(
+                    f"server_args.{key}={value!r} ({SERVER_ARGS_IGNORED.get(key, SERVER)})"
+                )
+        else:
+            raise refused(
+                "_openai_client_config", section, values, "ART's OpenAIServerConfig has no such section"
+            )
+    return settings.ignored
 
 
 def warn_ignored(model_name: str, ignored: list[str]) -> None:

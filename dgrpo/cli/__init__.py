@@ -1,6 +1,6 @@
 """The ``dgrpo`` command (``entry``, the console script; ``python -m dgrpo.cli``): one module per command group,
 each registering its own subparsers: ``stack`` (up, down, env, schema), ``serve``, ``worker``, ``runs`` (train,
-status, pause, resume, stop, demo).
+status, pause, resume, stop, demo), ``art_server`` (art-server).
 
 The CLI is not ART's API: it drives the façade and the layers below; nothing else in ``dgrpo`` imports it.
 
@@ -19,7 +19,7 @@ import traceback
 
 from pydantic import ValidationError
 
-from dgrpo.cli import fleet, runs, serve, stack, worker
+from dgrpo.cli import art_server, fleet, runs, serve, stack, worker
 from schemas.errors import DgrpoError
 
 USAGE_ERROR = 2
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (stack, serve, worker, runs, fleet):
+    for module in (stack, serve, worker, runs, fleet, art_server):
         module.register(sub)
     return parser
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from typing import Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from temporalio.service import RPCError
 
-from dgrpo.client.fleet_view import list_runs, runs_table
+from dgrpo.client.fleet_view import RunRow, list_runs, runs_table
 from schemas.errors import DgrpoError, EngineSetupError
 from schemas.settings import (
     ENV_BUILD_ID,
@@ -79,8 +81,25 @@ def worker_options(args: argparse.Namespace) -> dict[str, Any]:
 async def _runs(args: argparse.Namespace) -> int:
     client = await connect_client()
     rows = await list_runs(client, include_closed=args.all, limit=args.limit)
-    Console().print(runs_table(rows))
+    print_runs(rows, args.output)
     return 0
+
+
+def print_runs(rows: list[RunRow], output: str) -> None:
+    """``rows`` on stdout: a table (``text``; off a terminal as wide as its widest line, so a run's row is one
+    line that ``grep`` finds), a JSON list (``json``) or one JSON object a line (``jsonl``), as the ``temporal``
+    CLI's ``--output``."""
+    if output == "json":
+        print(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
+    elif output == "jsonl":
+        for r in rows:
+            print(r.model_dump_json())
+    else:
+        table, console = runs_table(rows), Console()
+        if not console.is_terminal:
+            unbounded = Console(width=1 << 16)
+            console = Console(width=Measurement.get(unbounded, unbounded.options, table).maximum)
+        console.print(table)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -97,4 +116,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     runs.add_argument("--all", action="store_true", help="ended runs too, not only running ones")
     runs.add_argument("--limit", type=int, default=200, help="at most this many runs (default 200)")
+    runs.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json", "jsonl"),
+        default="text",
+        help="text: a table (default); json: a list of runs; jsonl: one run a line (each as RunRow in "
+        "dgrpo/client/fleet_view.py), for scripts",
+    )
     runs.set_defaults(func=cmd_runs)

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
+
 from dgrpo.cli import fleet
 from dgrpo.cli.arg_types import at_least_one, port_number
 from schemas.config import TaskQueues
@@ -16,6 +18,7 @@ from schemas.settings import (
     ENV_TEMPORAL_WAIT_S,
     ENV_WORKER_GRACE_S,
     EngineSettings,
+    GangSettings,
     WorkerLifecycle,
     default_engine,
     judge_key_pair,
@@ -61,9 +64,13 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
             probe_timeout_s=args.probe_timeout_s,
             unanswered_probes=args.unanswered_probes,
             vllm_python=args.vllm_python,
+            tensor_parallel_size=args.tensor_parallel_size,
+            data_parallel_size=args.data_parallel_size,
+            distributed_executor_backend=args.distributed_executor_backend,
         ),
         lifecycle=worker_lifecycle(args),
         staging_root=Path(args.staging) if args.staging else None,
+        gang=gang_settings(args),
         worker_id=args.worker_id,
         ready_file=Path(args.ready_file) if args.ready_file else None,
         single_process=args.single_process,
@@ -73,6 +80,22 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
         max_concurrent_activities=args.max_concurrent_activities,
         **fleet.worker_options(args),
     )
+
+
+def gang_settings(args: argparse.Namespace) -> GangSettings:
+    """``--ranks``, ``--devices``, ``--shard``, ``--gang``, ``--gang-address``, ``--collective-timeout-s``."""
+    try:
+        return GangSettings(
+            ranks=args.ranks,
+            devices=tuple(d.strip() for d in args.devices.split(",") if d.strip()) if args.devices else (),
+            shard=args.shard,
+            gang=args.gang,
+            address=args.gang_address,
+            collective_timeout_s=args.collective_timeout_s,
+        )
+    except ValidationError as err:
+        said = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in err.errors())
+        raise EngineSetupError(f"the trainer's gang (--ranks, --devices, --gang ...): {said}") from None
 
 
 def judge_key_arg(entry: str) -> tuple[str, str]:
@@ -88,6 +111,49 @@ def worker_lifecycle(args: argparse.Namespace) -> WorkerLifecycle:
     flags = {"grace_s": args.grace_s, "temporal_wait_s": args.temporal_wait_s}
     given = {name: value for name, value in flags.items() if value is not None}
     return WorkerLifecycle.model_validate({**env.model_dump(), **given})
+
+
+def add_gang_flags(worker: argparse.ArgumentParser) -> None:
+    """The trainer's ranks, devices and gang (docs/scaling-out.md)."""
+    gang = GangSettings()
+    worker.add_argument(
+        "--ranks",
+        type=at_least_one,
+        default=gang.ranks,
+        metavar="N",
+        help="trainer: rank processes, one per device, that train each step together (torch.distributed; "
+        "default 1: the trainer in the worker itself)",
+    )
+    worker.add_argument(
+        "--devices",
+        metavar="DEV,...",
+        help="trainer: each rank's device (cuda:0,cuda:1; default cuda:<i>, else cpu)",
+    )
+    worker.add_argument(
+        "--shard",
+        choices=("fsdp", "replicate"),
+        default=gang.shard,
+        help="trainer ranks: fsdp shards the base and the adapter over them (FSDP2); replicate keeps the whole "
+        "model on each and sums gradients",
+    )
+    worker.add_argument(
+        "--gang",
+        metavar="NAME",
+        help="trainer: train each step with the other trainer workers of gang NAME, on any host (rendezvous "
+        "through the object store)",
+    )
+    worker.add_argument(
+        "--gang-address",
+        metavar="ADDR",
+        help="trainer --gang: where the other hosts reach this worker's ranks (default: this host's address "
+        "towards the object store)",
+    )
+    worker.add_argument(
+        "--collective-timeout-s",
+        type=float,
+        default=gang.collective_timeout_s,
+        help="trainer ranks: a collective (and the rendezvous) fails after this long without its peers",
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -156,6 +222,27 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="--engine vllm: the Python of vLLM's environment (default $DGRPO_VLLM_PYTHON, else .venv-vllm)",
     )
     worker.add_argument(
+        "--tensor-parallel-size",
+        type=at_least_one,
+        default=engine.tensor_parallel_size,
+        metavar="N",
+        help="--engine vllm: split each layer over N devices of this host (vLLM's flag; GPUs, or core groups on "
+        "vLLM's CPU build)",
+    )
+    worker.add_argument(
+        "--data-parallel-size",
+        type=at_least_one,
+        default=engine.data_parallel_size,
+        metavar="N",
+        help="--engine vllm: N engine replicas behind the one server (vLLM's flag)",
+    )
+    worker.add_argument(
+        "--distributed-executor-backend",
+        choices=("mp", "ray"),
+        default=None,
+        help="--engine vllm: how vLLM starts its ranks (default vLLM's: mp on one host)",
+    )
+    worker.add_argument(
         "--serve-port", type=port_number, help="port of the CPU server (default $DGRPO_SERVE_PORT or free)"
     )
     worker.add_argument(
@@ -176,6 +263,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         f"(default ${ENV_TEMPORAL_WAIT_S}, else {WorkerLifecycle().temporal_wait_s:.0f})",
     )
     worker.add_argument("--staging", help="trainer staging dir (default $DGRPO_HOME/staging)")
+    add_gang_flags(worker)
     worker.add_argument("--worker-id", help="trainer worker id (default host-pid-random)")
     worker.add_argument(
         "--single-process",

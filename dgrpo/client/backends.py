@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
@@ -35,8 +35,66 @@ from workers.temporal import connect_client
 log = logging.getLogger(__name__)
 
 
-class Backend(Protocol):
-    """What a ``TrainableModel`` needs from wherever it trains."""
+class ArtBackend(Protocol):
+    """ART's ``art.Backend``: the hooks ART's model calls, and so dgrpo's models too (dgrpo/model.py). A backend
+    of ART's own (NeMo Agent Toolkit's ``RemoteBackend``, a client of ART's ``art run`` server) has these and
+    nothing more; dgrpo's backends implement them on the cluster (dgrpo/client/training.py). ``model`` is a
+    ``Model`` or ``TrainableModel``, typed Any here as dgrpo/model.py is built on this module."""
+
+    def _model_inference_name(self, model: Any, step: int | None = None) -> str:
+        """The name the inference server answers the model's ``step`` (None: its newest) under."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def register(self, model: Any) -> None:
+        """Bind ``model`` to this backend (ART's ``model.register`` calls it first)."""
+        ...
+
+    async def _prepare_backend_for_training(
+        self, model: Any, config: Mapping[str, Any] | None
+    ) -> tuple[str, str]:
+        """Make the model servable and trainable; its inference server's OpenAI base URL and API key.
+        ``config`` is ART's ``dev.OpenAIServerConfig`` (``register(..., _openai_client_config=)``)."""
+        ...
+
+    async def _get_step(self, model: Any) -> int:
+        """The model's current step."""
+        ...
+
+    async def _delete_checkpoint_files(self, model: Any, steps_to_keep: list[int]) -> Any:
+        """Delete the model's checkpoints but ``steps_to_keep``."""
+        ...
+
+    def _train_model(
+        self,
+        model: Any,
+        trajectory_groups: list[TrajectoryGroup],
+        config: Any,
+        dev_config: Mapping[str, Any],
+        verbose: bool = False,
+    ) -> AsyncIterator[dict[str, float]]:
+        """Train the model's next RL step on the groups, yielding its metric rows (ART 0.5.17's hook of
+        ``model.train``; ``config`` is the step's ``TrainConfig``, ``dev_config`` ART's ``dev.TrainConfig``)."""
+        ...
+
+    def _train_sft(
+        self,
+        model: Any,
+        trajectories: Iterable[Trajectory],
+        config: TrainSFTConfig,
+        dev_config: Mapping[str, Any],
+        verbose: bool = False,
+    ) -> AsyncIterator[dict[str, float]]:
+        """Fine-tune ``model`` on the trajectories as its next step, yielding each batch's numbers."""
+        ...
+
+
+@runtime_checkable
+class Backend(ArtBackend, Protocol):
+    """dgrpo's own backends (``LocalBackend``, ``TemporalBackend``): ART's hooks, and what a ``TrainableModel``
+    needs to train durably on them (a ``model.train`` there is a ``TrainStep`` workflow, awaited across
+    Temporal restarts). A model tells them from a backend of ART's own by this protocol."""
 
     task_queues: TaskQueues
 
@@ -52,28 +110,8 @@ class Backend(Protocol):
         """The OpenAI-compatible base URL (ending in ``/v1``) the model's requests go to."""
         ...
 
-    async def close(self) -> None: ...
-
-    # ART's seam between a model and its backend (``art.Backend``'s names), which ``TrainableModel.get_step``
-    # and ``train_sft`` go through, so a backend of ART's own works with a dgrpo model too. ``model`` is a
-    # ``TrainableModel``, typed Any here as dgrpo/model.py is built on this module.
-    async def _get_step(self, model: Any) -> int:
-        """The model's current step."""
-        ...
-
-    def _train_sft(
-        self,
-        model: Any,
-        trajectories: Iterable[Trajectory],
-        config: TrainSFTConfig,
-        dev_config: Mapping[str, Any],
-        verbose: bool = False,
-    ) -> AsyncIterator[dict[str, float]]:
-        """Fine-tune ``model`` on the trajectories as its next step, yielding each batch's numbers."""
-        ...
-
     # dgrpo's own: what ``model.train`` asks its backend for (ART 0.3's ``model.train``; ART 0.5 has only
-    # ``backend.train``). A backend of ART's own has no such step.
+    # ``backend.train``), returning the step's ``TrainStepResult``.
     async def train_step(
         self,
         model: Any,

@@ -2,8 +2,9 @@
 
 Runs are listed through Temporal's visibility API (``WorkflowType = 'TrainingRun'``), each one's ``status``
 query gives its step, reward, recent step times and priority, and its pending activities (``describe``) say
-what it waits on: per stage, activities queued for a worker (and the longest wait so far) and running.
-``dgrpo runs`` prints it.
+what it waits on: per stage, activities queued for a worker (and how long the longest of them has waited since
+it was scheduled, or since its retry came due), waiting out a retry's backoff, and running. ``dgrpo runs``
+prints it as a table (whole run ids, on a terminal or not) or as JSON.
 """
 
 from __future__ import annotations
@@ -28,13 +29,19 @@ CONCURRENT_QUERIES = 16
 
 
 class StageWait(BaseModel):
-    """A stage's pending activities: queued for a worker, and running on one."""
+    """A stage's pending activities: queued for a worker, waiting out a retry's backoff, and running on one."""
 
     stage: str
     queued: int = 0
+    """Attempts due now that no worker has taken yet."""
+    retrying: int = 0
+    """Attempts that failed and wait out their retry's backoff before they are queued again."""
     running: int = 0
     longest_wait_s: float = 0.0
-    """How long the longest-queued of them has waited for a worker so far."""
+    """How long the longest-queued of them has waited for a worker so far (since it was scheduled, or since its
+    retry came due)."""
+    next_retry_s: float | None = None
+    """In how long the soonest of the retries comes due (None: none backs off)."""
 
 
 class RunRow(BaseModel):
@@ -65,14 +72,21 @@ def stage_waits(pending: Sequence[PendingActivityInfo], now: datetime) -> list[S
     stages: dict[str, StageWait] = {}
     for activity in pending:
         wait = stages.setdefault(activity.activity_type.name, StageWait(stage=activity.activity_type.name))
-        if activity.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED:
-            wait.queued += 1
-            since = activity.next_attempt_schedule_time or activity.scheduled_time
-            if since.seconds:
-                waited = (now - since.ToDatetime(tzinfo=UTC)).total_seconds()
-                wait.longest_wait_s = max(wait.longest_wait_s, waited)
-        else:
+        if activity.state != PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED:
             wait.running += 1
+        elif activity.HasField(
+            "next_attempt_schedule_time"
+        ):  # the server sets it only while a retry backs off
+            due = (activity.next_attempt_schedule_time.ToDatetime(tzinfo=UTC) - now).total_seconds()
+            wait.retrying += 1
+            wait.next_retry_s = max(
+                0.0, min(due, wait.next_retry_s if wait.next_retry_s is not None else due)
+            )
+        else:  # due: scheduled_time is when (the retry's, for a later attempt)
+            wait.queued += 1
+            if activity.HasField("scheduled_time"):
+                waited = (now - activity.scheduled_time.ToDatetime(tzinfo=UTC)).total_seconds()
+                wait.longest_wait_s = max(wait.longest_wait_s, waited)
     return sorted(stages.values(), key=lambda w: (-w.queued, w.stage))
 
 
@@ -128,6 +142,8 @@ def waits_text(waits: Sequence[StageWait]) -> str:
     for w in waits:
         if w.queued:
             parts.append(f"{w.stage}: {w.queued} queued ({_duration(w.longest_wait_s)})")
+        if w.retrying:
+            parts.append(f"{w.stage}: {w.retrying} retrying in {_duration(w.next_retry_s or 0.0)}")
         if w.running:
             parts.append(f"{w.stage}: {w.running} running")
     return ", ".join(parts) or "-"
@@ -146,7 +162,11 @@ def runs_table(rows: Sequence[RunRow]) -> Table:
         "owner (weight)",
         "waits on",
     ):
-        table.add_column(column, justify="right" if column in ("step", "reward", "steps/h") else "left")
+        table.add_column(
+            column,
+            justify="right" if column in ("step", "reward", "steps/h") else "left",
+            overflow="fold" if column in ("run", "waits on") else "ellipsis",  # never cut: folded when narrow
+        )
     for r in rows:
         s = r.scheduling
         table.add_row(

@@ -25,7 +25,7 @@ from typing_extensions import TypeVar
 
 from activities.metrics import WandbSink
 from activities.object_store import ObjectStore
-from dgrpo.client.backends import Backend
+from dgrpo.client.backends import ArtBackend, Backend
 from dgrpo.costs import CostCalculator, CostRecorder, sampled_tokens
 from dgrpo.errors import NotRegisteredError
 from dgrpo.metrics import MetricsBuilder
@@ -95,10 +95,10 @@ class ModelBase(BaseModel, Generic[ModelConfig, StateType]):
     _client: AsyncOpenAI | None = PrivateAttr(default=None)
     _client_made_for: tuple[Any, ...] | None = PrivateAttr(default=None)
     """What ``_client`` was made for (URL, key, names, request defaults): another value makes a new one."""
-    _backend: Backend | None = PrivateAttr(default=None)
+    _backend: ArtBackend | None = PrivateAttr(default=None)
     _store: ObjectStore | None = PrivateAttr(default=None)
     """The object store of the dgrpo backend ``register`` bound, where ``log`` also records the run's metrics
-    Parquet; None for a backend set otherwise (ART's tests set ``model._backend``)."""
+    Parquet; None for a backend of ART's own, or one set otherwise (ART's tests set ``model._backend``)."""
     _step: int = PrivateAttr(default=0)
     _wandb: WandbSink | None = PrivateAttr(default=None)
     _metrics: MetricsBuilder = PrivateAttr(default_factory=lambda: MetricsBuilder("train"))
@@ -194,15 +194,32 @@ class ModelBase(BaseModel, Generic[ModelConfig, StateType]):
             )
         return run_id
 
-    async def register(self, backend: Backend) -> None:
-        """Bind the model to ``backend``, so ``log`` records its trajectories next to the trained ones."""
+    async def register(self, backend: ArtBackend) -> None:
+        """Bind the model to ``backend`` by ART's hook, ``backend.register(model)``: on dgrpo's backends
+        (``join``) ``log`` then records its trajectories next to the trained ones."""
         check_config(self.config)
+        await self._registered_by(backend)
+
+    async def _registered_by(self, backend: ArtBackend) -> None:
+        """ART's order: the model names its backend, then the backend registers it; a registration that
+        fails leaves the model as it was."""
+        before = self._backend, self._store
+        self._backend = backend
+        try:
+            await backend.register(self)
+        except BaseException:
+            self._backend, self._store = before
+            raise
+
+    async def join(self, backend: Backend) -> None:
+        """What dgrpo's backends do to register a model (their ``register`` hook): start, and bind their
+        object store, where ``log`` also records the run's metrics Parquet."""
         await backend.start()
         store = backend.object_store()
         await asyncio.to_thread(store.ensure_bucket)
         self._backend, self._store = backend, store
 
-    def backend(self) -> Backend:
+    def backend(self) -> ArtBackend:
         """The backend the model is registered with (ART's ``model.backend()``)."""
         return self._require_backend()
 
@@ -407,7 +424,7 @@ class ModelBase(BaseModel, Generic[ModelConfig, StateType]):
         if self._wandb is not None:
             self._wandb.close()
 
-    def _require_backend(self) -> Backend:
+    def _require_backend(self) -> ArtBackend:
         if self._backend is None:
             raise NotRegisteredError(
                 f"model {self.name!r} is not registered: call `await model.register(backend)` first"

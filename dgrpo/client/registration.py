@@ -1,5 +1,6 @@
-"""What ``TrainableModel.register`` does on the cluster: the model's record kept (or checked), a step an
-earlier client left running awaited, and the model's newest step served.
+"""What ``TrainableModel.register`` does on the cluster (``join_run``, dgrpo's backends' ``register`` hook): the
+model's record kept (or checked), a step an earlier client left running awaited, and the model's newest step
+served.
 
 A model's record (``runs/<run id>/model.json``) pins its base model and LoRA shape: its checkpoints belong to
 them, so a model of the same name and project with another shape is refused. A new inference server (or a
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -18,17 +20,47 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from activities.object_store import ObjectStore
+from activities.rollout_model import discover_base_model
 from dgrpo.client.attach import workflow_status
+from dgrpo.client.backends import Backend
 from dgrpo.client.durable_calls import innermost_failure
 from dgrpo.client.train_step import train_step_result, train_workflow_id
 from dgrpo.errors import BackendError, ModelConflictError
 from schemas import layout
 from schemas.config import ModelSpec, Scheduling, TaskQueues
 from schemas.run_state import ServeModelInput, ServeModelResult, TrainStepResult
-from serving.client import ServingClient
+from serving.client import ServingClient, openai_base_url
 from workers.temporal import result_across_restarts
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JoinedRun:
+    """A registered model's place on the cluster: its store, the base model's served name, its newest step and
+    that step's served name."""
+
+    store: ObjectStore
+    base_served: str
+    step: int
+    served: str
+
+
+async def join_run(backend: Backend, run_id: str, spec: ModelSpec, warm_start: bool) -> JoinedRun:
+    """Register run ``run_id`` of model ``spec`` on ``backend``: record it (or check the record), wait for a
+    step an earlier client left running, and serve its newest step."""
+    await backend.start()
+    store = backend.object_store()
+    await asyncio.to_thread(store.ensure_bucket)
+    await asyncio.to_thread(check_record, store, run_id, spec)
+    url = openai_base_url(backend.inference_url())
+    client = await backend.temporal_client()
+    await await_earlier_train(client, run_id, await newest_step(store, run_id))
+    base_served = await discover_base_model(url)
+    step, served = await serve_newest(
+        client, store, backend.task_queues, run_id, spec, url, base_served, warm_start
+    )
+    return JoinedRun(store, base_served, step, served)
 
 
 def check_record(store: ObjectStore, run_id: str, model: ModelSpec) -> None:

@@ -5,7 +5,7 @@ dgrpo's checkpoints already live durably in its store (``runs/<run id>/checkpoin
 ART's live in a local directory that these calls copy to and from a bucket. Here the bucket (backup_bucket.py)
 gets ART's layout, ``[<prefix>/]<project>/models/<run name>/``: the model's local files (``history.jsonl``,
 ``trajectories/``, ``state.json``) and each checkpoint of the store as ``checkpoints/<step:04d>/`` (the PEFT
-adapter with its optimizer state and dgrpo's manifest). A pull brings the local files back (so ``model.log``'s
+adapter with its optimizer state and dgrpo's manifest). A pull (backup_pull.py) merges the local files back (so ``model.log``'s
 running totals continue) and imports each checkpoint the store lacks, checked to fit the model (its base model
 and LoRA shape, else ``ModelConflictError``) and published manifest last; a registered model is then served at
 its newest step, so ``get_step()`` and the served adapter agree.
@@ -14,28 +14,27 @@ its newest step, so ``get_step()`` and the served adapter agree.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
-from activities.checkpoints import (
-    TRAINER_STATE_FILE,
-    TrainerState,
-    check_checkpoint_fits,
-    download_checkpoint,
-)
-from activities.object_store import ObjectStore, sha256_file
+from activities.object_store import ObjectStore
 from dgrpo.client.backup_bucket import BackupBucket, backup_bucket_name
-from dgrpo.errors import ModelConflictError, NotRegisteredError
+from dgrpo.client.backup_pull import (
+    checkpoint_folder,
+    download_checkpoint_files,
+    import_checkpoint,
+    md5_file,
+    pull_files,
+    restore_into,
+)
+from dgrpo.errors import NotRegisteredError
 from dgrpo.model import Model, TrainableModel
 from schemas import layout
 from schemas.config import ModelSpec
-from schemas.errors import CheckpointMismatchError, CorruptCheckpointError
 from schemas.refs import CheckpointRef
 
 log = logging.getLogger(__name__)
@@ -129,8 +128,10 @@ class ArtS3Backup:
         verbose: bool = False,
     ) -> str:
         """A checkpoint of the model as a local PEFT directory (registered or not): ``step``, or the newest in
-        dgrpo's store and, when ``s3_bucket`` is given, its backup (the store's on a tie), downloaded to
-        ``local_path`` or ``<base_path>/<project>/models/<run name>/checkpoints/<step:04d>``; returns the path."""
+        dgrpo's store and, when ``s3_bucket`` is given, its backup (the store's on a tie), copied into
+        ``local_path`` or ``<base_path>/<project>/models/<run name>/checkpoints/<step:04d>``; returns the path.
+        As ART's copy into ``local_path``: the checkpoint's files replace those of the same name and every other
+        file there stays; a file that would land outside the directory is skipped with a warning."""
         run = await self._run_of(model)
         assert run is not None
         store, run_id, _ = run
@@ -146,16 +147,20 @@ class ArtS3Backup:
             step = max([*in_store, *in_bucket])
         target = Path(local_path) if local_path else local_checkpoint_dir(model, step)
         if step in in_store:
-            _, sha = await asyncio.to_thread(store.read_manifest, layout.checkpoint_prefix(run_id, step))
-            ref = CheckpointRef(
-                run_id=run_id,
-                step=step,
-                uri=store.uri(layout.checkpoint_prefix(run_id, step)),
-                manifest_sha256=sha,
+            prefix = layout.checkpoint_prefix(run_id, step)
+            _, sha = await asyncio.to_thread(store.read_manifest, prefix)
+            ref = CheckpointRef(run_id=run_id, step=step, uri=store.uri(prefix), manifest_sha256=sha)
+            await asyncio.to_thread(
+                restore_into, target, lambda tmp: store.get_checkpoint(ref, tmp), store.uri(prefix)
             )
-            await asyncio.to_thread(download_checkpoint, store, ref, target)
         elif bucket is not None and step in in_bucket:
-            await asyncio.to_thread(download_checkpoint_files, bucket, base, step, target)
+            folder = checkpoint_folder(base, step)
+            await asyncio.to_thread(
+                restore_into,
+                target,
+                lambda tmp: download_checkpoint_files(bucket, base, step, tmp),
+                bucket.uri(folder),
+            )
         else:
             where = "" if bucket is not None else " and no S3 bucket specified"
             raise FileNotFoundError(f"Checkpoint step {step} of run {run_id} not found{where}")
@@ -191,14 +196,6 @@ def complete_steps(store: ObjectStore, run_id: str) -> list[int]:
     return [
         s for s in store.checkpoint_steps(run_id) if store.is_complete(layout.checkpoint_prefix(run_id, s))
     ]
-
-
-def md5_file(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def push(
@@ -248,7 +245,7 @@ def push_checkpoint(
 ) -> set[str]:
     """Checkpoint ``step`` of the store into the backup (unless the backup has its manifest); its keys there."""
     prefix = layout.checkpoint_prefix(run_id, step)
-    folder = f"{base}{layout.ART_CHECKPOINTS_DIR}/{layout.art_checkpoint_name(step)}/"
+    folder = checkpoint_folder(base, step)
     manifest_bytes = store.get_bytes(prefix + layout.MANIFEST_NAME)
     manifest, _ = store.read_manifest(prefix)
     keys = {folder + e.path for e in manifest.files} | {folder + layout.MANIFEST_NAME}
@@ -265,100 +262,3 @@ def push_checkpoint(
     if verbose:
         log.info("checkpoint %d of %s backed up to %s", step, run_id, bucket.uri(folder))
     return keys
-
-
-def pull_files(
-    bucket: BackupBucket,
-    base: str,
-    keys: list[str],
-    local_dir: Path,
-    skip: set[str],
-    delete: bool,
-    verbose: bool,
-) -> None:
-    """The backup's files other than checkpoints into ``local_dir`` (``skip``: top folders left out)."""
-    have = bucket.etags(base)
-    pulled: set[Path] = set()
-    for key in keys:
-        rel = key[len(base) :]
-        top = rel.split("/", 1)[0]
-        if top == layout.ART_CHECKPOINTS_DIR or top in skip:
-            continue
-        target = local_dir / rel
-        pulled.add(target)
-        if not target.is_file() or md5_file(target) != have.get(key):
-            bucket.download(key, target)
-    if delete and local_dir.is_dir():
-        for path in local_dir.rglob("*"):
-            top = path.relative_to(local_dir).parts[0]
-            if path.is_file() and path not in pulled and top not in (layout.ART_CHECKPOINTS_DIR, *skip):
-                path.unlink()
-    if verbose:
-        log.info("pulled %d file(s) from %s into %s", len(pulled), bucket.uri(base), local_dir)
-
-
-def download_checkpoint_files(bucket: BackupBucket, base: str, step: int, target: Path) -> None:
-    """Checkpoint ``step`` of the backup into ``target``, each file checked against its manifest when it has one."""
-    folder = f"{base}{layout.ART_CHECKPOINTS_DIR}/{layout.art_checkpoint_name(step)}/"
-    keys = bucket.keys(folder)
-    if not keys:
-        raise FileNotFoundError(f"Checkpoint step {step} not found in {bucket.uri(folder)}")
-    for key in keys:
-        if not key.endswith("/" + layout.MANIFEST_NAME):
-            bucket.download(key, target / key[len(folder) :])
-    manifest = bucket.read(folder + layout.MANIFEST_NAME)
-    for entry in json.loads(manifest)["files"] if manifest else []:
-        if sha256_file(target / entry["path"])[0] != entry["sha256"]:
-            raise CorruptCheckpointError(f"{bucket.uri(folder + entry['path'])} does not match its manifest")
-
-
-def import_checkpoint(
-    bucket: BackupBucket, base: str, run: tuple[ObjectStore, str, ModelSpec], step: int, verbose: bool
-) -> bool:
-    """Publish checkpoint ``step`` of the backup as the run's, unless the store has it; True when imported."""
-    store, run_id, spec = run
-    if store.is_complete(layout.checkpoint_prefix(run_id, step)):
-        return False
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / layout.art_checkpoint_name(step)
-        download_checkpoint_files(bucket, base, step, folder)
-        where = bucket.uri(f"{base}{layout.ART_CHECKPOINTS_DIR}/{layout.art_checkpoint_name(step)}/")
-        state = fitting_state(folder, spec, run_id, step, where)
-        (folder / TRAINER_STATE_FILE).write_text(state.model_dump_json(indent=2))
-        store.publish_checkpoint(folder, run_id, step, {"imported_from": where})
-    if verbose:
-        log.info("imported checkpoint %d of %s from %s", step, run_id, where)
-    return True
-
-
-def fitting_state(folder: Path, spec: ModelSpec, run_id: str, step: int, where: str) -> TrainerState:
-    """The trainer state of a pulled checkpoint as this run's, refused (``ModelConflictError``) when the adapter
-    was trained for another base model or LoRA shape than the model's."""
-    config_file = folder / "adapter_config.json"
-    if not config_file.is_file():
-        raise ModelConflictError(
-            f"{where} is not a LoRA adapter (no adapter_config.json): nothing was imported"
-        )
-    adapter: dict[str, Any] = json.loads(config_file.read_text())
-    shape = (adapter.get("r"), adapter.get("lora_alpha"))
-    if shape != (spec.lora.rank, spec.lora.alpha):
-        raise ModelConflictError(
-            f"{where} is a LoRA of rank {shape[0]}, alpha {shape[1]}; model {spec.name!r} trains rank "
-            f"{spec.lora.rank}, alpha {spec.lora.alpha}: give it that lora_config, or pull into another model"
-        )
-    if (folder / TRAINER_STATE_FILE).is_file():
-        state = TrainerState.model_validate_json((folder / TRAINER_STATE_FILE).read_text())
-        try:
-            check_checkpoint_fits(state, spec, where)
-        except CheckpointMismatchError as err:
-            raise ModelConflictError(str(err)) from err
-        return state.model_copy(update={"run_id": run_id, "step": step})
-    base = adapter.get("base_model_name_or_path")
-    if base != spec.base_model:
-        raise ModelConflictError(
-            f"{where} was trained on base model {base!r} (its adapter_config.json); model {spec.name!r} trains "
-            f"{spec.base_model!r}: give it base_model={base!r}, or pull into another model"
-        )
-    return TrainerState(
-        run_id=run_id, step=step, base_model=spec.base_model, lora=spec.lora.model_dump(mode="json")
-    )

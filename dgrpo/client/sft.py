@@ -48,10 +48,21 @@ def examples_jsonl(trajectories: Sequence[Trajectory]) -> bytes:
 
 
 def sft_config(
-    config: TrainSFTConfig | None, n_examples: int, max_seq_len: int | None, dev_config: Mapping[str, Any]
+    config: TrainSFTConfig | None,
+    examples: Sequence[Trajectory],
+    max_seq_len: int | None,
+    dev_config: Mapping[str, Any],
 ) -> SftConfig:
-    """The workflow's ``SftConfig`` for ``n_examples``: ART's learning rate(s) and batch size, checked."""
+    """The workflow's ``SftConfig`` for ``examples``: ART's learning rate(s), batch size and target turns,
+    checked (with ``assistant_turns="last"`` every chat must end with the assistant's turn, as in ART)."""
     config = config or TrainSFTConfig()
+    n_examples = len(examples)
+    if config.assistant_turns == "last" and any(
+        not t.messages() or t.messages()[-1].get("role") != "assistant" for t in examples
+    ):
+        raise ValueError(
+            "assistant_turns='last' requires the final message of every chat to be an assistant's"
+        )
     if n_examples == 0:
         raise ValueError("train_sft got no trajectories: give it chats whose assistant turns are the targets")
     if config.megatron_topology is not None:
@@ -69,7 +80,11 @@ def sft_config(
         rates = list(config.learning_rate[:n_batches])
     else:
         rates = [config.learning_rate] * n_batches
-    fields: dict[str, Any] = {"learning_rates": rates, "batch_size": batch_size}
+    fields: dict[str, Any] = {
+        "learning_rates": rates,
+        "batch_size": batch_size,
+        "assistant_turns": config.assistant_turns,
+    }
     if max_seq_len is not None:
         fields["max_seq_len"] = max_seq_len
     return SftConfig.model_validate(fields)

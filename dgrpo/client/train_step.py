@@ -136,8 +136,10 @@ def check_trainable(groups: list[TrajectoryGroup], policy: PolicyNames) -> list[
             "(only messages_and_choices is); give each history its own trajectory in the group instead"
         )
     choices = [c for g in groups for t in g.trajectories for c in t.choices()]
-    if any(g.trajectories for g in groups) and not any(c.token_ids for c in choices):
-        what = "no Choice objects" if not choices else "choices without token ids"
+    # A choice with logprobs but no token ids trains too (its tokens recovered as ART recovers them,
+    # activities/tokenize.py): NeMo Agent Toolkit builds such choices from its own LLM calls.
+    if any(g.trajectories for g in groups) and not any(c.token_ids or c.sampled_logprobs() for c in choices):
+        what = "no Choice objects" if not choices else "choices without token ids or logprobs"
         raise NoTrainableChoiceError(
             f"the trajectories hold {what}, so there is nothing to train on. Call the model through "
             "`model.openai_client()` (it asks the server for token ids and logprobs) and append "

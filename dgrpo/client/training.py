@@ -13,17 +13,22 @@ the backend runs the durable step (dgrpo/client/train_step.py, dgrpo/client/sft.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from temporalio.client import Client
 
 from activities.object_store import ObjectStore
+from activities.retention import complete_checkpoint_steps, delete_checkpoints
+from activities.rollout_model import own_server_api_key
 from dgrpo.art_compat.options import train_config_fields
+from dgrpo.art_compat.settings_rule import check_server_config, warn_ignored
 from dgrpo.capture.exchange_training import PolicyNames, trainable_groups
 from dgrpo.client.backends import Backend
+from dgrpo.client.model_base import ModelBase
 from dgrpo.client.sft import batch_metrics, run_train_sft, sft_config, train_result
 from dgrpo.client.train_step import check_trainable, log_skipped, run_train_step
 from dgrpo.errors import NotRegisteredError
@@ -67,6 +72,8 @@ class ArtTraining:
         async def temporal_client(self) -> Client: ...
 
         def object_store(self) -> ObjectStore: ...
+
+        def inference_url(self) -> str: ...
 
     def check_registered(self, model: TrainableModel) -> None:
         if model.backend() is not self:
@@ -141,7 +148,43 @@ class ArtTraining:
         self.check_registered(model)
         return train_result(await self.run_sft(model, trajectories, config, {}))
 
-    # ART's seam of ``model.get_step`` and ``model.train_sft`` (``art.Backend``'s names).
+    # ART's hooks (``art.Backend``'s names), which the model calls, as does a server of ART's protocol.
+    async def register(self, model: ModelBase) -> None:
+        """Bind ``model`` here: a ``TrainableModel`` is recorded under its run (or checked against the record)
+        and its newest step served (``TrainableModel.join``); any model's ``log`` then also writes the store."""
+        await model.join(cast(Backend, self))
+
+    async def _prepare_backend_for_training(
+        self, model: TrainableModel, config: Mapping[str, Any] | None = None
+    ) -> tuple[str, str]:
+        """The inference server's OpenAI base URL and API key (the server's own, ``DGRPO_SERVE_API_KEY``, if it
+        has one). ``config``, ART's ``dev.OpenAIServerConfig``, is checked by the settings rule: ART's server
+        settings are the inference worker's operator's here, accepted with one warning, and what would
+        change what is sampled is refused, saying why (dgrpo/art_compat/settings_rule.py)."""
+        self.check_registered(model)
+        warn_ignored(model.name, check_server_config(config or {}))
+        return self.inference_url(), own_server_api_key()
+
+    def _model_inference_name(self, model: ModelBase, step: int | None = None) -> str:
+        """The name the server answers the model's ``step`` (None: the newest) under: a ``TrainableModel``'s
+        ``served_name``, a ``Model``'s own name."""
+        if isinstance(model, TrainableModel):
+            return model.served_name(step)
+        return model.get_inference_name(step)
+
+    async def _delete_checkpoint_files(self, model: TrainableModel, steps_to_keep: list[int]) -> list[int]:
+        """Delete the model's checkpoints but ``steps_to_keep`` and the step being served, each manifest first;
+        returns the steps deleted."""
+        self.check_registered(model)
+        run_id, _ = model.check_identity()
+        store = self.object_store()
+        keep = {*steps_to_keep, model.served_step}
+        doomed = [
+            s for s in await asyncio.to_thread(complete_checkpoint_steps, store, run_id) if s not in keep
+        ]
+        await asyncio.to_thread(delete_checkpoints, store, run_id, doomed)
+        return doomed
+
     async def _get_step(self, model: TrainableModel) -> int:
         """The newest step the model's workflows trained and served (``model.served_step``)."""
         self.check_registered(model)
@@ -156,12 +199,10 @@ class ArtTraining:
         verbose: bool = False,
     ) -> AsyncIterator[dict[str, float]]:
         """One durable ``TrainStep`` as the model's next step, then its numbers (``backend.train``'s result
-        metrics); ``config`` is the step's, with ART's options already mapped (``dev_config`` holds none)."""
+        metrics). ``config`` is the step's ``TrainConfig`` (what it leaves unset is ART's default);
+        ``dev_config``'s keys are ART's ``dev.TrainConfig``, mapped into it as ``model.train(_config=)``'s are."""
         self.check_registered(model)
-        if dev_config:
-            raise ValueError(
-                f"dgrpo's _train_model takes its options in config, not in dev_config {dict(dev_config)}"
-            )
+        config = model.step_config(config, train_config_fields("_train_model(dev_config=...)", dev_config))
         # The program's model.log writes the history rows, as in ART 0.5.
         result = await self.train_step(model, trajectory_groups, config, history=False)
         yield train_result_metrics(result)
@@ -206,7 +247,7 @@ class ArtTraining:
         """Run (or join) the model's next step as a durable ``TrainSFT`` and route the model to the adapter
         it served."""
         examples = list(trajectories)
-        sft = sft_config(config, len(examples), model.max_seq_len, dev_config)
+        sft = sft_config(config, examples, model.max_seq_len, dev_config)
         self.check_registered(model)
         run_id, spec = model.check_identity()
         client = await self.temporal_client()

@@ -5,9 +5,12 @@ refused, saying so, and the typed dicts exist for programs that name them."""
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any
 
-from dgrpo.dev.engine import EngineArgs
+from pydantic import with_config
+from typing_extensions import TypedDict
+
+from dgrpo.dev.engine import ART_DICT, EngineArgs
 from dgrpo.errors import UnsupportedArtFeature
 
 WHY = (
@@ -17,6 +20,7 @@ WHY = (
 )
 
 
+@with_config(ART_DICT)
 class ServerArgs(TypedDict, total=False):
     """vLLM's OpenAI-compatible server arguments (ART's, e.g. ``api_key``, ``lora_modules``, ``chat_template``)."""
 
@@ -28,6 +32,7 @@ class ServerArgs(TypedDict, total=False):
     chat_template_content_format: str
 
 
+@with_config(ART_DICT)
 class OpenAIServerConfig(TypedDict, total=False):
     """ART's server configuration: its log file, ``ServerArgs`` and ``EngineArgs``."""
 

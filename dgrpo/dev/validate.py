@@ -4,13 +4,13 @@ makes it here. dgrpo always trains and serves in separate workers; which GPUs ea
 
 from __future__ import annotations
 
-from dgrpo.art_compat.options import GPU_IDS, lora_from_internal_config, refuse_gpu_ids
+from dgrpo.art_compat.options import GPU_IDS, given_sections, lora_from_internal_config, refuse_gpu_ids
 from dgrpo.dev.model import InternalModelConfig
 
 
 def is_dedicated_mode(config: InternalModelConfig) -> bool:
     """ART's: the configuration names both ``trainer_gpu_ids`` and ``inference_gpu_ids``."""
-    return all(key in config for key in GPU_IDS)
+    return all(key in given_sections(config) for key in GPU_IDS)
 
 
 def validate_dedicated_config(config: InternalModelConfig) -> None:

@@ -164,6 +164,20 @@ class LocalModelLog:
             f.write(json.dumps(line) + "\n")
         return keyed
 
+    def best_step(self, metric: str) -> int | None:
+        """The step whose ``history.jsonl`` rows give ``metric`` (as keyed there) the highest mean, the later on a
+        tie (ART's ``delete_checkpoints`` rule); None without the file or the metric."""
+        path = self.dir / layout.ART_HISTORY_FILE
+        if not path.exists():
+            return None
+        values: dict[int, list[float]] = {}
+        for line in path.read_text().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if isinstance(row.get(metric), int | float) and isinstance(row.get("step"), int):
+                values.setdefault(row["step"], []).append(float(row[metric]))
+        means = {step: sum(v) / len(v) for step, v in values.items()}
+        return max(means, key=lambda step: (means[step], step)) if means else None
+
     def _read_state(self) -> dict[str, Any]:
         path = self.dir / layout.ART_STATE_FILE
         if not path.exists():

@@ -42,7 +42,7 @@ from dgrpo.pipeline_trainer.checkpoint_retention import CheckpointRetentionStrat
 from dgrpo.pipeline_trainer.in_process import EvalFn, GroupRollout, InProcessPipeline, PipelineSettings
 from dgrpo.pipeline_trainer.runtime_options import ACCEPTED_AS_NONE, check_training_options, pipeline_sizes
 from dgrpo.pipeline_tuner.config import PipelineAutotuneConfig, PipelineRuntimeConfig
-from schemas.config import CheckpointsSpec, RunSpec, TaskSpec, TrainConfig
+from schemas.config import CheckpointsSpec, RunSpec, TaskSpec
 from schemas.history_bounds import MAX_INLINE_SCENARIOS_BYTES
 from schemas.run_state import RunStatus
 from schemas.trajectory import Trajectory, TrajectoryGroup
@@ -180,7 +180,7 @@ class PipelineTrainer(InProcessPipeline):
         self.scenarios = scenarios
         self.groups_per_step = sizes.max_batch_size or sizes.min_batch_size
         self.max_staleness = max_steps_off_policy if max_steps_off_policy is not None else 1_000_000
-        self.train_config = TrainConfig(**train_config_fields("PipelineTrainer", train_options))
+        self.train_config = model.step_config(None, train_config_fields("PipelineTrainer", train_options))
 
     def run_spec(self) -> RunSpec:
         """The ``TrainingRun`` this trainer starts: the model's run id, mode ``pipelined``."""

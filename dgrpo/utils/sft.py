@@ -48,6 +48,7 @@ class SFTModel(Protocol):
         config: TrainSFTConfig | None = None,
         _config: dict[str, Any] | None = None,
         verbose: bool = False,
+        log_metrics: bool = True,
     ) -> TrainResult | None: ...
 
 
@@ -130,7 +131,8 @@ def create_sft_dataset_iterator(
     """The trajectories, for ``epochs``, cut into chunks of ``chunk_size`` batches, one ``train_sft`` call
     each (``await model.train_sft(chunk.trajectories, chunk.config)``). Each chunk's config holds its
     batches' rates of the one schedule over all epochs. Every epoch is shuffled by ``seed + epoch``; a
-    chunk never spans two epochs. ``initial_step`` (a batch index) resumes at the chunk holding it."""
+    chunk never spans two epochs. ``initial_step`` (a batch index over all epochs) resumes at that very batch:
+    the chunk holding it starts there, so no batch is trained twice."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
     if not trajectories:
@@ -138,21 +140,20 @@ def create_sft_dataset_iterator(
     per_chunk = chunk_size * batch_size
     batches_per_epoch = math.ceil(len(trajectories) / batch_size)  # an epoch's last batch may be short
     schedule = _schedule(batches_per_epoch * epochs, peak_lr, schedule_type, warmup_ratio)
-    first_chunk = initial_step // chunk_size
     bar = tqdm(total=len(schedule), initial=initial_step, desc="SFT", unit="batch", disable=not show_progress)
-    chunk_index = 0
     for epoch in range(epochs):
         order = list(trajectories)
         if shuffle:
             random.Random(seed + epoch).shuffle(order)
         for start in range(0, len(order), per_chunk):
-            chunk_index += 1
-            if chunk_index <= first_chunk:
-                continue
-            chats = order[start : start + per_chunk]
-            epoch_step = start // batch_size
-            step = epoch * batches_per_epoch + epoch_step
-            rates = schedule[step : step + math.ceil(len(chats) / batch_size)]
+            step = epoch * batches_per_epoch + start // batch_size
+            n_batches = math.ceil(len(order[start : start + per_chunk]) / batch_size)
+            if step + n_batches <= initial_step:
+                continue  # trained before the resume
+            skip = max(0, initial_step - step)  # the chunk holding initial_step starts at it
+            chats = order[start + skip * batch_size : start + per_chunk]
+            step, epoch_step = step + skip, start // batch_size + skip
+            rates = schedule[step : step + n_batches - skip]
             yield SFTChunk(
                 chats, TrainSFTConfig(learning_rate=rates, batch_size=batch_size), step, epoch, epoch_step
             )
@@ -206,10 +207,14 @@ async def train_sft_from_file(
     _config: dict[str, Any] | None = None,
     verbose: bool = False,
     shuffle_buffer_size: int = 10000,
+    log_metrics: bool = True,
+    assistant_turns: Literal["all", "last"] = "all",
 ) -> TrainResult | None:
     """One ``model.train_sft`` call on a JSONL file's chats (``epochs`` times, stream-shuffled), its batches
     ``initial_step`` to ``final_step`` (exclusive; None: to the end) of one schedule over the whole file, so
-    a long run can be trained in segments. Returns the call's result, or None when no batch is left."""
+    a long run can be trained in segments. ``assistant_turns="last"`` trains only each chat's final assistant
+    turn, and ``log_metrics=False`` leaves the step's row unlogged (ART 0.5.23's). Returns the call's result,
+    or None when no batch is left."""
     n_rows = get_file_row_count(file_path)
     # The stream runs on across epochs, so only the very last batch may be short.
     schedule = _schedule(math.ceil(n_rows * epochs / batch_size), peak_lr, schedule_type, warmup_ratio)
@@ -223,5 +228,10 @@ async def train_sft_from_file(
         iterate_file(file_path, epochs, shuffle_buffer_size, initial_skip=initial_step * batch_size),
         len(rates) * batch_size,
     )
-    config = TrainSFTConfig(learning_rate=rates, batch_size=batch_size, megatron_topology=megatron_topology)
-    return await model.train_sft(list(chats), config, _config, verbose)
+    config = TrainSFTConfig(
+        learning_rate=rates,
+        batch_size=batch_size,
+        assistant_turns=assistant_turns,
+        megatron_topology=megatron_topology,
+    )
+    return await model.train_sft(list(chats), config, _config, verbose, log_metrics=log_metrics)

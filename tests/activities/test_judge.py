@@ -68,11 +68,33 @@ def test_parse_judgements_reads_lenient_json(reply: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("reply", "scores"),
+    [
+        ("[0.2, 0.9]", [0.2, 0.9]),
+        ("[2, 9]", [0.2, 0.9]),  # a 0-10 scale
+        ("[20, 90]", [0.2, 0.9]),  # a 0-100 scale
+        ('["2/10", "9/10"]', [0.2, 0.9]),  # fractions
+        ('["20%", "90%"]', [0.2, 0.9]),  # percentages
+        ("[0.5, 7]", [0.05, 0.7]),  # one scale for the whole reply: the order and ratios are the judge's
+        ("[-1, 0.9]", [0.0, 0.9]),  # clamped
+        ("[150, 90]", [1.0, 0.9]),  # beyond 100: read on 0-100, clamped
+        (
+            '{"scores": [{"trajectory_id": "2", "score": "9/10"}, {"trajectory_id": "1", "score": 7}]}',
+            [0.7, 0.9],
+        ),
+    ],
+)
+def test_parse_judgements_brings_every_score_to_0_1(reply: str, scores: list[float]) -> None:
+    assert [j.score for j in parse_judgements(reply, 2)] == pytest.approx(scores)
+
+
+@pytest.mark.parametrize(
     ("reply", "problem"),
     [
         ("I think the first one is better.", "no JSON"),
         ('{"scores": [0.5]}', "Expected 2 scores, but got 1"),
-        ('{"scores": [0.5, 7]}', "between 0 and 1"),
+        ('{"scores": [0.5, "NaN"]}', "finite number"),
+        ('{"scores": [0.5, "8/0"]}', "must be a number"),
         (
             '{"scores": [{"trajectory_id": "1", "score": 0.5}, {"trajectory_id": "1", "score": 0.2}]}',
             "ids \\['1', '2'\\], but got \\['1', '1'\\]",
@@ -146,7 +168,7 @@ async def test_malformed_reply_gets_one_corrective_reask(stub: StubServer) -> No
 
 
 async def test_twice_malformed_keeps_rollout_rewards_and_flags_fallback(stub: StubServer) -> None:
-    stub.script = ["nonsense", '{"scores": [2, 3]}']
+    stub.script = ["nonsense", '{"scores": [0.2]}']
     judged = await ruler_score_group(group(), MODEL, base_url=stub.base_url)
     assert stub.calls == 2
     assert [t.reward for t in judged.trajectories] == [0.3, 0.2, 0.3, 0.2]

@@ -13,6 +13,7 @@ from activities.memory_plan import (
     model_dims,
     plan_micro_batch,
     sequence_bytes,
+    sharding_bytes,
 )
 from base_models.random_shapes import QWEN3_0_6B, QWEN3_8B, QWEN3_TINY, Shape, qwen3_config
 
@@ -77,3 +78,18 @@ def test_a_plan_is_within_bounds_and_more_memory_never_plans_fewer_sequences(
     assert roomier.micro_batch >= plan.micro_batch or not roomier.gradient_checkpointing
     if not plan.gradient_checkpointing:  # then what it planned fits its budget
         assert plan.micro_batch * plan.sequence_bytes <= plan.budget_bytes
+
+
+def test_a_rank_of_a_sharded_gang_plans_with_its_share_of_the_optimizer_and_two_gathered_layers() -> None:
+    d = dims(QWEN3_8B)
+    optimizer = 12 * 40_000_000  # AdamW's state and the gradient of a 40M-weight adapter, all of it
+    layer = 2 * (4096 * (32 * 128 + 8 * 128)) + 3 * 4096 * 12288  # q, k, v, o and the MLP of one layer
+    assert d.layer_parameters() == layer
+    assert sharding_bytes(d, 2, optimizer, world_size=1, sharded=False) == optimizer  # alone: as before
+    assert sharding_bytes(d, 2, optimizer, world_size=4, sharded=False) == optimizer  # replicated: all of it
+    assert sharding_bytes(d, 2, optimizer, world_size=4, sharded=True) == optimizer // 4 + 2 * layer * 2
+    # what the layers gathered take leaves fewer sequences room than an unsharded rank of the same free memory
+    free = 3 * GIB
+    alone = plan_micro_batch(d, 32, 1024, 512, free - sharding_bytes(d, 2, 0, 1, False), element_bytes=2)
+    ranked = plan_micro_batch(d, 32, 1024, 512, free - sharding_bytes(d, 2, 0, 8, True), element_bytes=2)
+    assert ranked.micro_batch < alone.micro_batch

@@ -14,6 +14,7 @@ from pydantic import SecretStr
 from activities.object_store import WORKER_OUTAGE_S, ObjectStore, parse_uri
 from schemas import layout
 from schemas.errors import CorruptCheckpointError, StoreAuthError, StoreError
+from schemas.refs import Manifest, ManifestEntry
 from schemas.settings import S3Settings
 from workers.stack import EmbeddedStack, free_port
 
@@ -103,6 +104,27 @@ def test_tampered_file_is_refused(object_store: ObjectStore, tmp_path: Path) -> 
     object_store.put_bytes(key, b"short")
     with pytest.raises(CorruptCheckpointError, match="size 5 vs 1554"):
         object_store.get_dir(ref.uri, tmp_path / "dst2")
+
+
+@pytest.mark.parametrize("path", ["../escaped.txt", "/tmp/escaped.txt", "linked/escaped.txt"])
+def test_a_manifest_path_that_would_leave_the_folder_is_refused(
+    object_store: ObjectStore, tmp_path: Path, path: str
+) -> None:
+    """A manifest names where each file goes: one that would land outside the download folder (``..``, an absolute
+    path, a link already in the folder) refuses the whole checkpoint, and nothing is written outside."""
+    manifest = Manifest(
+        files=[ManifestEntry(path=path, size=7, sha256=hashlib.sha256(b"planted").hexdigest())]
+    )
+    object_store.put_bytes("ckpt/hostile/" + layout.MANIFEST_NAME, manifest.model_dump_json().encode())
+    if not path.startswith(("/", "..")):  # the store keeps no key with '..' (nor '//'); this one it keeps
+        object_store.put_bytes("ckpt/hostile/" + path, b"planted")
+    local, outside = tmp_path / "dst", tmp_path / "outside"
+    outside.mkdir()
+    local.mkdir()
+    (local / "linked").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(CorruptCheckpointError, match="would be written outside"):
+        object_store.get_dir("ckpt/hostile/", local)
+    assert list(outside.iterdir()) == [] and not (tmp_path / "escaped.txt").exists()
 
 
 def test_wrong_credentials_raise_store_auth_error(s3_settings: S3Settings) -> None:

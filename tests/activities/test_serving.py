@@ -165,6 +165,33 @@ async def test_max_loras_counts_every_runs_adapters_and_unloads_the_least_recent
         await client.unload_adapter(name)
 
 
+async def test_evicting_an_adapter_named_to_leave_the_adapter_root_deletes_nothing_outside_it(
+    cpu_server: str, object_store: ObjectStore, adapter_dir: Path, tmp_path: Path
+) -> None:
+    """An adapter another client of the server loaded under a name that reads as a path out of the worker's adapter
+    root (``../outside@1``): when a reload's cap unloads it, the worker drops only its own local copies."""
+    client = ServingClient(cpu_server)
+    hostile = "../outside@1"
+    victim = tmp_path / "outside" / "000001" / "keep.txt"
+    victim.parent.mkdir(parents=True)
+    victim.write_text("not the worker's")
+    await client.load_adapter(hostile, str(adapter_dir))
+    acts = ServingActivities(
+        [cpu_server],
+        store=object_store,
+        adapter_root=tmp_path / "adapters",
+        engine=EngineSettings(max_loras=2),
+    )
+    runs = [f"run-evict{n}-{uuid.uuid4().hex[:6]}" for n in range(3)]
+    unloaded: list[str] = []
+    for run in runs:  # each load beyond the cap unloads the least recently used: the hostile one first
+        unloaded += (await reload(acts, "agent", publish(object_store, adapter_dir, run, 1), keep=1)).unloaded
+    assert hostile in unloaded
+    assert victim.read_text() == "not the worker's"
+    for name in set(await client.adapters()) & {f"{run}@1" for run in runs}:
+        await client.unload_adapter(name)
+
+
 async def test_running_rollouts_hold_their_adapter_through_other_runs_loads(
     cpu_server: str, object_store: ObjectStore, adapter_dir: Path, tmp_path: Path
 ) -> None:

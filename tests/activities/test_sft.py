@@ -8,7 +8,7 @@ import pytest
 from activities import sft
 from activities.trainer import Trainer
 from schemas.activities import SftConfig
-from schemas.errors import RunSpecError
+from schemas.errors import CorruptTrajectoriesError, RunSpecError
 from tests.activities.conftest import TRAINED_MODEL
 
 CHATS = [
@@ -53,3 +53,26 @@ def test_a_few_updates_lower_the_loss_on_the_examples() -> None:
         before_first_batch, rel=1e-4
     )  # reported before the batch's update
     assert second.losses[0] < first.losses[0] and after < before * 0.5, (before, first.losses, after)
+
+
+def test_only_the_last_assistant_turn_is_the_target_when_asked() -> None:
+    chat = [
+        {"role": "user", "content": "First word?"},
+        {"role": "assistant", "content": "Apple"},
+        {"role": "user", "content": "Second word?"},
+        {"role": "assistant", "content": "Pineapple"},
+    ]
+    data = sft.example_line(chat, None).encode()
+    trainer = Trainer(TRAINED_MODEL)
+    config = SftConfig(learning_rates=[1e-3], batch_size=1, assistant_turns="last")
+    [(_, [seq])] = sft.sft_batches(
+        sft.parse_examples(data, "test", "last"), trainer.tokenizer, config, sft.SftStats()
+    )
+    target = trainer.tokenizer.decode([t for t, on in zip(seq.tokens, seq.trainable, strict=True) if on])
+    assert target == "Pineapple<|im_end|>"  # the earlier reply is context
+    [(_, [both])] = sft.sft_batches(
+        sft.parse_examples(data, "test"), trainer.tokenizer, config, sft.SftStats()
+    )
+    assert sum(both.trainable) > sum(seq.trainable)  # "all": both replies
+    with pytest.raises(CorruptTrajectoriesError, match=r"line 1 .*assistant_turns='last'"):
+        sft.parse_examples(sft.example_line(chat[:3], None).encode(), "test", "last")

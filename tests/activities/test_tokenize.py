@@ -137,3 +137,39 @@ def test_overlength_sequences_are_dropped_and_counted(tok):
     step = build_sequences([traj, short], [1.0, -1.0], max_seq_len=16, tokenizer=tok)
     assert step.n_dropped_overlength == 1
     assert [s.trajectory_index for s in step.sequences] == [1]
+
+
+def nat_choice(tok, text: str, token_strings: list[str], logprobs: list[float]) -> Choice:
+    """A choice as NeMo Agent Toolkit builds it from its own LLM call: the message and the call's logprobs,
+    no token ids."""
+    content = [TokenLogprob(token=t, logprob=lp) for t, lp in zip(token_strings, logprobs, strict=True)]
+    return Choice(message={"role": "assistant", "content": text}, logprobs=ChoiceLogprobs(content=content))
+
+
+@pytest.mark.parametrize("form", ["token_id", "vocabulary"])
+def test_a_choice_with_logprobs_and_no_token_ids_trains_the_tokens_its_logprobs_name(tok, form):
+    messages = [{"role": "user", "content": "Say hi."}]
+    sampled = [*ids(tok, "Hi there!"), tok.eos_token_id]
+    strings = [f"token_id:{i}" for i in sampled] if form == "token_id" else tok.convert_ids_to_tokens(sampled)
+    logprobs = [-0.1 * (i + 1) for i in range(len(sampled))]
+    traj = Trajectory(messages_and_choices=[*messages, nat_choice(tok, "Hi there!", strings, logprobs)])
+    step = build_sequences([traj], [1.0], max_seq_len=2048, tokenizer=tok)
+    assert (step.n_recovered_choices, step.n_template_choices) == (1, 0)
+    [seq] = step.sequences
+    prompt = render(tok, messages)  # the generation prompt the server rendered
+    assert seq.tokens == prompt + sampled
+    assert seq.trainable == [False] * len(prompt) + [True] * len(sampled)
+    assert seq.sampling_logprobs[len(prompt) :] == logprobs  # the sampled logprobs: a true ratio
+
+
+def test_logprob_tokens_that_name_no_token_are_refused_saying_what_to_ask_the_server(tok):
+    text = "Hi there!"
+    strings = [tok.decode([i]) for i in ids(tok, text)]  # decoded text (" there"), not vocabulary tokens
+    traj = Trajectory(
+        messages_and_choices=[
+            {"role": "user", "content": "Say hi."},
+            nat_choice(tok, text, strings, [-1.0] * 3),
+        ]
+    )
+    with pytest.raises(ValueError, match=r"not in the vocabulary \(\[' there'.*return_tokens_as_token_ids"):
+        build_sequences([traj], [1.0], max_seq_len=2048, tokenizer=tok)

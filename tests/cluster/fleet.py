@@ -43,23 +43,29 @@ def start_stack(c: Cluster, s3_address: str | None = None) -> dict[str, str]:
     return env
 
 
-def start_worker(host: Host, role: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """``dgrpo worker ROLE`` on ``host`` (a host whose directories were removed gets fresh ones)."""
+def start_worker(
+    host: Host, role: str, env: dict[str, str], flags: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
+    """``dgrpo worker ROLE [FLAGS]`` on ``host`` (a host whose directories were removed gets fresh ones)."""
     host.root.mkdir(parents=True, exist_ok=True)
-    return host.spawn([PYTHON, "-m", "dgrpo.cli", "worker", role], env, host.root / "worker.log", cwd=REPO)
+    argv = [PYTHON, "-m", "dgrpo.cli", "worker", role, *flags]
+    return host.spawn(argv, env, host.root / "worker.log", cwd=REPO)
 
 
-def healthy(host: Host, role: str, env: dict[str, str]) -> bool:
+def healthy(host: Host, role: str, env: dict[str, str], queue: str | None = None) -> bool:
     """The worker's own health probe (deploy/k8s's readiness probe), run on its host."""
     try:
-        host.run([PYTHON, "-m", "workers.health", role], env, timeout=30, cwd=REPO)
+        host.run([PYTHON, "-m", "workers.health", role, *(["--queue", queue] if queue else [])], env, timeout=30,
+                 cwd=REPO)  # fmt: skip
     except (RuntimeError, subprocess.TimeoutExpired):
         return False
     return True
 
 
-def wait_healthy(host: Host, role: str, env: dict[str, str]) -> None:
-    wait_for(lambda: healthy(host, role, env), f"the {role} worker on {host.name} polling Temporal", 300)
+def wait_healthy(host: Host, role: str, env: dict[str, str], queue: str | None = None) -> None:
+    wait_for(
+        lambda: healthy(host, role, env, queue), f"the {role} worker on {host.name} polling Temporal", 300
+    )
 
 
 def logs(c: Cluster) -> str:

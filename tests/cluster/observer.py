@@ -2,8 +2,8 @@
 namespace, cannot reach the cluster's Temporal or S3, so it asks this process, started on the client host, one
 JSON line at a time on stdin; each answer is one JSON line on stdout ({"error": ...} when a request failed).
 
-    {"op": "start", "run_id": R, "steps": N, "groups": G, "group_size": K,   start the TrainingRun
-        "heartbeat_timeout_s": H}
+    {"op": "start", "run_id": R, "steps": N, "groups": G, "group_size": K,   start the TrainingRun (trainer
+        "heartbeat_timeout_s": H, "epochs": E, "trainer_queue": Q}          queue Q, default the default one)
     {"op": "running", "activity": A, "after_s": S, "hosts": [H, ...]}       once A has run S s on one of the
         hosts: {"host", "run_id", "activity_id", "attempt"}
     {"op": "retried", "activity_id": A, "attempt": N}                      once attempt N of A failed or A completed
@@ -19,6 +19,12 @@ JSON line at a time on stdin; each answer is one JSON line on stdout ({"error": 
         manifest, every file it lists sha256-verified (a missing or other file is an error)
     {"op": "verify", "faults": [...], "rows": R}                            what the run left, and each fault's
         seconds to the retry that succeeded
+    {"op": "trained_by", "steps": N}                                       each checkpoint's world size (the
+        ranks of the trainer gang that trained it; 1: a trainer alone)
+    {"op": "succeeded", "activity_id": A}                                  the attempt of A that succeeded: {"attempt",
+        "identity", "failure_before"} (the failure of the attempt before it)
+    {"op": "retrain", "steps": N}                                          each step trained again here on one
+        device from the checkpoint before it: how far each checkpoint is from it (tests/gang_checks.py)
 
     python tests/cluster/observer.py
 """
@@ -45,15 +51,17 @@ from chaos_cluster import (  # noqa: E402
     stored_steps,
     wait_for_phase,
 )
-from temporalio.api.enums.v1 import EventType, PendingActivityState  # noqa: E402
+from temporalio.api.enums.v1 import EventType, PendingActivityState, TimeoutType  # noqa: E402
 from temporalio.client import Client, WorkflowHandle  # noqa: E402
 
+from activities.checkpoints import TRAINER_STATE_FILE  # noqa: E402
 from activities.object_store import ObjectStore  # noqa: E402
 from dgrpo.client import run_control  # noqa: E402
-from schemas.config import RunSpec  # noqa: E402
+from schemas.config import RunSpec, TaskQueues  # noqa: E402
 from schemas.layout import checkpoint_prefix, rollout_shard_key  # noqa: E402
 from schemas.run_state import RunStatus  # noqa: E402
 from schemas.settings import S3Settings  # noqa: E402
+from tests.gang_checks import retrained  # noqa: E402
 from workers.temporal import connect_client, result_across_restarts  # noqa: E402
 
 
@@ -82,18 +90,31 @@ class Observer:
         self.store = ObjectStore(S3Settings.from_env())
         self.handle: WorkflowHandle[Any, Any] | None = None
         self.result: asyncio.Future[RunStatus] | None = None
+        self.spec: RunSpec | None = None
 
     async def start(
-        self, run_id: str, steps: int, groups: int, group_size: int, heartbeat_timeout_s: float
+        self,
+        run_id: str,
+        steps: int,
+        groups: int,
+        group_size: int,
+        heartbeat_timeout_s: float,
+        epochs: int = 4,
+        trainer_queue: str | None = None,
     ) -> dict[str, Any]:
         data = json.loads((REPO / "examples" / "run.json").read_text())
         data.update(run_id=run_id, steps=steps, groups_per_step=groups, group_size=group_size)
         data.update(heartbeat_timeout_s=heartbeat_timeout_s)
         # 4 epochs: a training lasts a few seconds, so a fault struck a second into it lands mid-training (one
         # epoch of this run trains in about half a second since the trainer writes its state beside the next step)
-        data.update(groups_per_shard=1, metrics={"wandb": False}, train={"learning_rate": 2e-4, "epochs": 4})
+        data.update(
+            groups_per_shard=1, metrics={"wandb": False}, train={"learning_rate": 2e-4, "epochs": epochs}
+        )
         data["model"]["name"] = run_id
-        self.handle = await run_control.start_run(self.client, RunSpec.model_validate(data), self.store)
+        if trainer_queue is not None:
+            data["task_queues"] = TaskQueues(trainer=trainer_queue).model_dump()
+        self.spec = RunSpec.model_validate(data)
+        self.handle = await run_control.start_run(self.client, self.spec, self.store)
         self.result = asyncio.ensure_future(result_across_restarts(self.handle))
         return {"workflow_id": run_id}
 
@@ -221,6 +242,56 @@ class Observer:
             "changed": await self.changed_since_recorded(),
         }
 
+    async def trained_by(self, steps: int) -> dict[str, Any]:
+        """Each checkpoint's world size, as its trainer state says (1: a trainer alone, which does not say)."""
+        assert self.handle is not None
+        states = [
+            json.loads(
+                await asyncio.to_thread(
+                    self.store.get_bytes, checkpoint_prefix(self.handle.id, step) + TRAINER_STATE_FILE
+                )
+            )
+            for step in range(1, steps + 1)
+        ]
+        return {"world_sizes": [state.get("world_size", 1) for state in states]}
+
+    async def succeeded(self, activity_id: str) -> dict[str, Any]:
+        """The attempt of ``activity_id`` that succeeded (in any run of the chain), and the failure before it."""
+        assert self.handle is not None
+        async for execution in self.client.list_workflows(f"WorkflowId = '{self.handle.id}'"):
+            scheduled: dict[int, str] = {}
+            history = self.client.get_workflow_handle(self.handle.id, run_id=execution.run_id)
+            async for event in history.fetch_history_events():
+                if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                    scheduled[event.event_id] = event.activity_task_scheduled_event_attributes.activity_id
+                elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                    attrs = event.activity_task_started_event_attributes
+                    if scheduled.get(attrs.scheduled_event_id) == activity_id:
+                        failure = attrs.last_failure
+                        kind = ""
+                        if failure.HasField("application_failure_info"):
+                            kind = failure.application_failure_info.type
+                        elif failure.HasField("timeout_failure_info"):
+                            kind = TimeoutType.Name(failure.timeout_failure_info.timeout_type)
+                        before = f"{kind}: {failure.message}"
+                        return {
+                            "attempt": attrs.attempt,
+                            "identity": attrs.identity,
+                            "failure_before": before,
+                        }
+        return {"attempt": None}
+
+    async def retrain(self, steps: int) -> dict[str, Any]:
+        """Each step trained again here on one device from the run's checkpoint before it: how far each checkpoint
+        of the run is from it (tests/gang_checks.py)."""
+        assert self.spec is not None
+        distances = await asyncio.to_thread(retrained, self.store, self.spec, steps)
+        return {
+            "steps": [
+                {"step": i + 1, "problems": d.problems, "distance": str(d)} for i, d in enumerate(distances)
+            ]
+        }
+
     async def changed_since_recorded(self) -> list[str]:
         """Objects and checkpoints that completed activities recorded (in every run of the chain) whose content
         is no longer what was recorded: what a late attempt overwrote."""
@@ -264,7 +335,9 @@ async def main() -> None:
         ops = {"start": observer.start, "running": observer.running, "phase": observer.phase,
                "retried": observer.retried, "completed": observer.completed,
                "uploading": observer.uploading, "manifested": observer.manifested,
-               "late_write": observer.late_write, "final": observer.final, "verify": observer.verify}  # fmt: skip
+               "late_write": observer.late_write, "final": observer.final, "verify": observer.verify,
+               "trained_by": observer.trained_by, "retrain": observer.retrain,
+               "succeeded": observer.succeeded}  # fmt: skip
         try:
             answer = await ops[request.pop("op")](**request)
         except Exception as err:  # the test shows it, with the hosts' logs

@@ -25,6 +25,21 @@ trajectories with its 8 rows, none doubled; every object a completed activity re
 what was recorded, once the partitioned host's late shard is stored; and the seconds from each fault to the
 attempt that succeeded, printed. The machine's own namespace cannot reach the cluster: a client host runs
 tests/cluster/observer.py, which the test asks.
+
+The same cluster holds two more trainer hosts, ``gang-a`` and ``gang-b``: one gang (activities/gang/, ``dgrpo
+worker trainer --gang``, one rank each, gloo between the hosts, replicated) on a trainer queue of their own. The
+second test trains ONE run of 3 steps on them:
+
+1. step 1: both train it, one world of 2 ranks (their rendezvous through S3);
+2. step 2: the host that follows the step's leader is cut off mid-step until the step's retry completed: the
+   leader's attempt fails (the member stopped beating; else a collective's timeout), and its retry trains with the
+   host that remains, a world of 1;
+3. step 3: the host leading the step is killed for good mid-step: Temporal retries the step on the other host,
+   which trains it alone (a gang that loses a host continues on the others).
+
+Then: the run completed; its checkpoints' world sizes are 2, 1, 1; each struck attempt failed within 30 s of its
+fault, of the gang's loss or its heartbeat timeout; and every checkpoint is the step trained again on one device
+from the checkpoint before it (nothing lost, nothing trained twice, whatever the world size).
 """
 
 from __future__ import annotations
@@ -56,6 +71,13 @@ HEARTBEAT_S = 10.0
 STORE_OUTAGE_S = 30.0
 """The workers' ``DGRPO_STORE_OUTAGE_S``: how long a store request rides out a store it cannot reach (each retry
 also waits its 3 s connect timeout there, so about a minute)."""
+GANG = ["gang-a", "gang-b"]
+"""Two more trainer hosts, of one gang, on a trainer queue of their own: the gang's run (the second test)."""
+GANG_QUEUE = "dgrpo-gang"
+GANG_FLAGS = ("--trainer-queue", GANG_QUEUE, "--gang", "cluster-gang", "--ranks", "1", "--shard", "replicate")
+GANG_EPOCHS = 4
+"""A gang's step trains for some seconds on two hosts sharing two cores: a fault struck 2 s in lands mid-step."""
+FAILS_WITHIN_S = 30.0
 PARTITION_S, PUBLISH_PARTITION_S = 60.0, 15.0
 """The rollouts partition's longest (it ends once the shard's retry completed), and the publish partition's:
 each past the heartbeat timeout, so the attempt is timed out while its host is cut off."""
@@ -108,15 +130,19 @@ class Fault:
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[tuple[Cluster, dict[str, str], Observer]]:
-    with Cluster(["stack", *ROLES, "client"], image_cache=image_cache()) as c:
+    with Cluster(["stack", *ROLES, *GANG, "client"], image_cache=image_cache()) as c:
         env = {
             **start_stack(c, s3_address=SUBNET.format(c.net, 200)),
             ENV_STORE_OUTAGE_S: str(STORE_OUTAGE_S),
         }
         for name, role in ROLES.items():
             start_worker(c[name], role, env)
+        for name in GANG:
+            start_worker(c[name], "trainer", env, GANG_FLAGS)
         for name, role in ROLES.items():
             wait_healthy(c[name], role, env)
+        for name in GANG:
+            wait_healthy(c[name], "trainer", env, GANG_QUEUE)
         yield c, env, Observer(c, env)
 
 
@@ -234,3 +260,67 @@ def test_a_run_survives_hosts_killed_partitioned_cut_from_s3_and_a_partitioned_p
     assert report["changed"] == [], f"late attempts overwrote what the run recorded: {report['changed']}"
     assert all(d is not None for d in report["delays"]), report["delays"]
     assert set(partitioned) == {zombie, "trainer"}
+
+
+def test_two_hosts_train_as_one_gang_and_its_retries_train_with_the_hosts_that_remain(
+    fleet: tuple[Cluster, dict[str, str], Observer],
+) -> None:
+    c, _, observer = fleet
+    run_id = f"gang-{uuid.uuid4().hex[:6]}"
+    faults: list[Fault] = []
+    failed_after: list[float | None] = []
+
+    def strike(kind: str, on_leader: bool, action: Callable[[str], object]) -> str:
+        """``action`` on the host leading the training running now (``on_leader``), or on the other one."""
+        hit = observer.ask("running", activity="train", after_s=2.0, hosts=GANG)
+        leader = str(hit["host"])
+        target = leader if on_leader else next(h for h in GANG if h != leader)
+        at = datetime.now(UTC)
+        action(target)
+        faults.append(
+            Fault(kind, target, at.isoformat(), "train", hit["run_id"], hit["activity_id"], hit["attempt"])
+        )
+        # the struck attempt failed (a later one is pending) or the training completed: when, after the fault
+        later_attempt = observer.ask("retried", activity_id=hit["activity_id"], attempt=hit["attempt"])[
+            "attempt"
+        ]
+        failed_after.append(None if later_attempt is None else (datetime.now(UTC) - at).total_seconds())
+        return target
+
+    observer.ask("start", run_id=run_id, steps=STEPS, groups=GROUPS, group_size=GROUP_SIZE,
+                 heartbeat_timeout_s=HEARTBEAT_S, epochs=GANG_EPOCHS, trainer_queue=GANG_QUEUE)  # fmt: skip
+    observer.ask("phase", phase="rollouts", step=2)
+    observer.ask("phase", phase="train", step=2)
+    cut = strike("the following host cut off mid-step", False, c.partition)
+    # healed once the retry completed: the step's world is then the host that remained
+    done = observer.ask("completed", activity_id=faults[-1].activity_id, within_s=300.0)
+    c.heal(cut)
+    assert done["completed"], logs(c)
+    observer.ask("phase", phase="train", step=3)
+    strike("the leading host killed for good mid-step", True, c.kill_host)
+    final = observer.ask("final", timeout_s=900.0)
+    assert final["phase"] == "done" and final["step"] == STEPS, (final, logs(c))
+    report = observer.ask("verify", faults=[asdict(f) for f in faults], rows=GROUPS * GROUP_SIZE)
+    trained_by = observer.ask("trained_by", steps=STEPS)
+    retrained = observer.ask("retrain", steps=STEPS)
+    succeeded = [observer.ask("succeeded", activity_id=f.activity_id) for f in faults]
+    for fault, failed, delay, good in zip(faults, failed_after, report["delays"], succeeded, strict=True):
+        print(f"  {fault.kind} ({fault.host}, train attempt {fault.attempt}): it failed {failed and round(failed, 1)} s "
+              f"after, attempt {good['attempt']} succeeded, started {delay and round(delay, 1)} s after; the "
+              f"failure before it: {good.get('failure_before', '')[:160]}")  # fmt: skip
+    for step in retrained["steps"]:
+        print(
+            f"  step {step['step']} against one device trained from checkpoint {step['step'] - 1}: {step['distance']}"
+        )
+    assert trained_by["world_sizes"] == [2, 1, 1], (trained_by, logs(c))
+    # Each struck attempt failed within the bound. Its retry may start later: a task Temporal handed to a poll
+    # the cut-off host had open is lost with it until its heartbeat timeout, as for any worker cut off.
+    assert all(f is not None and f < FAILS_WITHIN_S for f in failed_after), (failed_after, logs(c))
+    assert all(d is not None for d in report["delays"]), report["delays"]
+    # and the attempt before the one that succeeded failed of the gang's loss, or of its heartbeat timeout (lost)
+    assert all(g["failure_before"].startswith(("GangLost", "TIMEOUT_TYPE_HEARTBEAT")) for g in succeeded), (
+        succeeded
+    )
+    assert [h["step"] for h in final["history"]] == list(range(1, STEPS + 1))
+    assert report["changed"] == [], f"late attempts overwrote what the run recorded: {report['changed']}"
+    assert all(not step["problems"] for step in retrained["steps"]), retrained

@@ -4,7 +4,8 @@
 variable names env.example documents, and returns the problems found. It renders the file with only the
 required secrets set, so every other setting is checked at its default, then checks: each variable is
 documented; credentials come from variables, never literals; every port is published on 127.0.0.1; every
-service has a health check whose command its image has, and waits for what it depends on to be healthy;
+service has a health check whose command its image has (a setup step, which runs to its end, none), and waits
+for what it depends on to be healthy (a setup step: to have completed);
 each worker's command (its Dockerfile's ENTRYPOINT plus ``command``) parses with the real CLI, its env
 names are the ones the code reads, GPU roles reserve a GPU no other service reserves, and SIGTERM gets its
 grace; every worker serves metrics a Prometheus service scrapes, and Temporal turns fairness on.
@@ -127,7 +128,13 @@ def check_compose(raw: dict[str, Any], documented: set[str]) -> list[str]:
         problems += check_service(name, svc, rendered, ports, gpus, metrics)
     problems += check_scrapes(services, metrics)
     problems += check_temporal_config(services)
+    problems += contract.temporal_release_problems([str(svc.get("image", "")) for svc in services.values()])
     return problems
+
+
+def one_shot(svc: dict[str, Any]) -> bool:
+    """A service that runs to its end (a setup step), restarted only if it fails: others wait for it to complete."""
+    return str(svc.get("restart", "no")).startswith(("no", "on-failure")) and "build" not in svc
 
 
 def mounted_file(svc: dict[str, Any], target: str) -> Path | None:
@@ -167,7 +174,7 @@ def check_scrapes(services: dict[str, Any], metrics: dict[str, int]) -> list[str
 def check_temporal_config(services: dict[str, Any]) -> list[str]:
     """Temporal's server reads a dynamic config of this directory that turns priority and fairness on."""
     for name, svc in services.items():
-        if not contract.image_repo(str(svc.get("image", ""))).startswith("temporalio/"):
+        if contract.image_repo(str(svc.get("image", ""))) != contract.TEMPORAL_SERVER:
             continue
         path = (svc.get("environment") or {}).get("DYNAMIC_CONFIG_FILE_PATH")
         config = mounted_file(svc, f"/etc/temporal/{path}") if path else None
@@ -223,6 +230,11 @@ def check_service(
     for dep, how in depends.items():
         if dep not in services:
             problems.append(f"{where}: depends on {dep}, which is no service")
+        elif one_shot(services[dep]):
+            if how.get("condition") != "service_completed_successfully":
+                problems.append(
+                    f"{where}: must wait for {dep}, a setup step, with condition service_completed_successfully"
+                )
         elif how.get("condition") != "service_healthy" or "healthcheck" not in services[dep]:
             problems.append(
                 f"{where}: must wait for {dep} with condition service_healthy (and {dep} needs a healthcheck)"
@@ -244,11 +256,27 @@ def check_service(
         argv = svc.get("entrypoint") or dockerfile_argv(dockerfile, "ENTRYPOINT")
         argv = list(argv) + list(svc.get("command") or dockerfile_argv(dockerfile, "CMD"))
         worker = contract.read_command(argv, where, problems)
-    problems += check_healthcheck(svc, worker, where)
+    else:
+        problems += contract.check_tool(
+            list(svc.get("entrypoint") or []),
+            str(svc.get("image", "")),
+            where,  # command: the entrypoint's args
+        )
+    if not one_shot(svc):
+        problems += check_healthcheck(svc, worker, where)
+    elif "healthcheck" in svc:
+        problems.append(
+            f"{where}: a setup step (restart: on-failure) has no healthcheck; others wait for it to complete"
+        )
     role = contract.worker_role(worker)
     if role is not None:
         problems += contract.check_worker_env(env, where)
         problems += contract.check_serving_env(env, ports[name], where)
+        if str(svc.get("restart", "no")) not in contract.RESTARTS:
+            problems.append(
+                f"{where}: a worker restarts after it exits (one whose trainer was stuck exits 75 for a fresh "
+                f"process): restart: unless-stopped"
+            )
         if seconds(str(svc.get("stop_grace_period", "10s"))) < contract.WORKER_GRACE_S:
             problems.append(f"{where}: stop_grace_period must be at least {contract.WORKER_GRACE_S}s")
         problems += check_gpu(svc, role, where, gpus)

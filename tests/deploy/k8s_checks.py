@@ -4,7 +4,8 @@
 object and what to fix. The checks: every object is a kind we use with its apiVersion and the fields it
 needs; selectors select; every Secret/ConfigMap/Service/volume named exists (secret keys included); the
 Secret template holds no value; each worker's command parses with the real CLI, its env names are the
-ones the code reads, its probes check its own role, GPU roles ask for a GPU, and SIGTERM gets its grace.
+ones the code reads, its probes check its own role, GPU roles ask for a GPU, and SIGTERM gets its grace; only
+Prometheus's pods reach a worker's metrics port (NetworkPolicy).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ API_VERSIONS = {
     "Service": "v1",
     "Deployment": "apps/v1",
     "StatefulSet": "apps/v1",
+    "NetworkPolicy": "networking.k8s.io/v1",
 }
 WORKLOADS = ("Deployment", "StatefulSet")
 OWN_IMAGE_PREFIX = "dgrpo-"
@@ -61,7 +63,12 @@ def check_k8s(docs: list[Obj]) -> list[str]:
     problems = check_objects(docs)
     if problems:
         return problems  # the rest reads fields these checks vouch for
-    return check_workloads(docs) + check_secret_template(docs) + check_temporal_config(docs)
+    return (
+        check_workloads(docs)
+        + check_secret_template(docs)
+        + check_temporal_config(docs)
+        + check_metrics_reach(docs)
+    )
 
 
 def check_objects(docs: list[Obj]) -> list[str]:
@@ -150,7 +157,21 @@ def check_workloads(docs: list[Obj]) -> list[str]:
                 if mount["name"] not in volumes:
                     problems.append(f"{where}: mounts volume {mount['name']!r}, which the pod does not have")
             problems += check_container(w, c, where, docs, services)
+        for c in pod.get("initContainers", []):  # runs to its end: a command of its image, no probes
+            where = f"{name_of(w)} init container {c.get('name')}"
+            for name, value in container_env(c, docs, where, problems).items():
+                if value is not None:
+                    problems += contract.check_address(name, value, services, where)
+            problems += contract.check_tool(list(c.get("command") or []), c["image"], where)
+    problems += contract.temporal_release_problems(
+        [c["image"] for w in docs if w["kind"] in WORKLOADS for c in pod_containers(w)]
+    )
     return problems
+
+
+def pod_containers(workload: Obj) -> list[Obj]:
+    pod = workload["spec"]["template"]["spec"]
+    return [*pod.get("initContainers", []), *pod.get("containers", [])]
 
 
 def container_env(c: Obj, docs: list[Obj], where: str, problems: list[str]) -> dict[str, str | None]:
@@ -193,7 +214,9 @@ def check_container(w: Obj, c: Obj, where: str, docs: list[Obj], services: dict[
         if value is not None:
             problems += contract.check_address(name, value, services, where)
     worker = contract.Command([])
-    if c.get("command"):
+    if contract.image_repo(c["image"]) in contract.IMAGE_TOOLS:
+        problems += contract.check_tool(list(c.get("command") or []), c["image"], where)
+    elif c.get("command"):
         worker = contract.read_command(list(c["command"]) + list(c.get("args", [])), where, problems)
     elif contract.image_repo(c["image"]).startswith(OWN_IMAGE_PREFIX):
         problems.append(f"{where}: an image of this project states its command (`dgrpo worker ROLE ...`)")
@@ -240,7 +263,7 @@ def check_temporal_config(docs: list[Obj]) -> list[str]:
     for w in (d for d in docs if d["kind"] in WORKLOADS):
         for where, c in containers(w):
             env = {e["name"]: e.get("value") for e in c.get("env", [])}
-            if not contract.image_repo(c["image"]).startswith("temporalio/"):
+            if contract.image_repo(c["image"]) != contract.TEMPORAL_SERVER:
                 continue
             path = env.get("DYNAMIC_CONFIG_FILE_PATH")
             mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
@@ -277,4 +300,69 @@ def check_secret_template(docs: list[Obj]) -> list[str]:
         for key, value in ((secret.get("stringData") or {}) | (secret.get("data") or {})).items():
             if value not in ("", None):
                 problems.append(f"Secret {name}: {key} holds a value; the committed template must hold none")
+    return problems
+
+
+PROMETHEUS = {"app.kubernetes.io/name": "prometheus"}
+"""The label of the pods that may scrape a worker's metrics (the Prometheus Operator's)."""
+
+
+def selects(selector: Obj, labels: dict[str, str]) -> bool:
+    """A ``matchLabels`` selector (``{}``: every pod) over a pod's labels."""
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+def check_metrics_reach(docs: list[Obj]) -> list[str]:
+    """Only Prometheus's pods reach a worker's metrics port: a NetworkPolicy selects the pod for ingress, and every
+    ingress rule that admits the port admits only pods labelled ``PROMETHEUS``; a named port a rule gives is one
+    the pod declares."""
+    problems: list[str] = []
+    policies = list(by_kind(docs, "NetworkPolicy").values())
+    for w in (d for d in docs if d["kind"] in WORKLOADS):
+        labels = w["spec"]["template"]["metadata"].get("labels") or {}
+        guarding = [
+            p
+            for p in policies
+            if selects(p["spec"].get("podSelector") or {}, labels)
+            and "Ingress" in (p["spec"].get("policyTypes") or ["Ingress"])
+        ]
+        for where, c in containers(w):
+            bind = container_env(c, docs, where, []).get(contract.settings.ENV_METRICS_BIND)
+            if (
+                not bind
+                or contract.worker_role(contract.read_command(list(c.get("command", [])), where, [])) is None
+            ):
+                continue
+            port = int(bind.rpartition(":")[2])
+            if not guarding:
+                problems.append(
+                    f"{where}: its metrics port {port} is open to every pod: no NetworkPolicy selects the pod "
+                    "for Ingress (let only Prometheus reach it)"
+                )
+            names = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+            for policy in guarding:
+                for n, rule in enumerate(policy["spec"].get("ingress") or []):
+                    problems += check_ingress_rule(
+                        rule, f"{name_of(policy)}: ingress rule {n}", where, names, port
+                    )
+    return problems
+
+
+def check_ingress_rule(rule: Obj, rule_name: str, where: str, names: dict[str, int], port: int) -> list[str]:
+    """One ingress rule over a worker container (its named ports ``names``, its metrics ``port``)."""
+    problems = [
+        f"{rule_name} names port {entry['port']!r}, which {where} does not declare (it admits nothing there)"
+        for entry in rule.get("ports") or []
+        if isinstance(entry.get("port"), str) and entry["port"] not in names
+    ]
+    ports = rule.get("ports")
+    admits = ports is None or any(names.get(e.get("port"), e.get("port")) == port for e in ports)
+    peers = rule.get("from") or []
+    only_prometheus = bool(peers) and all(
+        "ipBlock" not in peer
+        and PROMETHEUS.items() <= ((peer.get("podSelector") or {}).get("matchLabels") or {}).items()
+        for peer in peers
+    )
+    if admits and not only_prometheus:
+        problems.append(f"{rule_name} lets pods other than Prometheus's reach {where}'s metrics port {port}")
     return problems

@@ -192,6 +192,30 @@ COMPOSE_DEFECTS: dict[str, tuple[Callable[[Raw], Any], str]] = {
         lambda r: unset_env(r, "temporal", "DYNAMIC_CONFIG_FILE_PATH"),
         "service temporal: DYNAMIC_CONFIG_FILE_PATH must name a file of deploy/cluster it mounts",
     ),
+    "Temporal of a release without fairness": (
+        lambda r: replace(r, "temporal", image="temporalio/server:1.29.1"),
+        "temporalio/server:1.29.1: fairness is generally available from Temporal 1.31",
+    ),
+    "Temporal as the auto-setup image": (
+        lambda r: replace(r, "temporal", image="temporalio/auto-setup:1.29.1"),
+        "no temporalio/server image runs Temporal here",
+    ),
+    "schema of another release": (
+        lambda r: replace(r, "temporal-schema", image="temporalio/admin-tools:1.31.0"),
+        "the Temporal images are of different releases",
+    ),
+    "setup step of a tool the image lacks": (
+        lambda r: replace(r, "temporal-schema", entrypoint=["bash", "-ec"]),
+        "service temporal-schema: image temporalio/admin-tools:1.32.0 has no `bash`",
+    ),
+    "server started before its schema": (
+        lambda r: replace(r, "temporal", depends_on={"temporal-schema": {"condition": "service_started"}}),
+        "service temporal: must wait for temporal-schema, a setup step, with condition service_completed_successfully",
+    ),
+    "worker that is not started again after it exits": (
+        lambda r: replace(r, "trainer-0", restart="no"),
+        "service trainer-0: a worker restarts after it exits",
+    ),
 }
 
 

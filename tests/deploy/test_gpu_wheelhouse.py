@@ -7,8 +7,10 @@ import base64
 import hashlib
 import importlib.util
 import os
+import re
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 from types import ModuleType
@@ -248,3 +250,26 @@ def test_install_offline_into_a_venv_that_still_sees_the_images_packages(tmp_pat
     base = "import sys, sysconfig; print(sysconfig.get_paths(vars={'base': sys.base_prefix})['purelib'])"
     base_site = subprocess.run([sys.executable, "-c", base], capture_output=True, text=True, check=True)
     assert answer == "7" and base_site.stdout.strip() in path  # the interpreter's own packages (torch) too
+
+
+def requirement_names(lines: list[str]) -> set[str]:
+    names = set()
+    for line in lines:
+        match = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line.split("#", 1)[0])
+        if match:
+            names.add(wheelhouse.normalize(match.group(1)))
+    return names
+
+
+LEFT_OUT = {"wandb", "torch"}
+"""Run-time dependencies the GPU wheelhouse does not carry: wandb (GPU runs log no W&B), torch (the image's)."""
+
+
+def test_the_gpu_wheelhouse_carries_every_run_time_dependency_of_the_project() -> None:
+    """A worker on the GPU image imports what the project needs at run time (the OpenTelemetry packages a traced
+    worker loads included): every dependency of pyproject.toml and its cpu extra is in requirements-project.txt."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    needed = requirement_names([*project["dependencies"], *project["optional-dependencies"]["cpu"]])
+    carried = requirement_names((GPU / "requirements-project.txt").read_text().splitlines())
+    assert {"opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"} <= needed
+    assert needed - LEFT_OUT - carried == set()

@@ -5,6 +5,8 @@ cluster: test_compose_cluster.py)."""
 from __future__ import annotations
 
 import copy
+import re
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -13,9 +15,10 @@ import yaml
 
 from tests.deploy import k8s_checks as k8s
 from tests.deploy import worker_contract as contract
-from workers.stack import TEMPORAL_DYNAMIC_CONFIG
+from workers.stack import TEMPORAL_DYNAMIC_CONFIG, find_binary
 
 Docs = list[dict[str, Any]]
+COMPOSE_CLUSTER = contract.REPO / "deploy" / "cluster" / "compose.yaml"
 
 
 def test_every_yaml_under_deploy_parses() -> None:
@@ -72,6 +75,33 @@ def test_temporal_has_one_fairness_setup_in_compose_k8s_and_the_embedded_stack()
     assert in_k8s == in_compose and contract.dynamic_config_problems(in_k8s, "k8s") == []
     embedded = {key: value for key, value in TEMPORAL_DYNAMIC_CONFIG.items() if key in in_k8s}
     assert embedded == {key: str(values[0]["value"]).lower() for key, values in in_k8s.items()}
+
+
+def test_the_cluster_runs_the_temporal_release_the_embedded_stack_and_the_tests_run() -> None:
+    """deploy/k8s and deploy/cluster run Temporal of the release of ``temporal server start-dev`` here (the
+    release every test of fairness runs on), server and schema tools alike."""
+    shown = subprocess.run([find_binary("temporal"), "--version"], capture_output=True, text=True, check=True)
+    release = re.search(r"Server (\d+\.\d+\.\d+)", shown.stdout)
+    assert release is not None, shown.stdout
+    in_k8s = [c["image"] for w in k8s.load_k8s() if w["kind"] in k8s.WORKLOADS for c in k8s.pod_containers(w)]
+    in_compose = [
+        str(svc.get("image", "")) for svc in yaml.safe_load(COMPOSE_CLUSTER.read_text())["services"].values()
+    ]
+    temporal = [i for i in in_k8s + in_compose if i.startswith("temporalio/")]
+    assert len(temporal) == 6 and {i.rpartition(":")[2] for i in temporal} == {release.group(1)}, temporal
+
+
+def test_the_single_machine_compose_starts_its_workers_again_after_they_exit() -> None:
+    """deploy/compose.yaml's workers (its services built from this project) restart after exiting, as a trainer
+    whose compute thread was stuck does (exit 75); deploy/cluster's are checked by compose_checks.py."""
+    services = yaml.safe_load((contract.REPO / "deploy" / "compose.yaml").read_text())["services"]
+    workers = {name: svc for name, svc in services.items() if "build" in svc}
+    assert set(workers) == {"control", "inference", "trainer"}
+    assert {
+        name: svc.get("restart")
+        for name, svc in workers.items()
+        if svc.get("restart") not in contract.RESTARTS
+    } == {}
 
 
 def deployed_roles_k8s(docs: Docs) -> dict[str, int]:
@@ -289,6 +319,52 @@ K8S_DEFECTS: dict[str, tuple[Callable[[Docs], Any], str]] = {
     "Temporal reading no dynamic config": (
         lambda d: container(d, "temporal")["env"].remove(env_item(d, "temporal", "DYNAMIC_CONFIG_FILE_PATH")),
         "DYNAMIC_CONFIG_FILE_PATH must name a file mounted from a ConfigMap",
+    ),
+    "metrics open to every pod": (
+        lambda d: d.remove(obj(d, "NetworkPolicy", "worker-metrics")),
+        "Deployment trainer container worker: its metrics port 9464 is open to every pod",
+    ),
+    "metrics reached from any pod": (
+        lambda d: obj(d, "NetworkPolicy", "worker-metrics")["spec"]["ingress"][0].update(
+            {"from": [{"podSelector": {}}]}
+        ),
+        "NetworkPolicy worker-metrics: ingress rule 0 lets pods other than Prometheus's reach Deployment control",
+    ),
+    "metrics admitted by a rule of every port": (
+        lambda d: obj(d, "NetworkPolicy", "inference-serve")["spec"]["ingress"][0].pop("ports"),
+        "NetworkPolicy inference-serve: ingress rule 0 lets pods other than Prometheus's reach Deployment inference",
+    ),
+    "a rule naming a port the pods lack": (
+        lambda d: obj(d, "NetworkPolicy", "worker-metrics")["spec"]["ingress"][0]["ports"][0].update(
+            port="metric"
+        ),
+        "names port 'metric', which Deployment trainer container worker does not declare",
+    ),
+    "Temporal of a release without fairness": (
+        lambda d: container(d, "temporal").update(image="temporalio/server:1.29.1"),
+        "temporalio/server:1.29.1: fairness is generally available from Temporal 1.31",
+    ),
+    "Temporal unpinned": (
+        lambda d: container(d, "temporal").update(image="temporalio/server:latest"),
+        "temporalio/server:latest: pin a Temporal release",
+    ),
+    "schema of another release": (
+        lambda d: obj(d, "Deployment", "temporal")["spec"]["template"]["spec"]["initContainers"][0].update(
+            image="temporalio/admin-tools:1.31.0"
+        ),
+        "the Temporal images are of different releases",
+    ),
+    "init container of a tool the image lacks": (
+        lambda d: obj(d, "Deployment", "temporal")["spec"]["template"]["spec"]["initContainers"][0].update(
+            command=["bash", "-ec", "true"]
+        ),
+        "Deployment temporal init container schema: image temporalio/admin-tools:1.32.0 has no `bash`",
+    ),
+    "init container reading a Secret that does not exist": (
+        lambda d: obj(d, "Deployment", "temporal")["spec"]["template"]["spec"]["initContainers"][0]["env"][
+            -1
+        ]["valueFrom"]["secretKeyRef"].update(name="pg"),
+        "Deployment temporal init container schema: SQL_PASSWORD reads Secret 'pg', which does not exist",
     ),
     "mount of no volume": (
         lambda d: container(d, "trainer")["volumeMounts"].append({"name": "models", "mountPath": "/models"}),

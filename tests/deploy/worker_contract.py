@@ -49,13 +49,22 @@ WORKER_GRACE_S = 60
 
 GPU_ROLES = ("inference", "trainer")
 
+RESTARTS = ("always", "unless-stopped", "on-failure")
+"""compose restart policies that start a worker again once it exited non-zero (75: its trainer was stuck)."""
+
 IMAGE_TOOLS = {
     "postgres": {"pg_isready"},
-    "temporalio/auto-setup": {"temporal"},
+    "temporalio/server": {"temporal-server", "nc", "sh"},  # Alpine: busybox's nc
+    "temporalio/admin-tools": {"temporal", "temporal-sql-tool", "nc", "sh"},
     "minio/minio": {"mc"},
     "prom/prometheus": {"promtool", "wget"},  # busybox-based
 }
-"""Executables each third-party image ships (its health checks may run only these)."""
+"""Executables each third-party image ships (its health checks and stated commands may run only these)."""
+
+TEMPORAL_SERVER = "temporalio/server"
+TEMPORAL_IMAGES = (TEMPORAL_SERVER, "temporalio/admin-tools")
+FAIRNESS_RELEASE = (1, 31)
+"""The first Temporal release with fairness generally available (docs/fleet.md)."""
 
 MODULE_PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {"workers.health": health.build_parser}
 """``python -m MODULE`` commands a container may run, with the parser that reads their flags."""
@@ -169,6 +178,47 @@ def check_probe(probe: list[str], worker: Command, image: str, where: str) -> li
         problems.append(
             f"{where}: image {image} has no `{probe[0] if probe else ''}` (it has {sorted(tools)})"
         )
+    return problems
+
+
+def check_tool(argv: list[str], image: str, where: str) -> list[str]:
+    """A third-party image's stated command runs an executable the image ships (none stated: its own)."""
+    tools = IMAGE_TOOLS.get(image_repo(image))
+    if not argv or tools is None:
+        return []
+    return [] if argv[0] in tools else [f"{where}: image {image} has no `{argv[0]}` (it has {sorted(tools)})"]
+
+
+def temporal_release(image: str) -> tuple[int, ...] | None:
+    """``temporalio/server:1.32.0`` -> (1, 32, 0); None for another image or a tag that is no release."""
+    repo, _, tag = image.rpartition(":")
+    if repo not in TEMPORAL_IMAGES or not re.fullmatch(r"\d+\.\d+\.\d+", tag):
+        return None
+    return tuple(int(n) for n in tag.split("."))
+
+
+def temporal_release_problems(images: list[str]) -> list[str]:
+    """The Temporal server runs a pinned release with fairness, and its admin tools (the schema it sets up) are
+    of that same release."""
+    ours = [
+        i
+        for i in images
+        if i.rpartition(":")[0] in TEMPORAL_IMAGES or image_repo(i).startswith("temporalio/")
+    ]
+    servers = [i for i in ours if image_repo(i) == TEMPORAL_SERVER]
+    if not servers:
+        return [f"no {TEMPORAL_SERVER} image runs Temporal here (found {sorted(ours)})"]
+    problems = []
+    for image in ours:
+        release = temporal_release(image)
+        if release is None:
+            problems.append(f"{image}: pin a Temporal release (x.y.z) of {' or '.join(TEMPORAL_IMAGES)}")
+        elif release[:2] < FAIRNESS_RELEASE:
+            problems.append(
+                f"{image}: fairness is generally available from Temporal {'.'.join(map(str, FAIRNESS_RELEASE))}"
+            )
+    if len({temporal_release(i) for i in ours}) > 1:
+        problems.append(f"the Temporal images are of different releases: {sorted(ours)}")
     return problems
 
 

@@ -75,7 +75,7 @@ def test_a_copy_renamed_before_register_trains_its_new_identity() -> None:
 
 def test_settings_set_after_construction_are_checked_and_used() -> None:
     model = policy()
-    assert model.step_config(None, {}).max_seq_len == 2048  # TrainConfig's default
+    assert model.step_config(None, {}).max_seq_len == 32768  # ART's default
     model._internal_config = art.dev.InternalModelConfig(init_args=art.dev.InitArgs(max_seq_length=8192))
     assert model.step_config(None, {}).max_seq_len == 8192  # 2048's assignment: used by the next step
     model.lora_config = {"rank": 8, "alpha": 16}
@@ -135,7 +135,7 @@ def test_identity_fields_are_frozen_by_registration() -> None:
 def test_engine_and_hardware_settings_are_accepted_with_one_warning_naming_the_worker_flag() -> None:
     internal = art.dev.InternalModelConfig(
         init_args=art.dev.InitArgs(gpu_memory_utilization=0.775),
-        engine_args=art.dev.EngineArgs(num_scheduler_steps=1, enable_sleep_mode=True),  # type: ignore[typeddict-unknown-key]
+        engine_args=art.dev.EngineArgs(num_scheduler_steps=1, enable_sleep_mode=True, tensor_parallel_size=2),  # type: ignore[typeddict-unknown-key]
         trainer_args=art.dev.TrainerArgs(gradient_checkpointing=True, logging_steps=5),  # type: ignore[typeddict-unknown-key]
     )
     with pytest.warns(ArtSettingIgnored) as warned:
@@ -146,6 +146,7 @@ def test_engine_and_hardware_settings_are_accepted_with_one_warning_naming_the_w
         "init_args.gpu_memory_utilization=0.775 (`dgrpo worker inference --gpu-memory-utilization`)",
         "engine_args.enable_sleep_mode=True (`dgrpo worker inference --sleep-mode`)",
         "engine_args.num_scheduler_steps=1 (`dgrpo worker inference --help`)",
+        "engine_args.tensor_parallel_size=2 (`dgrpo worker inference --engine vllm --tensor-parallel-size`)",
         "trainer_args.gradient_checkpointing=True",
         "trainer_args.logging_steps=5",
     ):
@@ -166,9 +167,14 @@ def test_trainer_args_that_change_training_are_mapped_or_refused_saying_why() ->
     config = model.step_config(None, {})
     assert (config.max_grad_norm, config.weight_decay) == (0.1, 0.01)  # every step's default
     assert model.step_config(art.TrainConfig(max_grad_norm=0.5), {}).max_grad_norm == 0.5  # a step's own wins
+    adam = art.TrainableModel(
+        name="hn", _internal_config={"trainer_args": {"optim": "adamw_torch", "adam_beta2": 0.95}}
+    ).step_config(None, {})
+    assert (adam.optimizer, adam.adam_beta2) == ("adamw", 0.95)  # Hugging Face's names, mapped
     for key, value, why in [
-        ("optim", "paged_adamw_8bit", "one AdamW step"),
-        ("gradient_accumulation_steps", 4, "one AdamW step"),
+        ("optim", "sgd", "one optimizer step"),
+        ("gradient_accumulation_steps", 4, "one optimizer step"),
+        ("lr_scheduler_type", "cosine", "a constant schedule"),
         ("fp16", True, "fp32 or bf16"),
     ]:
         with pytest.raises(UnsupportedArtOption, match=rf"trainer_args'\]: {key}={value!r}.*{why}"):

@@ -94,6 +94,22 @@ async def test_an_unparseable_answer_is_sent_back_too(stub: StubServer) -> None:
     assert "not valid: the reply contains no JSON" in correction and "ids 1, 2" in correction
 
 
+async def test_scores_on_another_scale_are_brought_to_0_1_in_one_answer(stub: StubServer) -> None:
+    scored = {
+        "scores": [
+            {"trajectory_id": "1", "explanation": "-", "score": "8/10"},
+            {"trajectory_id": "2", "score": 3},
+        ]
+    }
+    stub.script = [json.dumps(scored)]
+    judged = await ruler_score_group(group(), PRICED, {"api_base": stub.base_url})
+    assert judged is not None and [t.reward for t in judged] == pytest.approx([0.8, 0.3])
+    assert stub.calls == 1  # read, not asked again
+    stub.script = ['{"scores": [{"trajectory_id": "1", "score": 85}, {"trajectory_id": "2", "score": 120}]}']
+    scores = await ruler([t.messages() for t in group()], PRICED, {"api_base": stub.base_url})
+    assert [s.score for s in scores] == pytest.approx([0.85, 1.0])  # 0-100, clamped
+
+
 async def test_a_judge_that_never_answers_well_raises_once_arts_attempts_are_spent(stub: StubServer) -> None:
     stub.reply = lambda body: answer("1")
     with pytest.raises(

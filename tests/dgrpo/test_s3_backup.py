@@ -15,8 +15,9 @@ import pytest
 import dgrpo as art
 from activities.checkpoints import TRAINER_STATE_FILE, read_trainer_state
 from activities.object_store import ObjectStore
+from dgrpo.client import s3_backup
 from dgrpo.client.backup_bucket import BackupBucket, BackupBucketUnset
-from dgrpo.client.s3_backup import import_checkpoint
+from dgrpo.client.s3_backup import ArtS3Backup, import_checkpoint
 from dgrpo.errors import ModelConflictError
 from schemas import layout
 from schemas.config import LoraConfig, ModelSpec
@@ -115,3 +116,130 @@ def test_a_pulled_checkpoint_is_imported_only_when_it_fits_the_model(
         import_checkpoint(backup, base, run, 3, verbose=False)
     assert object_store.checkpoint_steps("p-agent") == [1]  # nothing of the refused ones was published
     assert (imported / TRAINER_STATE_FILE).is_file()
+
+
+# --- restoring never destroys: a merge into the directory, every key kept inside it --------------------------
+
+
+class StoreOnly(ArtS3Backup):
+    """The backup calls at their seam (a backend's ``start`` and ``object_store``), over the test's store: the
+    real backends fill it in the example programs (tests/examples/test_art_programs.py)."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    async def start(self) -> None:
+        return None
+
+    def object_store(self) -> ObjectStore:
+        return self.store
+
+
+class AwsKeys(BackupBucket):
+    """The user's bucket with keys as AWS S3 keeps them, verbatim. SeaweedFS refuses a key with a ``..`` segment
+    and folds ``//`` into ``/``, so such a key is listed here as AWS lists it and read from a real object of the
+    bucket planted under another name (``planted``: hostile key -> stored key)."""
+
+    def __init__(self, bucket: str, planted: dict[str, str]) -> None:
+        super().__init__(bucket)
+        self.planted = planted
+
+    def keys(self, prefix: str) -> list[str]:
+        return sorted([*super().keys(prefix), *(k for k in self.planted if k.startswith(prefix))])
+
+    def etags(self, prefix: str) -> dict[str, str]:
+        stored = super().etags("")
+        return {
+            **super().etags(prefix),
+            **{k: stored[v] for k, v in self.planted.items() if k.startswith(prefix)},
+        }
+
+    def download(self, key: str, local: Path) -> None:
+        super().download(self.planted.get(key, key), local)
+
+
+def put(backup: BackupBucket, key: str, data: bytes, tmp_path: Path) -> None:
+    source = tmp_path / f"upload-{uuid.uuid4().hex[:8]}"
+    source.write_bytes(data)
+    backup.upload(source, key)
+
+
+def hostile_bucket(
+    backup: BackupBucket, folder: str, outside: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> list[str]:
+    """Keys under ``folder`` that a naive ``dir / key[len(folder):]`` writes outside the directory: ``..`` past
+    the top and ``//`` after the prefix (an absolute path), as AWS keeps them, and ``linked/...`` through the link
+    the directory holds, stored as is. The backup calls then reach the bucket as ``AwsKeys``."""
+    planted = {
+        f"{folder}../../../{outside.name}/dotdot.txt": "planted/dotdot",
+        f"{folder}/{(outside / 'slashes.txt').as_posix().lstrip('/')}": "planted/slashes",
+    }
+    for stored in planted.values():
+        put(backup, stored, b"planted", tmp_path)
+    put(backup, f"{folder}linked/through-link.txt", b"planted", tmp_path)
+    monkeypatch.setattr(s3_backup, "BackupBucket", lambda name: AwsKeys(name, planted))
+    return [*planted, f"{folder}linked/through-link.txt"]
+
+
+def user_files(directory: Path, outside: Path) -> dict[Path, str]:
+    """A user's files in the directory a restore writes into, and a link in it to a folder outside."""
+    files = {directory / "notes.txt": "my notes", directory / "src" / "train.py": "print('mine')"}
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    outside.mkdir()
+    (directory / "linked").symlink_to(outside, target_is_directory=True)
+    return files
+
+
+def assert_each_skipped(warned: pytest.WarningsRecorder, backup: BackupBucket, keys: list[str]) -> None:
+    messages = [str(w.message) for w in warned]
+    for key in keys:
+        assert any(backup.uri(key) in m for m in messages), (key, messages)
+
+
+async def test_pulling_a_checkpoint_into_a_directory_keeps_its_files_and_writes_nothing_outside(
+    backup: BackupBucket, object_store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_experimental_pull_model_checkpoint(local_path=DIR)`` merges into DIR as ART's copy does: the user's files
+    stay, the checkpoint's replace those of the same name, and no key of the backup writes outside DIR."""
+    model = art.TrainableModel(name="pulled", project="p", base_model="org/base")
+    backup.ensure_exists()
+    folder = f"p/models/{model.storage_name()}/checkpoints/0002/"
+    target, outside = tmp_path / "work", tmp_path / "outside"
+    mine = user_files(target, outside)
+    (target / "adapter_config.json").write_text("an older adapter's config")
+    put(backup, folder + "adapter_config.json", b'{"r": 8}', tmp_path)
+    put(backup, folder + "adapter_model.safetensors", b"weights", tmp_path)
+    hostile = hostile_bucket(backup, folder, outside, tmp_path, monkeypatch)
+    with pytest.warns(UserWarning) as warned:
+        path = await StoreOnly(object_store)._experimental_pull_model_checkpoint(
+            model, step=2, local_path=str(target), s3_bucket=backup.bucket
+        )
+    assert path == str(target)
+    assert {p: p.read_text() for p in mine} == mine  # nothing of the user's was deleted
+    assert (target / "adapter_config.json").read_text() == '{"r": 8}'
+    assert (target / "adapter_model.safetensors").read_bytes() == b"weights"
+    assert [p.name for p in outside.iterdir()] == []  # nothing was written outside
+    assert not list(target.glob(".dgrpo-pull-*"))
+    assert_each_skipped(warned, backup, hostile)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # ART deprecates the call, as here
+async def test_pulling_a_models_files_keeps_the_directorys_files_and_writes_nothing_outside(
+    backup: BackupBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_experimental_pull_from_s3`` syncs a model's files into its directory as ``aws s3 sync`` does: the files
+    there stay, and a key that would leave the directory is skipped with a warning naming it."""
+    model = art.Model(name="synced", project="p", base_path=str(tmp_path / "art"), report_metrics=[])
+    backup.ensure_exists()
+    local, outside = model.local_log().dir, tmp_path / "outside"
+    mine = user_files(local, outside)
+    put(backup, "p/models/synced/history.jsonl", b'{"step": 1}\n', tmp_path)
+    hostile = hostile_bucket(backup, "p/models/synced/", outside, tmp_path, monkeypatch)
+    with pytest.warns(UserWarning) as warned:
+        await art.LocalBackend(path=tmp_path / "never-started")._experimental_pull_from_s3(model)
+    assert {p: p.read_text() for p in mine} == mine
+    assert (local / "history.jsonl").read_text() == '{"step": 1}\n'
+    assert [p.name for p in outside.iterdir()] == []
+    assert_each_skipped(warned, backup, hostile)

@@ -102,7 +102,17 @@ def test_chunks_resume_at_a_step_and_repeat_with_a_seed() -> None:
     whole = run(seed=1)
     assert run(seed=1) == whole and run(seed=2) != whole
     assert run(seed=1, initial_step=3) == whole[1:]
-    assert run(seed=1, initial_step=4) == whole[1:]  # within the second chunk: that chunk again
+    # Batch-exact: from within the second chunk, that chunk from that very batch (none trained twice).
+    (step, chats, rates), *rest = run(seed=1, initial_step=4)
+    assert (step, chats, rates) == (4, whole[1][1][2:], whole[1][2][1:]) and rest == whole[2:]  # type: ignore[index]
+    # Across epochs too: 6 batches an epoch in chunks of 4 and 2; batch 6 opens the second epoch.
+    two = create_sft_dataset_iterator(
+        trajectories, chunk_size=4, batch_size=2, epochs=2, initial_step=6, show_progress=False
+    )
+    assert [(c.step, c.epoch, c.epoch_step, len(c.trajectories)) for c in two] == [
+        (6, 1, 0, 8),
+        (10, 1, 4, 4),
+    ]
     assert list(create_sft_dataset_iterator([], show_progress=False)) == []
 
 
@@ -112,7 +122,7 @@ def test_a_chunks_config_is_what_dgrpos_train_sft_trains_with() -> None:
             [chat(i) for i in range(5)], chunk_size=4, batch_size=2, show_progress=False
         )
     )
-    sft = sft_config(chunk.config, len(chunk.trajectories), None, {})
+    sft = sft_config(chunk.config, chunk.trajectories, None, {})
     assert (sft.batch_size, sft.learning_rates) == (2, chunk.config.learning_rate)
 
 
@@ -146,8 +156,10 @@ class RecordingModel:
         config: TrainSFTConfig | None = None,
         _config: dict[str, object] | None = None,
         verbose: bool = False,
+        log_metrics: bool = True,
     ) -> TrainResult:
         self.calls.append((trajectories, config))
+        self.logged = log_metrics
         return TrainResult(step=len(self.calls))
 
 
@@ -164,3 +176,15 @@ async def test_train_sft_from_file_trains_a_segment_of_one_schedule(tmp_path: Pa
     assert config.learning_rate == create_lr_schedule(4, 1.0, "linear", warmup_steps=2)[1:3]
     assert [question(t) for t in chats] == [question(t) for t in iterate_file(path, epochs=2)][3:9]
     assert await train_sft_from_file(model, path, initial_step=3) is None and len(model.calls) == 1
+    await train_sft_from_file(model, path, batch_size=5, assistant_turns="last", log_metrics=False)
+    config = model.calls[-1][1]
+    assert config is not None and config.assistant_turns == "last" and model.logged is False
+
+
+def test_training_only_the_last_assistant_turn_needs_chats_that_end_with_it() -> None:
+    last = TrainSFTConfig(assistant_turns="last")
+    assert sft_config(last, [chat(1)], None, {}).assistant_turns == "last"
+    asked = Trajectory(messages_and_choices=[*chat(1).messages(), {"role": "user", "content": "and?"}])
+    with pytest.raises(ValueError, match="assistant_turns='last' requires the final message"):
+        sft_config(last, [chat(1), asked], None, {})
+    assert sft_config(TrainSFTConfig(), [asked], None, {}).assistant_turns == "all"

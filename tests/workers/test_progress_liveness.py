@@ -1,9 +1,11 @@
 """Heartbeats that mean progress, on a real Temporal server with the real trainer and serving activities.
 
 A stage of an activity's work that stops advancing (activities/progress.py) no longer hides behind a ticker
-that beats regardless: a chat render that runs on is stopped at its bound and fails as retryable; a micro-batch
-or a download that hangs stops the heartbeats, so Temporal's heartbeat timeout ends the attempt (and retries it,
-on another worker if need be). Either way the worker serves the next activity. The worker here has stage bounds
+that beats regardless: a chat render that runs on is stopped at its bound and fails as retryable; a download
+that hangs stops the heartbeats, so Temporal's heartbeat timeout ends the attempt (and retries it, on another
+worker if need be); a micro-batch or a model load that hangs on the trainer's compute thread fails its attempt,
+and every attempt that comes while it is stuck, at once (a worker process then leaves for a fresh one:
+tests/workers/test_stuck_trainer.py). The worker serves the next activity once its thread is free. The worker here has stage bounds
 of a few seconds (an operator's ``DGRPO_STAGE_BOUNDS``), and the trainer trusts run specs' templates.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -27,7 +30,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities import sft
+from activities import sft, training
 from activities.object_store import ObjectStore
 from activities.serving import ServingActivities
 from activities.training import TrainerActivities
@@ -87,6 +90,9 @@ class Harness:
     client: Client
     queue: str
     untrusting_queue: str
+    short_load_queue: str
+    """A trainer whose operator bounds the ``load`` stage to 3 s (``DGRPO_STAGE_BOUNDS=load=3``)."""
+    trainer: TrainerActivities
     store: ObjectStore
     examples: ObjectRef
 
@@ -146,6 +152,7 @@ async def harness(
     staging = tmp_path_factory.mktemp("live-staging")
     trainer = TrainerActivities(store, staging / "trusting", "live-trainer", trust_chat_template=True)
     untrusting = TrainerActivities(store, staging / "untrusting", "live-untrusting")
+    short_load = TrainerActivities(store, staging / "short-load", "live-short-load")
     hung_store = ObjectStore(s3_settings.model_copy(update={"endpoint": tarpit, "bucket": store.bucket}))
     serving = ServingActivities(
         ["http://127.0.0.1:9/v1"], store=hung_store, adapter_root=staging / "adapters"
@@ -159,16 +166,24 @@ async def harness(
                max_heartbeat_throttle_interval=timedelta(seconds=1)),
         Worker(client, task_queue=f"{queue}-untrusting", activities=[untrusting.train_sft],
                interceptors=interceptors),
+        Worker(client, task_queue=f"{queue}-load", activities=[short_load.train_sft],
+               interceptors=[ErrorContract(), HeartbeatTicker(bounds_s={"load": 3.0})]),
     ]  # fmt: skip
     tasks = [asyncio.create_task(w.run()) for w in workers]
     try:
-        yield Harness(client, queue, f"{queue}-untrusting", store, examples)
+        yield Harness(client, queue, f"{queue}-untrusting", f"{queue}-load", trainer, store, examples)
     finally:
         for w in workers:
             await w.shutdown()
         for task in tasks:
             task.cancel()
         store.remove_bucket()
+
+
+def until_free(trainer: TrainerActivities) -> None:
+    """Return once the trainer's freed compute thread has moved on (is no longer stuck)."""
+    while trainer.stuck() is not None:
+        time.sleep(0.2)
 
 
 async def expect_trained(h: Harness) -> None:
@@ -186,10 +201,12 @@ async def test_a_render_that_runs_on_is_stopped_and_fails_as_retryable(harness: 
     await expect_trained(harness)  # its thread is free: the next run's step does not wait behind it
 
 
-async def test_a_micro_batch_that_hangs_stops_the_heartbeats(
+async def test_a_micro_batch_that_hangs_fails_its_attempt_and_the_next_at_once(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Planted: the first micro-batch hangs (as a deadlocked kernel would); the ticker's beats stop with it."""
+    """Planted: the micro-batch hangs (as a deadlocked kernel would). Its attempt fails as ``Stalled`` at the stage's
+    bound (its heartbeats stop with it), and an attempt that comes while the thread is still stuck fails at once
+    instead of waiting behind it, heartbeating; once the thread frees, the trainer trains."""
     released = threading.Event()
     real: Callable[..., Any] = sft.sft_update
 
@@ -200,11 +217,42 @@ async def test_a_micro_batch_that_hangs_stops_the_heartbeats(
 
     monkeypatch.setattr(sft, "sft_update", hangs_once)
     try:
-        out = await harness.attempt("train_sft", harness.sft("hung-micro-batch"))
+        stuck = await harness.attempt("train_sft", harness.sft("hung-micro-batch"))
+        behind = await harness.attempt("train_sft", harness.sft("behind-hung-micro-batch"))
     finally:
         released.set()
-    assert out == {"ok": False, "timeout": "HEARTBEAT"}, out
+    for out in (stuck, behind):
+        assert out["ok"] is False and out.get("type") == STALLED and not out["non_retryable"], out
+        assert "compute thread is stuck" in out["message"] and "stage 'micro_batch'" in out["message"], out
+    await asyncio.to_thread(until_free, harness.trainer)
     await expect_trained(harness)
+
+
+async def test_a_base_model_load_that_hangs_is_bounded_as_a_stage(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planted: loading the base model never returns (a dead NFS mount) on a trainer whose operator bounds the
+    ``load`` stage to 3 s. The attempt fails as ``Stalled`` naming the stage, and so does one that comes while it is
+    stuck, at once."""
+    released = threading.Event()
+    real = training.Trainer
+
+    class LoadsFromADeadMount(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            released.wait(120)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(training, "Trainer", LoadsFromADeadMount)
+    try:
+        stuck = await harness.attempt("train_sft", harness.sft("hung-load"), queue=harness.short_load_queue)
+        behind = await harness.attempt(
+            "train_sft", harness.sft("behind-load"), queue=harness.short_load_queue
+        )
+    finally:
+        released.set()
+    for out in (stuck, behind):
+        assert out["ok"] is False and out.get("type") == STALLED, out
+        assert "compute thread is stuck" in out["message"] and "stage 'load'" in out["message"], out
 
 
 async def test_a_download_that_hangs_stops_the_heartbeats(harness: Harness) -> None:

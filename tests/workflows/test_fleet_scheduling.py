@@ -8,16 +8,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
+import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from rich.console import Console
+from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 from workflow_stubs import WORKER_ID, ScriptedActivities
 
-from dgrpo.client.fleet_view import list_runs, runs_table
+from dgrpo.cli import build_parser
+from dgrpo.cli.fleet import cmd_runs
+from dgrpo.client.fleet_view import list_runs, runs_table, stage_waits, waits_text
 from schemas.config import RunSpec, Scheduling
 from schemas.errors import CONFIG_ERROR
 from schemas.layout import worker_task_queue
@@ -113,11 +121,15 @@ async def test_runs_share_a_saturated_worker_by_fairness_weight_and_none_starves
     heavy = fleet_spec(f"heavy-{task_queue}", task_queue, shards=30, owner="team-heavy", fairness_weight=3)
     light = fleet_spec(f"light-{task_queue}", task_queue, shards=8, owner="team-light", fairness_weight=1)
     async with fleet(stubs, client, task_queue):
+        started = time.monotonic()
         heavy_run = await start(client, heavy)
         await rollouts_pending(heavy_run, 30)  # queued first: FIFO would run all of it before the light run
         light_run = await start(client, light)
         await rollouts_pending(light_run, 8)
+        await asyncio.sleep(1.0)  # every queued rollout has now waited at least this long
         rows = {r.run_id: r for r in await list_runs(client) if r.run_id in (heavy.run_id, light.run_id)}
+        waited = time.monotonic() - started
+        table, listed = await asyncio.to_thread(dgrpo_runs), await asyncio.to_thread(dgrpo_runs, "-o", "json")
         stubs.rollout_gate.set()
         await asyncio.gather(heavy_run.result(), light_run.result())
     order = "".join("L" if run == light.run_id else "H" for run in started_order(stubs))
@@ -138,6 +150,31 @@ async def test_runs_share_a_saturated_worker_by_fairness_weight_and_none_starves
     shown = Console(file=io.StringIO(), width=250)
     shown.print(runs_table(list(rows.values())))
     assert "team-light (1)" in shown.file.getvalue() and "rollouts: 8 queued" in shown.file.getvalue()
+    # ... each queued for as long as it really waited, and whole: `dgrpo runs | grep RUN` finds its row
+    for run in (heavy, light):
+        queued = next(w for w in rows[run.run_id].waits if w.stage == "rollouts")
+        assert 1.0 <= queued.longest_wait_s <= waited + 1.0, (queued, waited)
+        line = next((line for line in table.splitlines() if run.run_id in line), None)
+        assert line is not None and f"rollouts: {queued.queued} queued" in line, table
+    as_json = {r["run_id"]: r for r in json.loads(listed)}
+    assert as_json[light.run_id]["waits"][0]["stage"] == "rollouts"
+    assert (
+        as_json[light.run_id]["waits"][0]["queued"] == 8
+        and as_json[light.run_id]["waits"][0]["longest_wait_s"] >= 1
+    )
+    assert as_json[heavy.run_id]["scheduling"] == {
+        "priority": 3,
+        "fairness_key": "team-heavy",
+        "fairness_weight": 3.0,
+    }
+
+
+def dgrpo_runs(*flags: str) -> str:
+    """What ``dgrpo runs FLAGS`` prints off a terminal (piped, as into ``grep`` or a script)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cmd_runs(build_parser().parse_args(["runs", *flags])) == 0
+    return out.getvalue()
 
 
 async def test_a_high_priority_run_overtakes_a_low_priority_backlog(client: Client, task_queue: str) -> None:
@@ -171,3 +208,41 @@ async def test_a_run_beyond_the_operators_bounds_is_refused_at_its_first_activit
             await (await start(client, spec)).result()
     assert refused in str(failed.value.cause) and failed.value.cause.type == CONFIG_ERROR
     assert stubs.calls == []  # nothing ran: refused before the activity did anything
+
+
+@activity.defn(name="fails_first")
+async def fails_first() -> None:
+    if activity.info().attempt == 1:
+        raise ApplicationError("the first attempt fails")
+
+
+@workflow.defn(sandboxed=False)
+class RetriesAfterAMinute:
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.execute_activity(
+            fails_first,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(initial_interval=timedelta(seconds=60), maximum_attempts=2),
+        )
+
+
+async def test_a_retry_waiting_out_its_backoff_is_retrying_not_queued(
+    client: Client, task_queue: str
+) -> None:
+    """What ``dgrpo runs`` says of an activity whose attempt failed: its retry comes due in about a minute; no
+    worker is awaited yet, so it is no queue wait."""
+    async with Worker(
+        client, task_queue=task_queue, workflows=[RetriesAfterAMinute], activities=[fails_first]
+    ):
+        handle = await client.start_workflow(RetriesAfterAMinute.run, id=task_queue, task_queue=task_queue)
+        for _ in range(300):
+            pending = list((await handle.describe()).raw_description.pending_activities)
+            if pending and pending[0].attempt == 2:
+                break
+            await asyncio.sleep(0.1)
+        waits = stage_waits(pending, datetime.now(UTC))
+        await handle.terminate("seen")
+    assert [(w.stage, w.queued, w.retrying, w.running) for w in waits] == [("fails_first", 0, 1, 0)]
+    assert waits[0].next_retry_s is not None and 40 < waits[0].next_retry_s <= 60, waits
+    assert waits_text(waits).startswith("fails_first: 1 retrying in ")

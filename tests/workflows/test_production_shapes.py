@@ -1,7 +1,9 @@
 """A Qwen3-architecture model through the whole loop, on each engine: the tests' tiny random Qwen3
 (base_models/random_shapes.py, ``tiny_qwen3`` in tests/conftest.py) named by its directory as ``base_model`` (under
 the workers' ``DGRPO_MODEL_ROOTS``), served by a real ``dgrpo worker all --model DIR`` with our CPU engine and with
-vLLM's CPU build, trained by its trainer child.
+vLLM's CPU build, trained by its trainer child: on vLLM's worker the trainer alone, on our engine's a gang of two
+ranks under FSDP (``--ranks 2``, activities/gang/), whose checkpoints the server and a one-device trainer read as
+they read any.
 
 One run per engine: rollouts of a conversation with a tool call (examples/shape_check.py), the judge,
 advantages, training, publish and reload for step 1; the run terminated and started again (resume from checkpoint
@@ -12,6 +14,7 @@ for SmolLM2; and the importance ratio each step reports is 1."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,7 +26,7 @@ import torch
 from temporalio.client import Client
 
 from activities import trajectory_store
-from activities.checkpoints import download_checkpoint
+from activities.checkpoints import TRAINER_STATE_FILE, download_checkpoint
 from activities.object_store import ObjectStore
 from activities.tokenize import build_sequences
 from activities.trainer import Trainer
@@ -58,7 +61,9 @@ def engine(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def queues(engine: str) -> TaskQueues:
+def queues(engine: str, tiny_gang_queues: TaskQueues) -> TaskQueues:
+    if engine == "cpu":
+        return tiny_gang_queues
     suffix = f"{engine}-{uuid.uuid4().hex[:8]}"
     return TaskQueues(control=f"sh-c-{suffix}", inference=f"sh-i-{suffix}", trainer=f"sh-t-{suffix}")
 
@@ -69,12 +74,16 @@ def worker(
     tiny_qwen3: Path,
     stack: EmbeddedStack,
     queues: TaskQueues,
+    tiny_gang_worker: WorkerProcess,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[WorkerProcess]:
-    """``dgrpo worker all --model <tiny Qwen3> [--engine vllm]``."""
+    """Our engine: the session's ``dgrpo worker all --model <tiny Qwen3> --ranks 2`` (tests/conftest.py); vLLM:
+    ``dgrpo worker all --model <tiny Qwen3> --engine vllm`` of its own."""
+    if engine == "cpu":
+        yield tiny_gang_worker
+        return
     home = tmp_path_factory.mktemp(f"shapes-{engine}")
-    flags = ["--model", str(tiny_qwen3)]
-    flags += ["--engine", "vllm", "--max-lora-rank", "16"] if engine == "vllm" else []
+    flags = ["--model", str(tiny_qwen3), "--engine", "vllm", "--max-lora-rank", "16"]
     env = {ENV_HOME: str(home)}
     proc = WorkerProcess("all", home / "worker.log", task_queues=queues, env=env, cwd=REPO, extra_args=flags)
     proc.start()
@@ -155,6 +164,8 @@ async def test_a_qwen3_shaped_model_trains_publishes_reloads_and_resumes(
     store = ObjectStore(s3_settings)
     for step in range(STEPS + 1):
         assert store.exists(checkpoint_prefix(spec.run_id, step) + MANIFEST_NAME), f"no checkpoint {step}"
+    trained_by = json.loads(store.get_bytes(checkpoint_prefix(spec.run_id, STEPS) + TRAINER_STATE_FILE))
+    assert trained_by.get("world_size", 1) == (2 if engine == "cpu" else 1), trained_by
 
     # The rollouts carried the tool call, its result and two sampled turns each, offered the tool.
     groups = trajectory_store.table_to_groups(

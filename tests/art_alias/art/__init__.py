@@ -18,10 +18,12 @@ import dgrpo
 
 # Every dgrpo module is registered under its art name before any is imported as art.<name>: importing one
 # fresh would rebind its parent's attribute (art.utils.iterate_dataset, a function, to its module). The
-# `dgrpo` command (dgrpo.cli) is not ART's API, and its __main__ would run it. A refused ART path has no file
-# here: `import art.<path>` raises as `import dgrpo.<path>` does (dgrpo/art_compat/refusals.py).
+# `dgrpo` command (dgrpo.cli) and its ART server (dgrpo.art_server, which needs FastAPI) are not ART's API, and the
+# CLI's __main__ would run it. A refused ART path has no file here: `import art.<path>` raises as
+# `import dgrpo.<path>` does (dgrpo/art_compat/refusals.py).
+NOT_ART = ("dgrpo.cli", "dgrpo.art_server")
 for _info in pkgutil.walk_packages(dgrpo.__path__, "dgrpo."):
-    if _info.name == "dgrpo.cli" or _info.name.startswith("dgrpo.cli."):
+    if _info.name in NOT_ART or _info.name.startswith(tuple(f"{name}." for name in NOT_ART)):
         continue
     sys.modules["art" + _info.name.removeprefix("dgrpo")] = importlib.import_module(_info.name)
 sys.modules[__name__] = dgrpo
