@@ -10,13 +10,17 @@ A checkpoint directory (local staging dir or ``runs/<run>/checkpoints/<step:06d>
 - ``trainer_state.json``: step, run id, base model, seed, the micro-batch the step finished with.
 - ``rng_state.pt``: torch's RNG state after the step.
 - ``metrics.json``: the step's training metrics.
-- ``manifest.json`` (in S3 only): every file with its sha256, written last by ``ObjectStore.put_dir``.
+- ``adapter_manifest.json`` (in S3 only): the adapter's files with their sha256, written once they are in: the
+  checkpoint is *servable* (reload needs no more), while the rest may still be uploading.
+- ``manifest.json`` (in S3 only): every file with its sha256, written last by ``ObjectStore.put_dir``: the
+  checkpoint is *resumable*. Resume, retention and the ART client trust only this one.
 - ``.sha256.json`` (staged only, never uploaded): each file's sha256 as staging wrote it, so publishing does
   not read the files twice.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -32,7 +36,7 @@ from host.files import inside, write_dir_atomic, write_json_atomic
 from schemas import layout
 from schemas.config import ModelSpec
 from schemas.errors import CheckpointMismatchError, CorruptCheckpointError, UnsafePathError
-from schemas.refs import CheckpointRef, Manifest
+from schemas.refs import AdapterRef, CheckpointRef, Manifest, ManifestEntry
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,29 @@ HASHES_FILE = ".sha256.json"
 """In a staged checkpoint: each file's sha256, computed from the bytes staging wrote."""
 VERIFIED_MARKER = ".manifest_sha256"
 """In a downloaded checkpoint: the sha256 of the manifest its files were verified against."""
+ADAPTER_FILE_PREFIX = "adapter_"
+"""The files of a checkpoint the inference servers read (``adapter_config.json``, ``adapter_model.safetensors``)."""
+
+
+def serves(path: str) -> bool:
+    """Whether a checkpoint file is one the servers read (the optimizer and trainer state stay in the store)."""
+    return path.startswith(ADAPTER_FILE_PREFIX)
+
+
+def adapter_manifest(manifest: Manifest) -> Manifest:
+    """The adapter manifest of a checkpoint whose (whole or adapter) manifest is ``manifest``: its adapter's files,
+    by path, and nothing else. Its JSON (``adapter_manifest_bytes``) is what ``publish_adapter`` writes."""
+    return Manifest(files=sorted((e for e in manifest.files if serves(e.path)), key=lambda e: e.path))
+
+
+def adapter_manifest_bytes(manifest: Manifest) -> bytes:
+    return adapter_manifest(manifest).model_dump_json(indent=2).encode()
+
+
+def adapter_sha256(manifest: Manifest) -> str:
+    """The adapter's identity (``AdapterRef.adapter_sha256``): the sha256 of its adapter manifest, the same whether
+    read from that file or derived from the whole manifest."""
+    return hashlib.sha256(adapter_manifest_bytes(manifest)).hexdigest()
 
 
 class TrainerState(BaseModel):
@@ -153,31 +180,106 @@ def check_checkpoint_fits(state: TrainerState, model: ModelSpec, where: str) -> 
         )
 
 
+def _staged_files(staging: Path, only: Callable[[str], bool] | None = None) -> dict[str, str]:
+    """Each staged file's sha256 by path (as staging wrote it, else read now), bookkeeping left out."""
+    hashes = staged_hashes(staging)
+    manifests = (layout.MANIFEST_NAME, layout.ADAPTER_MANIFEST_NAME)
+    return {
+        rel: hashes.get(rel) or sha256_file(p)[0]
+        for p in staging.rglob("*")
+        if p.is_file()
+        and not p.name.startswith(".")
+        and (rel := p.relative_to(staging).as_posix()) not in manifests
+        and (only is None or only(rel))
+    }
+
+
+def _published_as(
+    store: ObjectStore,
+    prefix: str,
+    name: str,
+    files: dict[str, str],
+    only: Callable[[str], bool] | None = None,
+) -> str | None:
+    """The sha256 of manifest ``name`` under ``prefix`` when it lists exactly ``files`` (path -> sha256; with
+    ``only``, of the files it lists that ``only`` picks); else None, and a manifest that lists others is deleted
+    first: its step is being published again with other files, and no reader may pair it with the new ones."""
+    try:
+        manifest, sha = store.read_manifest(prefix, name)
+    except CorruptCheckpointError:
+        return None
+    if {e.path: e.sha256 for e in manifest.files if only is None or only(e.path)} == files:
+        return sha
+    log.warning("%s lists other files than this staging: replaced", store.uri(prefix + name))
+    store.delete_prefix(prefix + name)
+    return None
+
+
+AdapterFiles = dict[str, tuple[bytes, str]]
+"""A staged step's adapter files: name -> (bytes, sha256), as the trainer serialized them (first)."""
+
+
+def adapter_files_on_disk(staging: Path) -> AdapterFiles:
+    """The adapter files of a staged step on disk, with their sha256 (as staging wrote them, else read now)."""
+    return {
+        name: ((staging / name).read_bytes(), sha) for name, sha in _staged_files(staging, serves).items()
+    }
+
+
+def publish_adapter(
+    store: ObjectStore,
+    staging: Path,
+    run_id: str,
+    step: int,
+    files: AdapterFiles | None = None,
+    uploaded: bool = False,
+) -> tuple[AdapterRef, Manifest]:
+    """Upload a staged step's adapter files (``files``: from memory, as the trainer serialized them; else from
+    ``staging``; ``uploaded``: they went up already, activities/early_upload.py), then its adapter manifest: the
+    checkpoint is servable. The same adapter already up is reused. Also that adapter manifest."""
+    prefix = layout.checkpoint_prefix(run_id, step)
+    files = adapter_files_on_disk(staging) if files is None else files
+    hashes = {name: sha for name, (_, sha) in files.items()}
+    manifest = adapter_manifest(
+        Manifest(
+            files=[ManifestEntry(path=n, size=len(data), sha256=sha) for n, (data, sha) in files.items()]
+        )
+    )
+    listed = set(store.list(prefix, recursive=False))
+    if prefix + layout.MANIFEST_NAME in listed:  # resumable with another adapter: no longer, first
+        _published_as(store, prefix, layout.MANIFEST_NAME, hashes, only=serves)
+    sha = None
+    if prefix + layout.ADAPTER_MANIFEST_NAME in listed:
+        sha = _published_as(store, prefix, layout.ADAPTER_MANIFEST_NAME, hashes)
+    if sha is None:
+        for name, (data, digest) in files.items():
+            if not uploaded or listed & {
+                prefix + layout.MANIFEST_NAME,
+                prefix + layout.ADAPTER_MANIFEST_NAME,
+            }:
+                store.put_bytes(prefix + name, data, digest)
+        sha = store.put_bytes(prefix + layout.ADAPTER_MANIFEST_NAME, adapter_manifest_bytes(manifest)).sha256
+    return AdapterRef(run_id=run_id, step=step, uri=store.uri(prefix), adapter_sha256=sha), manifest
+
+
 def publish_staged(
     store: ObjectStore, staging: Path, run_id: str, step: int, metadata: dict[str, Any] | None = None
 ) -> CheckpointRef:
-    """Upload a staged checkpoint (manifest last); a complete checkpoint with the same files is reused."""
+    """Upload a staged checkpoint: its adapter first (``publish_adapter``: servable), then the rest, manifest last
+    (resumable). A complete checkpoint with the same files is reused, and adapter files already up are not
+    uploaded again."""
     if not (staging / TRAINER_STATE_FILE).is_file():
         raise CorruptCheckpointError(f"{staging} is not a staged checkpoint (no {TRAINER_STATE_FILE})")
     prefix = layout.checkpoint_prefix(run_id, step)
-    hashes = staged_hashes(staging)
     if store.is_complete(prefix):
-        local = {
-            rel: hashes.get(rel) or sha256_file(p)[0]
-            for p in staging.rglob("*")
-            if p.is_file()
-            and not p.name.startswith(".")
-            and (rel := p.relative_to(staging).as_posix()) != layout.MANIFEST_NAME
-        }
-        try:
-            manifest, sha = store.read_manifest(prefix)
-        except CorruptCheckpointError:
-            manifest, sha = None, ""
-        if manifest is not None and {e.path: e.sha256 for e in manifest.files} == local:
+        sha = _published_as(store, prefix, layout.MANIFEST_NAME, _staged_files(staging))
+        if sha is not None:
             log.info("checkpoint %s already published with the same files", store.uri(prefix))
             return CheckpointRef(run_id=run_id, step=step, uri=store.uri(prefix), manifest_sha256=sha)
+    _, adapter = publish_adapter(store, staging, run_id, step)
     meta = {k: v for k, v in (metadata or {}).items() if isinstance(v, str | int | float | bool) or v is None}
-    return store.publish_checkpoint(staging, run_id, step, meta, hashes)
+    present = {e.path: e for e in adapter.files}
+    return store.publish_checkpoint(staging, run_id, step, meta, staged_hashes(staging), present=present)
 
 
 def staged_hashes(staging: Path) -> dict[str, str]:
@@ -210,14 +312,68 @@ def republish_checkpoint(
     return publish_staged(store, target, source.run_id, step, {"copied_from_step": source.step})
 
 
-def download_checkpoint(
-    store: ObjectStore, ref: CheckpointRef, local: Path, only: Callable[[str], bool] | None = None
-) -> Manifest | None:
+def download_checkpoint(store: ObjectStore, ref: CheckpointRef, local: Path) -> Manifest | None:
     """Download the published checkpoint ``ref`` (``ObjectStore.get_checkpoint``: its manifest is the one
-    published, every file sha256-verified) into ``local``: all its files, or ``only`` some (the adapter's, to
-    serve it). A copy verified against that manifest is reused: then None, else the manifest."""
+    published, every file sha256-verified) into ``local``. A copy verified against that manifest is reused:
+    then None, else the manifest."""
+    return _download(local, ref.manifest_sha256, lambda tmp: store.get_checkpoint(ref, tmp))
+
+
+def read_adapter_manifest(store: ObjectStore, prefix: str) -> tuple[Manifest, str]:
+    """The adapter's files of checkpoint ``prefix`` and its ``adapter_sha256``: from its adapter manifest (servable),
+    else from its whole manifest (a checkpoint written before adapter manifests); CorruptCheckpointError when it
+    has neither."""
+    try:
+        manifest, sha = store.read_manifest(prefix, layout.ADAPTER_MANIFEST_NAME)
+    except CorruptCheckpointError as missing:
+        try:
+            whole, _ = store.read_manifest(prefix)
+        except CorruptCheckpointError:
+            raise missing from None
+        return adapter_manifest(whole), adapter_sha256(whole)
+    return manifest, sha
+
+
+def adapter_ref(store: ObjectStore, ref: CheckpointRef | AdapterRef) -> tuple[AdapterRef, Manifest]:
+    """``ref``'s adapter as an ``AdapterRef``, and its adapter manifest, checked to be the one ``ref`` names:
+    CorruptCheckpointError when the checkpoint was published again (trained again, or overwritten) since."""
+    prefix = store.key(ref.uri)
+    if isinstance(ref, AdapterRef):
+        manifest, sha = read_adapter_manifest(store, prefix)
+        if sha != ref.adapter_sha256:
+            raise CorruptCheckpointError(
+                f"{ref.uri}: its adapter changed since step {ref.step} was published (adapter sha256 {sha[:12]}… "
+                f"vs {ref.adapter_sha256[:12]}…): the step was trained again or overwritten"
+            )
+        return ref, manifest
+    whole, sha = store.read_manifest(prefix)
+    if sha != ref.manifest_sha256:
+        raise CorruptCheckpointError(
+            f"{ref.uri}: its manifest changed since step {ref.step} was published "
+            f"(sha256 {sha[:12]}… vs {ref.manifest_sha256[:12]}…); it was overwritten"
+        )
+    servable = AdapterRef(run_id=ref.run_id, step=ref.step, uri=ref.uri, adapter_sha256=adapter_sha256(whole))
+    return servable, adapter_manifest(whole)
+
+
+def download_adapter(
+    store: ObjectStore, ref: CheckpointRef | AdapterRef, local: Path
+) -> tuple[AdapterRef, Manifest, bool]:
+    """Download the adapter's files of ``ref`` (servable or resumable), each verified against the manifest ``ref``
+    names, into ``local``; a copy verified against the same adapter is reused. The adapter, its manifest and
+    whether it was downloaded now."""
+    servable, manifest = adapter_ref(store, ref)
+    prefix = store.key(ref.uri)
+    fresh = _download(
+        local, f"adapter {servable.adapter_sha256}", lambda tmp: store.get_dir(prefix, tmp, manifest)
+    )
+    return servable, manifest, fresh is not None
+
+
+def _download(local: Path, verified: str, get: Callable[[Path], Manifest]) -> Manifest | None:
+    """``get`` into a temporary directory renamed to ``local``, marked ``verified``; None when ``local`` already
+    holds a copy so marked."""
     marker = local / VERIFIED_MARKER
-    verified = ref.manifest_sha256 if only is None else f"{ref.manifest_sha256} (some files)"
     if marker.is_file() and marker.read_text() == verified:
         return None
     if local.exists():
@@ -225,7 +381,7 @@ def download_checkpoint(
     tmp = local.with_name(f".{local.name}.download")
     if tmp.exists():
         shutil.rmtree(tmp)
-    manifest = store.get_checkpoint(ref, tmp, only)
+    manifest = get(tmp)
     (tmp / VERIFIED_MARKER).write_text(verified)
     os.replace(tmp, local)
     return manifest

@@ -17,7 +17,7 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
@@ -223,9 +223,10 @@ class ObjectStore:
             )
         return ObjectRef(uri=self.uri(key), size=size, sha256=sha256)
 
-    def put_bytes(self, key: str, data: bytes) -> ObjectRef:
+    def put_bytes(self, key: str, data: bytes, sha256: str | None = None) -> ObjectRef:
+        """Upload ``data`` to ``key``; ``sha256``: its digest where the caller has it (not computed again)."""
         key = self.key(key)
-        return self._put_stream(key, io.BytesIO(data), len(data), hashlib.sha256(data).hexdigest())
+        return self._put_stream(key, io.BytesIO(data), len(data), sha256 or hashlib.sha256(data).hexdigest())
 
     def put_file(self, local: str | Path, key: str) -> ObjectRef:
         key = self.key(key)
@@ -309,10 +310,16 @@ class ObjectStore:
         prefix: str,
         metadata: ManifestMetadata | None = None,
         sha256: dict[str, str] | None = None,
+        *,
+        only: Callable[[str], bool] | None = None,
+        present: Mapping[str, ManifestEntry] | None = None,
+        manifest_name: str = layout.MANIFEST_NAME,
     ) -> ObjectRef:
         """Upload every file under ``local_dir`` (several at once), then the manifest LAST; returns the manifest's
         ref. Hidden files (a name starting with ``.``) are local bookkeeping and stay behind. ``sha256``: the
         files' digests where the caller has them (computed as it wrote them), so they are not read twice.
+        ``only``: the files (paths under ``local_dir``) to upload, default all; ``present``: files already in
+        place under ``prefix`` (listed in the manifest, not uploaded again); ``manifest_name``: the manifest's.
 
         A reader that finds the manifest knows every file listed in it is already in place.
         """
@@ -320,12 +327,16 @@ class ObjectStore:
         prefix = self.key(prefix).rstrip("/") + "/"
         if not root.is_dir():
             raise FileNotFoundError(f"{root} is not a directory")
+        manifests = (layout.MANIFEST_NAME, layout.ADAPTER_MANIFEST_NAME)
         files = [
-            (path, path.relative_to(root).as_posix())
+            (path, rel)
             for path in sorted(p for p in root.rglob("*") if p.is_file())
-            if not path.name.startswith(".") and path.relative_to(root).as_posix() != layout.MANIFEST_NAME
+            if not path.name.startswith(".")
+            and (rel := path.relative_to(root).as_posix()) not in manifests
+            and (only is None or only(rel))
         ]  # a manifest from an earlier download is not uploaded: a fresh one is written below
         known = sha256 or {}
+        present = present or {}
 
         def put(path: Path, rel: str) -> ManifestEntry:
             digest = known.get(rel)
@@ -336,20 +347,21 @@ class ObjectStore:
                     ref = self._put_stream(prefix + rel, f, os.fstat(f.fileno()).st_size, digest)
             return ManifestEntry(path=rel, size=ref.size, sha256=ref.sha256)
 
-        entries = in_threads(lambda file: put(*file), files)
+        entries = in_threads(lambda file: present.get(file[1]) or put(*file), files)
         manifest = Manifest(files=entries, metadata=dict(metadata or {}))
-        return self.put_bytes(prefix + layout.MANIFEST_NAME, manifest.model_dump_json(indent=2).encode())
+        return self.put_bytes(prefix + manifest_name, manifest.model_dump_json(indent=2).encode())
 
-    def read_manifest(self, prefix: str) -> tuple[Manifest, str]:
-        """The manifest under ``prefix`` and its sha256; CorruptCheckpointError when missing or invalid."""
+    def read_manifest(self, prefix: str, name: str = layout.MANIFEST_NAME) -> tuple[Manifest, str]:
+        """The manifest under ``prefix`` (``name``: the adapter's, for a servable checkpoint) and its sha256;
+        CorruptCheckpointError when missing or invalid."""
         prefix = self.key(prefix).rstrip("/") + "/"
-        key = prefix + layout.MANIFEST_NAME
+        key = prefix + name
         try:
             raw = self.get_bytes(key)
         except StoreError as err:
             if isinstance(err.__cause__, S3Error) and err.__cause__.code in MISSING_CODES:
                 raise CorruptCheckpointError(
-                    f"{self.uri(prefix)} has no {layout.MANIFEST_NAME}: the upload is incomplete "
+                    f"{self.uri(prefix)} has no {name}: the upload is incomplete "
                     "(interrupted before its manifest was written) or the prefix is wrong"
                 ) from None
             raise
@@ -443,11 +455,13 @@ class ObjectStore:
         step: int,
         metadata: ManifestMetadata | None = None,
         sha256: dict[str, str] | None = None,
+        present: Mapping[str, ManifestEntry] | None = None,
     ) -> CheckpointRef:
-        """Upload ``local_dir`` as the run's checkpoint of ``step`` (manifest last; ``sha256`` as in ``put_dir``)."""
+        """Upload ``local_dir`` as the run's checkpoint of ``step`` (manifest last; ``sha256`` and ``present`` as
+        in ``put_dir``)."""
         prefix = layout.checkpoint_prefix(run_id, step)
         meta: ManifestMetadata = {"run_id": run_id, "step": step, **(metadata or {})}
-        ref = self.put_dir(local_dir, prefix, meta, sha256)
+        ref = self.put_dir(local_dir, prefix, meta, sha256, present=present)
         return CheckpointRef(run_id=run_id, step=step, uri=self.uri(prefix), manifest_sha256=ref.sha256)
 
     def checkpoint_steps(self, run_id: str) -> builtins.list[int]:

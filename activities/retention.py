@@ -1,10 +1,12 @@
 """Checkpoint retention (control queue): which of a run's checkpoints to delete, and deleting them.
 
 One home for ART's ``delete_checkpoints`` rule, used by the ART-style client (``model.delete_checkpoints``)
-and, after every published step, by ``TrainingRun`` when its spec sets ``checkpoints.keep_last``: keep the
-newest ``keep_last``, the best by a metric (the metrics Parquet, then the manifests' metadata) and any
-protected step (the one being served); delete the rest, each manifest first so a half-deleted checkpoint
-never looks complete.
+and, after every served step, by ``TrainingRun`` when its spec sets ``checkpoints.keep_last``: keep the
+newest ``keep_last`` resumable checkpoints (manifested, as listed when deleting), the best by a metric (the
+metrics Parquet, then the manifests' metadata), any protected step and every step from ``keep_from`` on (the
+oldest one the run serves, reloads or samples with, or may yet); delete the rest, each manifest first so a
+half-deleted checkpoint never looks complete (nor servable). A checkpoint that is only servable (its optimizer
+state still uploading) is never listed, so never deleted.
 """
 
 from __future__ import annotations
@@ -53,12 +55,20 @@ def complete_checkpoint_steps(store: ObjectStore, run_id: str) -> list[int]:
 
 
 def select_checkpoints_to_delete(
-    store: ObjectStore, run_id: str, metric: str | None, keep_last: int, protect: Iterable[int] = ()
+    store: ObjectStore,
+    run_id: str,
+    metric: str | None,
+    keep_last: int,
+    protect: Iterable[int] = (),
+    keep_from: int | None = None,
 ) -> list[int]:
-    """Steps to delete: all but the newest ``keep_last``, the one with the highest ``metric`` and ``protect``."""
+    """Steps to delete: all but the newest ``keep_last``, the one with the highest ``metric``, ``protect`` and
+    every step from ``keep_from`` on."""
     steps = complete_checkpoint_steps(store, run_id)
     keep = set(steps[-keep_last:]) if keep_last > 0 else set()
     keep.update(protect)
+    if keep_from is not None:
+        keep.update(s for s in steps if s >= keep_from)
     if metric is not None:
         recorded = metrics_by_step(store, run_id)
         scored = {s: m[metric] for s, m in recorded.items() if metric in m and s in steps}
@@ -81,10 +91,12 @@ def select_checkpoints_to_keep(
 
 
 def delete_checkpoints(store: ObjectStore, run_id: str, steps: Iterable[int]) -> None:
-    """Delete each checkpoint, its manifest first: a half-deleted checkpoint must never look complete."""
+    """Delete each checkpoint, its manifests first: a half-deleted checkpoint must never look complete, nor its
+    adapter servable."""
     for step in steps:
         prefix = layout.checkpoint_prefix(run_id, step)
         store.delete_prefix(prefix + layout.MANIFEST_NAME)
+        store.delete_prefix(prefix + layout.ADAPTER_MANIFEST_NAME)
         store.delete_prefix(prefix)
 
 
@@ -99,11 +111,12 @@ class RetentionActivities:
 
     def _retain(self, input: RetentionInput) -> list[int]:
         doomed = select_checkpoints_to_delete(
-            self.store, input.run_id, input.keep_best_metric, input.keep_last, input.protect
+            self.store, input.run_id, input.keep_best_metric, input.keep_last, input.protect, input.keep_from
         )
         delete_checkpoints(self.store, input.run_id, doomed)
         if doomed:
-            log.info("%s: deleted checkpoints %s (keep_last=%d)", input.run_id, doomed, input.keep_last)
+            log.info("%s: deleted checkpoints %s (keep_last=%d, keep_from=%s)", input.run_id, doomed,
+                     input.keep_last, input.keep_from)  # fmt: skip
         return doomed
 
     @activity.defn(name=ActivityName.RETAIN_CHECKPOINTS)

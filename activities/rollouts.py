@@ -430,6 +430,8 @@ class RolloutActivities:
         with lease:  # no load on this worker unloads the adapter while these rollouts use it (--max-loras)
             if self.serving is not None and input.adapter == adapter_name(input.run_id, input.policy_step):
                 await self.serving.ensure_adapter(input.run_id, input.policy_step)
+            # What samples, by content: a step trained again (its trainer lost) is another adapter of that step.
+            sampler = self.serving.contents.get(input.adapter) if self.serving and input.adapter else None
             models = [
                 RolloutModel(
                     name=input.model_name,
@@ -461,6 +463,8 @@ class RolloutActivities:
             finally:
                 for model in models:
                     await model.aclose()
+        for trajectory in (t for g in groups for t in g.trajectories):
+            trajectory.policy_sha256 = sampler
         try:
             check_numbers(groups, f"rollout {input.task.rollout}")
         except DgrpoError as err:  # nothing is written: a bad reward or logprob never reaches the store

@@ -6,7 +6,9 @@
   ``ServingClient`` objects; our CPU server and vLLM alike.
 - ``store``: the ``ObjectStore`` checkpoints are read from; default ``ObjectStore.from_env()`` on first use.
 - ``adapter_root``: where checkpoints are downloaded (the servers read adapters from this machine's disk);
-  default ``$DGRPO_HOME/adapters``. A checkpoint lands in ``layout.local_step_dir(root, run_id, step)``.
+  default ``$DGRPO_HOME/adapters``. A checkpoint's adapter files land in ``layout.local_step_dir(root, run_id,
+  step)``; a checkpoint is served as soon as it is servable (its adapter manifest written), whether or not its
+  optimizer state is in yet, and what a server holds is known by its ``adapter_sha256``, never by its step.
 - ``leases``: an ``AdapterLeases`` shared with the rollout activities, which hold their adapter while they run;
   nothing here evicts a held adapter.
 - ``engine``: the ``EngineSettings`` the servers run with (the operator's); ``reload`` refuses a run they
@@ -37,7 +39,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import progress
-from activities.checkpoints import download_checkpoint
+from activities.checkpoints import download_adapter, read_adapter_manifest
 from activities.engine_liveness import EngineLiveness
 from activities.errors import application_error
 from activities.fleet_metrics import fleet_metrics
@@ -45,9 +47,9 @@ from activities.object_store import WORKER_OUTAGE_S, ObjectStore
 from host.files import inside
 from schemas import layout
 from schemas.activities import ActivityName, ReloadInput, ReloadResult, ServingControlInput
-from schemas.errors import CONFIG_ERROR, CORRUPT_LOCAL_COPY, DgrpoError
+from schemas.errors import CONFIG_ERROR, CORRUPT_LOCAL_COPY, CorruptCheckpointError, DgrpoError
 from schemas.layout import adapter_name
-from schemas.refs import CheckpointRef
+from schemas.refs import AdapterRef, CheckpointRef
 from schemas.settings import EngineSettings, dgrpo_home
 from serving.client import ServingClient, ServingError
 
@@ -55,9 +57,6 @@ log = logging.getLogger(__name__)
 
 Listings = dict[str, dict[str, str]]
 """A server's base URL -> its adapters (name -> directory), as one reload last saw them."""
-
-ADAPTER_FILE_PREFIX = "adapter_"
-"""Checkpoint files the server reads (``adapter_config.json``, ``adapter_model.safetensors``)."""
 
 
 class AdapterLeases:
@@ -93,11 +92,6 @@ class AdapterLeases:
     def least_recently_used(self, names: Iterable[str]) -> list[str]:
         """``names`` oldest use first; one never loaded or used by this worker counts as oldest."""
         return sorted(names, key=lambda n: (self._used.get(n, float("-inf")), n))
-
-
-def _serves(path: str) -> bool:
-    """Whether a checkpoint file is one the server reads (the optimizer state stays in the store)."""
-    return path.startswith(ADAPTER_FILE_PREFIX)
 
 
 def _heartbeat(*details: Any) -> None:
@@ -139,7 +133,7 @@ class ServingActivities:
         self.served: dict[str, Path] = {}
         """Adapters this worker loaded and has not evicted: name -> verified local copy (for ``restore``)."""
         self.contents: dict[str, str] = {}
-        """Adapter name -> manifest sha256 of the checkpoint loaded under it on this worker's servers."""
+        """Adapter name -> ``adapter_sha256`` of the adapter loaded under it on this worker's servers."""
         self._ensuring = asyncio.Lock()  # shards of one step on this worker: one downloads, the others wait
 
     @property
@@ -194,8 +188,10 @@ class ServingActivities:
 
     @activity.defn(name=ActivityName.RELOAD)
     async def reload(self, input: ReloadInput) -> ReloadResult:
-        """Download checkpoint ``input.checkpoint`` (sha256-verified), load it as ``<run id>@<step>`` on every
-        server (replacing one of that name loaded from another run's checkpoint), then evict this model's adapters beyond the newest ``keep_adapters`` that no lease holds."""
+        """Download the adapter of checkpoint ``input.checkpoint`` (servable or resumable; sha256-verified), load it
+        as ``<run id>@<step>`` on every server (replacing one of that name with other content: another run's, or
+        the step's before it was trained again), then evict this model's adapters beyond the newest
+        ``keep_adapters`` that no lease holds."""
         return await self.liveness.guard(self._reload(input))
 
     async def _reload(self, input: ReloadInput) -> ReloadResult:
@@ -215,7 +211,10 @@ class ServingActivities:
         self._forget(unloaded)
         fleet_metrics().steps_served.add(1)
         return ReloadResult(
-            adapter=name, servers=[c.base_url for c in self.clients], unloaded=sorted(set(unloaded))
+            adapter=name,
+            servers=[c.base_url for c in self.clients],
+            unloaded=sorted(set(unloaded)),
+            adapter_sha256=self.contents[name],
         )
 
     def _forget(self, unloaded: Iterable[str]) -> None:
@@ -241,33 +240,41 @@ class ServingActivities:
         async with self._ensuring:
             prefix = layout.checkpoint_prefix(run_id, step)
             try:
-                _, sha = await asyncio.to_thread(self.store.read_manifest, prefix)
+                _, sha = await asyncio.to_thread(read_adapter_manifest, self.store, prefix)
             except DgrpoError as err:
                 raise application_error(err) from err
             stale = self.contents.get(name) != sha
             missing = [c for c in self.clients if stale or name not in await c.adapters()]
             if missing:
-                ref = CheckpointRef(run_id=run_id, step=step, uri=self.store.uri(prefix), manifest_sha256=sha)
-                self.served[name] = await self._download_and_load(missing, name, ref)
+                ref = AdapterRef(run_id=run_id, step=step, uri=self.store.uri(prefix), adapter_sha256=sha)
+                self.served[name] = await self._download_and_load(missing, name, ref, republished_ok=True)
                 self._forget(await self._cap(current=name))
         return name
 
     async def _download_and_load(
-        self, clients: Sequence[ServingClient], name: str, ref: CheckpointRef, listed: Listings | None = None
+        self,
+        clients: Sequence[ServingClient],
+        name: str,
+        ref: CheckpointRef | AdapterRef,
+        listed: Listings | None = None,
+        republished_ok: bool = False,
     ) -> Path:
-        """Download ``ref`` (sha256-verified) and load it as ``name`` on ``clients``; its local copy. ``listed``
-        gets each client's adapters as they are after the load."""
+        """Download ``ref``'s adapter (sha256-verified) and load it as ``name`` on ``clients``; its local copy.
+        ``listed`` gets each client's adapters as they are after the load. ``republished_ok``: ``ref`` is the
+        step's adapter as just read, so one published again meanwhile (its step trained again) is retried."""
         listed = {} if listed is None else listed
         local = self.local_dir(ref.run_id, ref.step)
         _heartbeat("download", name)
         try:
             with progress.stage("download"):  # a download that hangs stops the heartbeats
-                fresh = await asyncio.to_thread(download_checkpoint, self.store, ref, local, _serves)
+                servable, manifest, fresh = await asyncio.to_thread(download_adapter, self.store, ref, local)
                 # A copy downloaded now was verified as it arrived; one downloaded before is verified by the server.
-                sha256 = None
-                if fresh is None:
-                    manifest, _ = await asyncio.to_thread(self.store.read_manifest, self.store.key(ref.uri))
-                    sha256 = {e.path: e.sha256 for e in manifest.files if _serves(e.path)}
+                sha256 = None if fresh else {e.path: e.sha256 for e in manifest.files}
+        except CorruptCheckpointError as err:
+            if republished_ok:
+                raise ApplicationError(f"{name}: {err}; the step was published again: retried",
+                                       type=CORRUPT_LOCAL_COPY) from err  # fmt: skip
+            raise application_error(err) from err
         except DgrpoError as err:  # a corrupt or overwritten checkpoint, an unreachable or refusing store
             raise application_error(err) from err
         for client in clients:
@@ -279,12 +286,12 @@ class ServingActivities:
             adapters = listed[client.base_url] = await client.adapters()
             loaded_from = adapters.get(name)
             replace = loaded_from is not None and (
-                Path(loaded_from) != local or self.contents.get(name) != ref.manifest_sha256
+                Path(loaded_from) != local or self.contents.get(name) != servable.adapter_sha256
             )
             if replace:
-                log.warning("%s on %s was loaded from %s (manifest %s); replacing it with %s (manifest %s)", name,
+                log.warning("%s on %s was loaded from %s (adapter %s); replacing it with %s (adapter %s)", name,
                             client.base_url, loaded_from, str(self.contents.get(name))[:12], local,
-                            ref.manifest_sha256[:12])  # fmt: skip
+                            servable.adapter_sha256[:12])  # fmt: skip
             try:
                 with progress.stage("load"):
                     loaded = await client.load_adapter(name, str(local), sha256, replace=replace)
@@ -305,7 +312,7 @@ class ServingActivities:
             if loaded:
                 fleet_metrics().adapter_loads.add(1)
             adapters[name] = str(local)
-        self.contents[name] = ref.manifest_sha256
+        self.contents[name] = servable.adapter_sha256
         self.leases.touch(name)
         return local
 

@@ -59,13 +59,24 @@ class Snapshot:
         copied = {name: tensor.detach().clone() for name, tensor in adapter.items()}
         return cls(copied, adapter_config, state, torch.get_rng_state())
 
-    def write(self, directory: str | Path) -> dict[str, str]:
-        """Write the files into ``directory``; their sha256 by file name."""
+    def adapter_files(self) -> dict[str, tuple[bytes, str]]:
+        """The adapter's files (what the servers load) serialized, with their sha256: made first, so they can go
+        up before the rest is written."""
         files = {
             ADAPTER_WEIGHTS: save(self.adapter, metadata={"format": "pt"}),
             ADAPTER_CONFIG: self.adapter_config.encode(),
-            RNG_STATE_FILE: _torch_bytes(self.rng),
         }
+        return {name: (data, hashlib.sha256(data).hexdigest()) for name, data in files.items()}
+
+    def write(
+        self, directory: str | Path, adapter: dict[str, tuple[bytes, str]] | None = None
+    ) -> dict[str, str]:
+        """Write the files into ``directory`` (``adapter``: its files as ``adapter_files`` made them); their sha256
+        by file name."""
+        adapter = self.adapter_files() if adapter is None else adapter
+        for name, (data, _) in adapter.items():
+            (Path(directory) / name).write_bytes(data)
+        files = {RNG_STATE_FILE: _torch_bytes(self.rng)}
         if self.optimizer is not None:
             tensors = {
                 f"state.{index}.{name}": value
@@ -75,7 +86,7 @@ class Snapshot:
             files[OPTIMIZER_FILE] = save(
                 tensors, metadata={PARAM_GROUPS: json.dumps(self.optimizer[PARAM_GROUPS])}
             )
-        hashes = {}
+        hashes = {name: sha for name, (_, sha) in adapter.items()}
         for name, data in files.items():
             (Path(directory) / name).write_bytes(data)
             hashes[name] = hashlib.sha256(data).hexdigest()

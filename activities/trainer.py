@@ -115,7 +115,11 @@ def check_finite_update(step: int, loss: float, grad_norm: float) -> None:
 def check_finite_adapter(directory: str | Path) -> None:
     """Raise ``NonFiniteUpdateError`` naming the first tensor of ``directory``'s adapter that holds a NaN or
     an inf (checked before a checkpoint is published)."""
-    weights = load_file(str(Path(directory) / ADAPTER_WEIGHTS))
+    check_finite_weights(load_file(str(Path(directory) / ADAPTER_WEIGHTS)), str(directory))
+
+
+def check_finite_weights(weights: dict[str, torch.Tensor], directory: str) -> None:
+    """``check_finite_adapter`` of the adapter weights ``weights`` staged in ``directory``."""
     for name, tensor in weights.items():
         if not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())

@@ -6,8 +6,8 @@ worker process:
 - ``store``: the worker's ``ObjectStore`` (checkpoints and the step's advantages Parquet).
 - ``staging_root``: a local directory; a trained step is staged in ``<root>/<run_id>/<step:06d>/``.
 - ``worker_id``: names this worker; default ``<host>-<pid>-<random>``. The worker must ALSO poll
-  ``worker_task_queue(trainer_queue, worker_id)``: ``publish`` is sent there, to the worker holding the
-  staged files. Register ``activities.all()`` on both queues.
+  ``worker_task_queue(trainer_queue, worker_id)``: ``publish_adapter`` (servable) and ``publish`` (resumable)
+  are sent there, to the worker holding the staged files. Register ``activities.all()`` on both queues.
 - ``trust_chat_template``: the operator trusts run specs' Jinja (``--trust-request-chat-template``, the
   inference worker's flag); without it a run with a template of its own (``model.chat_template``) is refused.
 
@@ -59,11 +59,13 @@ from activities import progress as stage_progress
 from activities import sft, trajectory_store
 from activities.advantages import read_step_table
 from activities.checkpoints import (
+    AdapterFiles,
     OomState,
     TrainerState,
     check_checkpoint_fits,
     download_checkpoint,
     oom_state_file,
+    publish_adapter,
     publish_staged,
     read_oom_state,
     read_trainer_state,
@@ -74,12 +76,13 @@ from activities.checkpoints import (
 )
 from activities.compute_thread import ComputeThread
 from activities.device import default_device, resolve_precision
+from activities.early_upload import EarlyUploads
 from activities.errors import application_error
 from activities.fleet_metrics import fleet_metrics
 from activities.object_store import ObjectStore
 from activities.run_texts import read_run_text
 from activities.tokenize import ChatTokenizer, TokenizedStep, TrainSequence, build_sequences, run_tokenizer
-from activities.trainer import StepStats, Trainer, check_finite_adapter
+from activities.trainer import StepStats, Trainer, check_finite_adapter, check_finite_weights
 from host.files import write_json_atomic
 from schemas import layout
 from schemas.activities import (
@@ -96,7 +99,7 @@ from schemas.activities import (
 )
 from schemas.config import ModelSpec, TrainConfig
 from schemas.errors import CONFIG_ERROR, OUT_OF_MEMORY, DgrpoError, StagedStateLostError, UnsafePathError
-from schemas.refs import CheckpointRef
+from schemas.refs import AdapterRef, CheckpointRef
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -238,7 +241,8 @@ class Held:
 
 
 class TrainerActivities:
-    """Activities ``train``, ``train_sft``, ``publish``, ``publish_initial``, ``republish``, ``latest_checkpoint``."""
+    """Activities ``train``, ``train_sft``, ``publish_adapter``, ``publish``, ``publish_initial``, ``republish``,
+    ``latest_checkpoint``."""
 
     def __init__(
         self,
@@ -263,6 +267,10 @@ class TrainerActivities:
         # what follows (the next step's training); publishing and continuing from the files wait for the write.
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stager")
         self._writing: dict[Path, concurrent.futures.Future[Path]] = {}
+        # The adapter's files are serialized first and go up at once (activities/early_upload.py):
+        # ``publish_adapter`` writes their manifest, not waiting for the optimizer state to be written.
+        self._adapters: dict[Path, concurrent.futures.Future[AdapterFiles]] = {}
+        self._early = EarlyUploads(store)
         self._compute = ComputeThread()
 
     def all(self) -> list[Callable[..., Any]]:
@@ -270,6 +278,7 @@ class TrainerActivities:
             self.train,
             self.train_sft,
             self.publish,
+            self.publish_adapter,
             self.publish_initial,
             self.republish,
             self.latest_checkpoint,
@@ -379,8 +388,14 @@ class TrainerActivities:
 
     @activity.defn(name=ActivityName.PUBLISH)
     async def publish(self, inp: PublishInput) -> CheckpointRef:
-        """Upload a staged step to ``checkpoints/<step>/`` (manifest last); a retry reuses a complete one."""
+        """Upload a staged step to ``checkpoints/<step>/`` (its adapter first, unless ``publish_adapter`` put it
+        there already; manifest last): resumable. A retry reuses a complete one."""
         return await self._in_thread(lambda _stop: self.publish_sync(inp), {"publishing": inp.step})
+
+    @activity.defn(name=ActivityName.PUBLISH_ADAPTER)
+    async def publish_adapter(self, inp: PublishInput) -> AdapterRef:
+        """Upload a staged step's adapter and its adapter manifest: servable (``publish`` writes the rest)."""
+        return await self._in_thread(lambda _stop: self.publish_adapter_sync(inp), {"publishing": inp.step})
 
     @activity.defn(name=ActivityName.PUBLISH_INITIAL)
     async def publish_initial(self, inp: InitialAdapterInput) -> CheckpointRef:
@@ -624,9 +639,24 @@ class TrainerActivities:
             **({"sft": True} if sft else {}),  # GRPO steps' trainer_state.json stays as it was
         )
         snapshot = trainer.snapshot()
-        written = self._writer.submit(stage_checkpoint, held.directory, snapshot.write, state, metrics)
+        adapter: concurrent.futures.Future[AdapterFiles] = concurrent.futures.Future()
+
+        def write() -> Path:
+            files = None
+            try:
+                files = snapshot.adapter_files()
+                check_finite_weights(snapshot.adapter, str(held.directory))
+            except BaseException as err:  # publish_adapter raises it
+                adapter.set_exception(err)
+            else:
+                adapter.set_result(files)
+                self._early.start(held.directory, files, run_id, step)
+            return stage_checkpoint(held.directory, lambda d: snapshot.write(d, files), state, metrics)
+
+        written = self._writer.submit(write)
         with self._held_lock:
             self._writing[held.directory] = written
+            self._adapters[held.directory] = adapter
         self._hold(held)
         return held
 
@@ -657,19 +687,45 @@ class TrainerActivities:
                     shutil.rmtree(old, ignore_errors=True)
                     with self._held_lock:
                         self._writing.pop(old, None)
+                        self._adapters.pop(old, None)
+                    self._early.forget(old)
 
-    def publish_sync(self, inp: PublishInput) -> CheckpointRef:
+    def _staged(self, inp: PublishInput, written: bool = True) -> Path:
+        """The staged step ``inp`` names, its files written (unless not ``written``); ``StagedStateLostError`` when
+        this trainer no longer has it (it was started again without its disk): the workflow trains the step
+        again."""
         staged = Path(inp.staging_dir)
         if not staged.resolve().is_relative_to(run_dir(self.staging_root, inp.run_id)):
             raise UnsafePathError(
                 f"staging_dir {inp.staging_dir} is not under run {inp.run_id}'s staging directory on trainer "
                 f"{self.worker_id} ({run_dir(self.staging_root, inp.run_id)}); publish only what train staged"
             )
+        if not written:
+            return staged
         self._written(staged)
         if not staged.is_dir():
-            raise config_error(
+            raise StagedStateLostError(
                 f"{staged} does not exist on trainer {self.worker_id}; train step {inp.step} again"
             )
+        return staged
+
+    def publish_adapter_sync(self, inp: PublishInput) -> AdapterRef:
+        with self._held_lock:
+            serialized = self._adapters.get(Path(inp.staging_dir))
+        if serialized is None:  # staged by an earlier process of this worker: from its files
+            staged = self._staged(inp)
+            check_finite_adapter(staged)
+            files = None
+        else:  # from memory, as soon as serialized (and checked): the optimizer state may still be being written
+            staged = self._staged(inp, written=False)
+            files = serialized.result()
+        uploaded = files is not None and self._early.done(staged)
+        with stage_progress.stage("upload"):
+            ref, _ = publish_adapter(self.store, staged, inp.run_id, inp.step, files, uploaded)
+        return ref
+
+    def publish_sync(self, inp: PublishInput) -> CheckpointRef:
+        staged = self._staged(inp)
         state = read_trainer_state(staged)
         check_finite_adapter(staged)
         with stage_progress.stage("upload"):

@@ -56,6 +56,7 @@ ARROW_SCHEMA = pa.schema(
         ("prompt_tokens", pa.int64()),
         ("completion_tokens", pa.int64()),
         ("policy_step", pa.int64()),
+        ("policy_sha256", pa.string()),
         ("exception_type", pa.string()),
         ("messages", pa.list_(MESSAGE_TYPE)),
         ("trajectory_json", pa.large_string()),  # may pass 2 GiB in one step
@@ -109,6 +110,7 @@ def _trajectory_row(traj: Trajectory, advantage: float | None) -> dict[str, Any]
         "prompt_tokens": _token_count([c.prompt_token_ids for c in choices]),
         "completion_tokens": _token_count([c.token_ids for c in choices]),
         "policy_step": traj.policy_step,
+        "policy_sha256": traj.policy_sha256,
         "messages": [
             {"role": str(m.get("role")), "content": flatten_content(m.get("content"))}
             for m in traj.messages()
@@ -248,6 +250,7 @@ def summarize(
         n_exceptions=sum(len(g.exceptions) for g in groups),
         reward_mean=mean,
         reward_std=std,
+        policy_adapters=sorted({t.policy_sha256 for g in groups for t in g.trajectories if t.policy_sha256}),
     )
 
 

@@ -67,7 +67,7 @@ from serving.launchers import server_process
 from workers.launcher import WorkerProcess
 from workers.temporal import connect_client
 from workers.worker import DEFAULT_MODEL
-from workflows.training_run import step_metrics
+from workflows.bookkeeping import step_metrics
 
 T = TypeVar("T")
 

@@ -5,7 +5,8 @@ inference server, run by three real ``dgrpo worker`` processes (control, inferen
 two devices' compute is simulated (bench/simulated_devices.py): generation takes ``R`` seconds, a training
 step's forward/backward/optimizer ``T`` seconds. Everything durability adds is real: the rollouts' upload,
 merge, advantages, the trainer's reads, tokenization and staging, publish to S3 (adapter and optimizer state),
-reload into the server. Steady-state step time (steps 3..N, from step n-1 served to step n served) is compared
+reload into the server. Steady-state step time (the mean of steps 3..N, each from step n-1 served to step n served:
+a pipelined run alternates shorter and longer steps) is compared
 with max(R, T), what a perfect pipeline reaches, and R + T, what sync mode cannot beat; with the trainer's idle
 time before each training that neither its data nor the previous training explains.
 
@@ -77,20 +78,23 @@ def simulated_workers(home: Path, on: TaskQueues, phases: Path) -> Iterator[None
             worker.stop()
 
 
-async def simulate(steps: int, scale: float, home: Path) -> list[dict[str, Any]]:
+async def simulate(
+    steps: int, scale: float, home: Path, cases: list[tuple[float, float]] = CASES
+) -> list[dict[str, Any]]:
     client = await connect_client()
     on, phases = queues("sim"), home / "phases.json"
     phases.write_text(json.dumps({"rollout_s": 0.0, "train_s": 0.0}))
     rows = []
     with simulated_workers(home, on, phases):
-        for rollout_s, train_s in ((r * scale, t * scale) for r, t in CASES):
+        for rollout_s, train_s in ((r * scale, t * scale) for r, t in cases):
             phases.write_text(json.dumps({"rollout_s": rollout_s, "train_s": train_s}))
             row: dict[str, Any] = {"rollout_s": rollout_s, "train_s": train_s}
             for mode in ("sync", "pipelined"):
                 spec = demo_run_spec(f"bench-sim-{mode}-{uuid.uuid4().hex[:6]}", steps, on, mode=mode)
                 run = await timed_run(client, spec)
                 idle = trainer_idle(await activity_spans(client, spec.run_id))
-                step = median(steady_steps(run))
+                steady = steady_steps(run)  # the mean: a pipelined run alternates shorter and longer steps
+                step = sum(steady) / len(steady)
                 row[mode] = {"step_s": step, "steps": run.step_seconds(), "trainer_idle_s": idle}
                 print(f"R={rollout_s} T={train_s} {mode}: {step:.2f} s/step, trainer idle median "
                       f"{median([v for n, v in idle.items() if n >= 3]):.2f} s", flush=True)  # fmt: skip
@@ -160,7 +164,7 @@ def report(results: dict[str, Any]) -> str:
     if "simulated" in results:
         lines += [
             "SIMULATION of dedicated devices (generation and fwd/bwd/opt simulated; rollouts' upload, merge, "
-            "advantages, staging, publish, S3 and reload real); median step of steps "
+            "advantages, staging, publish, S3 and reload real); mean step of steps "
             f"3..{results['steps']}; trainer idle: median over steps 3..N",
             "",
             "| rollout s | train s | sync s/step | pipelined s/step | pipelined / max(R,T) | sync / (R+T) "
@@ -203,6 +207,11 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=8, help="steps per simulated run (>= 4)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the simulated phase durations")
+    parser.add_argument(
+        "--cases",
+        default=",".join(f"{r}:{t}" for r, t in CASES),
+        help="simulated (rollout s:train s) pairs, comma-separated",
+    )
     parser.add_argument("--no-simulate", action="store_true", help="skip the simulation")
     parser.add_argument("--real", action="store_true", help="also run the real demo, sync vs pipelined")
     parser.add_argument("--real-steps", type=int, default=3)
@@ -213,7 +222,8 @@ def main() -> None:
     results: dict[str, Any] = {"steps": args.steps, "epochs": args.epochs, "command": command_line()}
     with private_stack() as (_stack, home):
         if not args.no_simulate:
-            results["simulated"] = asyncio.run(simulate(args.steps, args.scale, home))
+            cases = [(float(r), float(t)) for r, t in (c.split(":") for c in args.cases.split(","))]
+            results["simulated"] = asyncio.run(simulate(args.steps, args.scale, home, cases))
         if args.real:
             results["real"] = asyncio.run(real(args.real_steps, args.rounds, args.epochs, home))
     results["load"] = os.getloadavg()

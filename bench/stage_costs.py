@@ -12,9 +12,11 @@ rollouts), on a private embedded stack (Temporal + SeaweedFS), two sides alterna
   and writes, Parquet, pydantic (de)serialisation of trajectories, tokenization, sha256 hashing, model and state
   loads, state serialisation, the server's adapter load. Time a stage spends outside every label is ``other``.
 
-Medians over steps 2..N of every round (step 1 warms up). Targets (issue 35): train beyond compute <= 0.15 s,
-publish <= 0.15 s, reload <= 0.15 s, advantages <= 0.05 s, Temporal's schedule -> start summed over a step's
-stages <= 0.1 s.
+Medians over steps 2..N of every round (step 1 warms up). A step's checkpoint is ``servable`` once its adapter is
+up (``publish_adapter``), reloaded, then made ``resumable`` (``publish``: the optimizer and trainer state, beside
+the next step's rollouts through Temporal; after the reload here). Targets (issues 35, 46): train beyond compute
+<= 0.15 s, publish-to-servable <= 0.15 s, reload <= 0.15 s, advantages <= 0.05 s, Temporal's schedule -> start
+summed over a step's stages <= 0.1 s.
 
     PYTHONPATH=$PWD python bench/stage_costs.py [--steps 8] [--rounds 2]
 """
@@ -45,6 +47,7 @@ import serving.server as server_module
 from activities import advantages as advantages_module
 from activities import training as training_module
 from activities.advantages import AdvantagesActivities
+from activities.early_upload import EarlyUploads
 from activities.object_store import ObjectStore
 from activities.rollouts import RolloutActivities
 from activities.serving import ServingActivities
@@ -78,14 +81,22 @@ from workers.launcher import WorkerProcess
 from workers.temporal import connect_client
 from workers.worker import DEFAULT_MODEL
 
-STAGES = ("rollouts", "advantages", "train", "publish", "reload")
-TARGETS = {"train": 0.15, "publish": 0.15, "reload": 0.15, "advantages": 0.05}
-"""Seconds a stage may take beyond its compute (issue 35), medians on this CPU."""
+STAGES = ("rollouts", "advantages", "train", "servable", "reload", "resumable")
+"""A step's stages in order: ``servable`` is publish-to-servable (``publish_adapter``: the adapter and its
+manifest), ``resumable`` the rest of the checkpoint (``publish``), which runs beside the next step's rollouts."""
+TARGETS = {"train": 0.15, "servable": 0.15, "reload": 0.15, "advantages": 0.05}
+"""Seconds a stage may take beyond its compute (issues 35 and 46), medians on this CPU."""
 COMPUTE = "compute"
-BESIDE = "stager"
-"""Threads whose work runs beside the stages (the trainer writing a step's files): what a stage waits for
-them shows as its own wait."""
-STAGE_OF = {"compute_advantages": "advantages", "merge_rollouts": "rollouts", "judge": "rollouts"}
+BESIDE = ("stager", "early-upload")
+"""Threads whose work runs beside the stages (the trainer writing a step's files, its adapter going up early):
+what a stage waits for them shows as its own wait."""
+STAGE_OF = {
+    "compute_advantages": "advantages",
+    "merge_rollouts": "rollouts",
+    "judge": "rollouts",
+    "publish_adapter": "servable",
+    "publish": "resumable",
+}
 """Activities counted in another stage than their name."""
 
 
@@ -181,8 +192,10 @@ def instrument(spans: Spans) -> None:
     spans.wrap(Trainer, "save_state", "state serialisation")
     spans.wrap(Trainer, "snapshot", "state copy")
     spans.wrap(TrainerActivities, "_written", "waiting for staged files")
+    spans.wrap(EarlyUploads, "done", "waiting for the early adapter upload")
     spans.wrap(TrainerActivities, "trainer_for", "model load")
     spans.wrap(training_module, "check_finite_adapter", "finite check")
+    spans.wrap(training_module, "check_finite_weights", "finite check")
     spans.wrap(ServingClient, "load_adapter", "server request")
     spans.wrap(ServingClient, "adapters", "server request")
     spans.wrap(ServingClient, "unload_adapter", "server request")
@@ -269,11 +282,14 @@ class DirectSteps:
                 staging_dir=trained.staging_dir,
                 metrics={"loss": trained.loss, "grad_norm": trained.grad_norm},
             )
-            checkpoint, walls["publish"] = await self._stage(
-                "publish", lambda p=publish: env.run(self.trainer.publish, p)
+            adapter, walls["servable"] = await self._stage(
+                "servable", lambda p=publish: env.run(self.trainer.publish_adapter, p)
             )
             _, walls["reload"] = await self._stage(
-                "reload", lambda c=checkpoint: env.run(self.serving.reload, reload_input(spec, c))
+                "reload", lambda a=adapter: env.run(self.serving.reload, reload_input(spec, a))
+            )
+            checkpoint, walls["resumable"] = await self._stage(
+                "resumable", lambda p=publish: env.run(self.trainer.publish, p)
             )
             pieces = self.spans.take()
             steps.append({"step": step, "wall": walls, "pieces": {s: pieces.get(s, {}) for s in STAGES}})
@@ -295,7 +311,8 @@ async def temporal_stages(client: Client, run_id: str) -> list[dict[str, Any]]:
     stage activity's close -> its schedule)."""
     rows: dict[int, dict[str, dict[str, float]]] = collections.defaultdict(dict)
     spans = [(STAGE_OF.get(span.name, span.name), span) for span in await activity_spans(client, run_id)]
-    closes = sorted(span.closed for stage, span in spans if stage in STAGES)
+    # The resumable stage runs beside the next step: the chain's gaps are between the others.
+    closes = sorted(span.closed for stage, span in spans if stage in STAGES and stage != "resumable")
     for stage, span in spans:
         if stage not in STAGES or span.step < 1:
             continue
@@ -303,7 +320,7 @@ async def temporal_stages(client: Client, run_id: str) -> list[dict[str, Any]]:
         row["queue"] = row.get("queue", 0.0) + span.started - span.scheduled
         row["activity"] = row.get("activity", 0.0) + span.closed - span.started
         before = [close for close in closes if close <= span.scheduled]
-        if before:
+        if before and stage != "resumable":
             row["workflow"] = row.get("workflow", 0.0) + span.scheduled - before[-1]
     return [{"step": step, "stages": stages} for step, stages in sorted(rows.items())]
 

@@ -13,7 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.config import JudgeConfig, ModelSpec, ServingSpec, TaskSpec, TrainConfig
 from schemas.numbers import RUN_SEED_MAX, SEED_MAX
-from schemas.refs import AdapterName, CheckpointRef, Name, ObjectRef, TrajectoriesRef
+from schemas.refs import (
+    SHA256_PATTERN,
+    AdapterName,
+    AdapterRef,
+    CheckpointRef,
+    Name,
+    ObjectRef,
+    TrajectoriesRef,
+)
 
 
 class _Strict(BaseModel):
@@ -34,6 +42,7 @@ class ActivityName(StrEnum):
     METRICS = "metrics"
     TRAIN = "train"
     PUBLISH = "publish"
+    PUBLISH_ADAPTER = "publish_adapter"
     PUBLISH_INITIAL = "publish_initial"
     REPUBLISH = "republish_checkpoint"
     LATEST_CHECKPOINT = "latest_checkpoint"
@@ -92,7 +101,9 @@ class ReloadInput(_Strict):
     checked it can serve the run (engine, LoRA rank, adapters kept, sleep mode, bucket)."""
 
     model_name: Name
-    checkpoint: CheckpointRef
+    checkpoint: CheckpointRef | AdapterRef
+    """Resumable (its whole manifest) or only servable (its adapter manifest): either way only the adapter's files
+    are downloaded, each checked against the manifest the ref names."""
     serving: ServingSpec = Field(default_factory=ServingSpec)
     lora_rank: int | None = Field(None, ge=1)
     """The run's LoRA rank; refused above the engine's ``--max-lora-rank``."""
@@ -111,6 +122,8 @@ class ReloadResult(_Strict):
     """Base URLs of the servers that loaded it."""
     unloaded: list[str] = Field(default_factory=list)
     """Older adapters evicted (none that a lease still holds)."""
+    adapter_sha256: str | None = Field(None, pattern=SHA256_PATTERN)
+    """The ``adapter_sha256`` of what the servers now serve under ``adapter`` (None from workers before it)."""
 
 
 class ServingControlInput(_Strict):
@@ -191,13 +204,17 @@ class AdvantagesResult(_Strict):
 
 
 class RetentionInput(_Strict):
-    """Delete a run's checkpoints but the newest ``keep_last``, the best by ``keep_best_metric`` and
-    ``protect`` (the one being served)."""
+    """Delete a run's checkpoints but the newest ``keep_last`` (of those complete when it deletes), the best by
+    ``keep_best_metric``, ``protect`` and every one from step ``keep_from`` on."""
 
     run_id: Name
     keep_last: int = Field(ge=1)
     keep_best_metric: str | None = Field(None, pattern=r"^[A-Za-z0-9_./-]{1,128}$")
     protect: list[int] = Field(default_factory=list)
+    keep_from: int | None = Field(None, ge=0)
+    """Every checkpoint of this step or a later one stays: the oldest that the run serves, reloads or samples
+    with, or may yet (``TrainingRun``'s, when it schedules retention). It only rises as the run goes on, so a
+    value read before the deletion still keeps everything the run needs when the deletion happens."""
 
 
 class MetricsInput(_Strict):

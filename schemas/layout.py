@@ -5,7 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 MANIFEST_NAME = "manifest.json"
-"""Written last into a checkpoint prefix; a prefix without it is not a checkpoint."""
+"""Written last into a checkpoint prefix, once every file is in: the checkpoint is *resumable* (adapter, optimizer
+and trainer state). A prefix without it is not a checkpoint: resume, retention and the ART client never see it."""
+ADAPTER_MANIFEST_NAME = "adapter_manifest.json"
+"""Written into a checkpoint prefix once the adapter's files are in: the checkpoint is *servable* (the inference
+servers may load it) while its optimizer and trainer state may still be uploading."""
 TRAJECTORIES_FILE = "trajectories.parquet"
 ADVANTAGES_FILE = "advantages.parquet"
 SFT_EXAMPLES_FILE = "sft_examples.jsonl"

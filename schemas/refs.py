@@ -62,6 +62,19 @@ class CheckpointRef(_Strict):
     """sha256 of the manifest file, so a reader can tell it read the one that was published."""
 
 
+class AdapterRef(_Strict):
+    """A *servable* checkpoint: its adapter's files and adapter manifest are written, so the inference servers may
+    load it; its optimizer and trainer state may still be uploading (``CheckpointRef`` once they are)."""
+
+    run_id: Name
+    step: int = Field(ge=0)
+    uri: str = Field(pattern=r"^(s3://[^/]+/.+/|file://.+/)$")
+    """The checkpoint prefix, ending in ``/``."""
+    adapter_sha256: str = Field(pattern=SHA256_PATTERN)
+    """sha256 of the adapter manifest (``activities.checkpoints.adapter_manifest_bytes``): names the adapter's
+    content, whichever manifest it is read from, so a step trained again with other weights is another adapter."""
+
+
 class TrajectoriesRef(_Strict):
     """A step's trajectories in the store, with the summary a workflow needs."""
 
@@ -74,3 +87,7 @@ class TrajectoriesRef(_Strict):
     n_exceptions: int = Field(0, ge=0)
     reward_mean: float | None = None
     reward_std: float | None = None
+    policy_adapters: list[Annotated[str, Field(pattern=SHA256_PATTERN)]] = Field(default_factory=list)
+    """The ``adapter_sha256`` of each adapter that sampled its trajectories, sorted: one, unless its shards were
+    sampled by different adapters; none when unknown (the base model, a server no dgrpo inference worker
+    fronts, files written before adapters were labelled)."""

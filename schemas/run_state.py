@@ -62,6 +62,12 @@ class StepSummary(_Strict):
     """Wall seconds per phase."""
     train_metrics: dict[str, float] = Field(default_factory=dict)
     """The trainer's numbers under ART's names (``loss/mean_importance_ratio``, ``loss/clip_fraction``, ...)."""
+    adapter_sha256: str | None = None
+    """The adapter served for this step (``AdapterRef.adapter_sha256``; None in runs before it was kept)."""
+    trained_again: bool = False
+    """Its trainer vanished after its adapter was served, before its checkpoint was resumable: the step was trained
+    again from the checkpoint before it (``checkpoint``, ``loss`` and ``adapter_sha256`` are the second
+    training's)."""
 
 
 class RunState(_Strict):
@@ -70,12 +76,18 @@ class RunState(_Strict):
     step: int = Field(0, ge=0)
     """The newest step whose adapter is served."""
     checkpoint: CheckpointRef | None = None
-    """The served checkpoint (None until step 0 is published)."""
+    """The newest resumable checkpoint of a served step (None until step 0 is published): what a continued run
+    trains from. The served step's own once its optimizer state is written (before then, the step before it)."""
     adapter: str | None = None
     """The served adapter name (``<run id>@<step>``)."""
+    adapter_sha256: str | None = None
+    """The ``adapter_sha256`` of the served adapter (None in runs before it was kept)."""
     history: list[StepSummary] = Field(default_factory=list)
     dropped_stale_groups: int = Field(0, ge=0)
     """Pipelined mode: groups dropped because their policy was older than ``max_staleness``."""
+    dropped_lost_adapter_groups: int = Field(0, ge=0)
+    """Groups dropped because the adapter that sampled them was lost with its trainer (its step trained again came
+    out another adapter); they were rolled out again."""
     prefetched: TrajectoriesRef | None = None
     """Pipelined mode: rollouts already made for step ``step + 1``."""
     prefetched_policy: int = Field(0, ge=0)
@@ -108,6 +120,8 @@ class RunStatus(_Strict):
     adapter: str | None
     history: list[StepSummary]
     dropped_stale_groups: int
+    dropped_lost_adapter_groups: int = 0
+    """Groups dropped because the adapter that sampled them was lost with its trainer (``RunState``'s)."""
     phase_seconds: dict[str, float] = Field(default_factory=dict)
     """Seconds per phase of the step in progress so far."""
     error: str | None = None
@@ -145,6 +159,8 @@ class TrainStepResult(_Strict):
     step: int
     checkpoint: CheckpointRef
     adapter: str
+    adapter_sha256: str | None = None
+    """What the servers serve under ``adapter`` (``AdapterRef.adapter_sha256``; None from workers before it)."""
     loss: float | None = None
     n_trajectories: int = 0
     n_groups_zero_variance: int = 0
@@ -209,3 +225,5 @@ class ServeModelResult(_Strict):
     checkpoint: CheckpointRef
     adapter: str
     """The served name of ``checkpoint`` (``<run id>@<step>``)."""
+    adapter_sha256: str | None = None
+    """What the servers now serve under ``adapter`` (None from inference workers before it was reported)."""

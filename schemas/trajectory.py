@@ -33,6 +33,7 @@ from pydantic import (
 )
 
 from schemas.exchanges import PROTOCOLS, TrajectoryExchanges
+from schemas.refs import SHA256_PATTERN
 
 SCHEMA_VERSION = 1
 """Version of the trajectory record; written into every Parquet file's metadata."""
@@ -260,6 +261,9 @@ class Trajectory(_Conversation):
     """Free-text notes the rollout wants to keep."""
     policy_step: int | None = Field(None, ge=0)
     """The training step whose adapter sampled the choices (None when unknown)."""
+    policy_sha256: str | None = Field(None, pattern=SHA256_PATTERN)
+    """The ``adapter_sha256`` of the adapter that sampled the choices, as the inference worker loaded it (None
+    when unknown): a step trained again after its trainer was lost is another adapter under the same step."""
     initial_policy_version: int | None = None
     """ART's: the policy version (step) when the rollout began, as the program set it; stored, not read."""
     final_policy_version: int | None = None

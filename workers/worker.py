@@ -5,7 +5,7 @@
 - inference: rollouts, reload and sleep/wake, in front of a serving engine: ``server_url`` attaches to a
   running one (vLLM or ours); otherwise ``engine`` (our CPU server, or ``vllm serve``) is started for
   ``model`` on ``serve_host:serve_port``.
-- trainer: train, train_sft, publish, publish_initial, republish_checkpoint and latest_checkpoint, polling the trainer queue and its own
+- trainer: train, train_sft, publish_adapter, publish, publish_initial, republish_checkpoint and latest_checkpoint, polling the trainer queue and its own
   worker-specific queue (publish runs where the trained step is staged).
 
 The server an inference worker starts is probed and started again when it dies or stops answering

@@ -18,50 +18,47 @@ Step n+1 goes to the trainer that trained step n (its own task queue, ``TrainInp
 continues from its model in memory, or from step n's staged files when a failed attempt left the model
 changed. If that trainer is gone (the task is never picked up) or no longer holds that staging, step n+1 is
 trained on any trainer from checkpoint n once it is published; if the trainer vanished before publishing
-step n, step n is trained again from checkpoint n - 1 first (``train_and_publish``).
+step n, step n is trained again from checkpoint n - 1 first (``train_and_publish``). Publishing and reloading
+are workflows/beside.py's: since ``servable-before-resumable`` a step is reloaded once its adapter is up, and
+"published" above means resumable.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Protocol, TypeVar
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from schemas.activities import (
         AdvantagesInput,
         AdvantagesResult,
-        PublishInput,
-        ReloadInput,
-        ReloadResult,
         StagedRef,
         TrainInput,
         TrainResult,
     )
     from schemas.config import RunSpec
-    from schemas.errors import STAGED_STATE_LOST
     from schemas.history_bounds import RESAMPLES_WITHOUT_SIGNAL
     from schemas.layout import worker_task_queue
-    from schemas.refs import CheckpointRef, TrajectoriesRef
-    from schemas.run_state import MAX_HISTORY, RunState, StepSummary, TrainStepInput
+    from schemas.refs import TrajectoriesRef
+    from schemas.run_state import RunState, StepSummary, TrainStepInput
 
+from workflows.beside import Beside, Prepared, Trained
 from workflows.stages import (
     ADVANTAGES,
-    RELOAD,
     TRAIN,
     TRAIN_BESIDE,
     NoLearningSignal,
     StageFailed,
     is_lost_worker,
+    is_staged_state_lost,
     run_stage,
     stage_failure,
 )
-from workflows.train_step import PhaseClock, no_learning_signal, publish_on_its_trainer, train_and_publish
+from workflows.step_chain import no_learning_signal
 
 T = TypeVar("T")
 
@@ -95,44 +92,22 @@ class PipelineHost(Protocol):
         ...
 
 
-@dataclass
-class Prepared:
-    """A step's scored rollouts and advantages: all it needs to train."""
-
-    scored: TrajectoriesRef
-    advantages: AdvantagesResult
-    policy: int
-    """The policy step that sampled ``scored``."""
-    resampled: int
-    seconds: dict[str, float]
-
-
-@dataclass
-class Trained:
-    """A trained step, its checkpoint being published and its adapter served beside the next training."""
-
-    step: int
-    prepared: Prepared
-    result: TrainResult
-    published: asyncio.Task[CheckpointRef]
-    """Checkpoint ``step``, manifested (trained again elsewhere first if its trainer vanished)."""
-    served: asyncio.Task[None] = field(init=False)
-    """Done once the step counter reads ``step``."""
-    seconds: dict[str, float] = field(default_factory=dict)
-
-
 class Pipeline:
     """Runs a pipelined ``TrainingRun``'s steps until the run ends, stops or should continue as new."""
 
-    def __init__(self, host: PipelineHost) -> None:
+    def __init__(self, host: PipelineHost, servable_first: bool = False) -> None:
         self.host = host
-        self._served_at: datetime | None = None
+        self.servable_first = servable_first
+        self.beside = Beside(host, servable_first, self._on_lineage)
+        state = host.state
+        self._rolled_out = state.step + (state.prefetched is not None)
+        """The newest step whose rollouts are done: the next step's start once its policy is served (servable
+        first), one step's rollouts at a time on the inference devices."""
 
     async def run(self) -> bool:
         """Train the run's remaining steps; True when the run should now continue as new. Every started step is
         served (or has failed the run) when this returns; rollouts made ahead are left in ``state.prefetched``."""
         spec, state = self.host.spec, self.host.state
-        self._served_at = workflow.now()
         ahead: asyncio.Task[Prepared] | None = None
         last: Trained | None = None
         before_last: Trained | None = None
@@ -152,16 +127,25 @@ class Pipeline:
                     continue_as_new = True
                     break
                 self.host.working("rollouts", target)
-                prepared = await self._beside(ahead if ahead is not None else self._prepare(target), last)
-                ahead = None
-                if target < spec.steps and not state.stopping:
-                    ahead = asyncio.create_task(self._prepare(target + 1))
+                if (
+                    self.servable_first
+                ):  # the next step rolls out once its policy is served and these are done
+                    current = ahead or asyncio.create_task(self._prepare(target))
+                    ahead = None
+                    if target < spec.steps and not state.stopping:
+                        ahead = asyncio.create_task(self._prepare(target + 1))
+                    prepared = await self._beside(current, last)
+                else:
+                    prepared = await self._beside(ahead if ahead is not None else self._prepare(target), last)
+                    ahead = None
+                    if target < spec.steps and not state.stopping:
+                        ahead = asyncio.create_task(self._prepare(target + 1))
                 if before_last is not None:  # the trainer runs at most one step ahead of serving
                     await self._beside(before_last.served, last)
                 self.host.working("train", target)
                 started = workflow.now()
-                result = await self._beside(self._train(target, prepared, last), last)
-                before_last, last = last, self._serve_beside(target, prepared, result, last)
+                result, prepared = await self._beside(self._train(target, prepared, last), last)
+                before_last, last = last, self.beside.start(target, prepared, result, last)
                 last.seconds["train"] = (workflow.now() - started).total_seconds()
                 target += 1
                 trained_now += 1
@@ -172,9 +156,12 @@ class Pipeline:
             if last is not None:
                 self.host.working("reload", last.step)
                 await last.served
+                if self.servable_first:
+                    await last.resumable  # and every step's before it: a continued run trains from it
+                    self._carry_on_lineage()
         except (StageFailed, NoLearningSignal):
             if last is not None:  # the step trained before the failure is still served, as in sync mode
-                await workflow.wait([last.served])
+                await workflow.wait(self.beside.watched(last))
             raise
         finally:
             if ahead is not None:
@@ -184,17 +171,18 @@ class Pipeline:
     async def _beside(self, work: Awaitable[T], last: Trained | None) -> T:
         """``work``'s result; the failure of the newest step's publish or reload first, if it fails sooner."""
         task = asyncio.ensure_future(work)
-        if last is None or last.served.done():
-            if last is not None:
-                last.served.result()  # raises its failure
-            return await task
-        await workflow.wait([task, last.served], return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            if last.served.exception() is None:
+        watched = [] if last is None else self.beside.watched(last)
+        while True:
+            failed = next((w for w in watched if w.done() and w.exception() is not None), None)
+            if failed is not None:
+                task.cancel()
+                failed.result()  # raises its failure
+            pending = [w for w in watched if not w.done()]
+            if not pending:
                 return await task
-            task.cancel()
-            last.served.result()
-        return task.result()
+            await workflow.wait([task, *pending], return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
 
     # --- a step's data -----------------------------------------------------------------------------
 
@@ -204,14 +192,19 @@ class Pipeline:
         spec, state = self.host.spec, self.host.state
         started = workflow.now()
         scored, policy = self._carried(target), state.prefetched_policy
-        state.prefetched = None
         resample = 0
         while True:
             if scored is None:
                 # No rollout is sampled by a policy staler than max_staleness: wait for a fresh one.
-                await workflow.wait_condition(lambda: state.step >= target - 1 - spec.max_staleness)
+                await workflow.wait_condition(
+                    lambda: (
+                        state.step >= target - 1 - spec.max_staleness
+                        and (not self.servable_first or self._rolled_out >= target - 1)
+                    )
+                )
                 policy = state.step
                 scored = await self.host.roll_out(target, policy, resample)
+            self._rolled_out = max(self._rolled_out, target)
             rolled = workflow.now()
             advantages = await run_stage(
                 ADVANTAGES,
@@ -237,11 +230,13 @@ class Pipeline:
             scored, started = None, workflow.now()
 
     def _carried(self, target: int) -> TrajectoriesRef | None:
-        """Rollouts for ``target`` carried over a continue-as-new, unless their policy is too stale (dropped)."""
+        """Rollouts for ``target`` carried over a continue-as-new (taken), unless their policy is too stale
+        (dropped); rollouts carried for another step stay."""
         spec, state = self.host.spec, self.host.state
         scored = state.prefetched
         if scored is None or scored.step != target:
             return None
+        state.prefetched = None
         staleness = (target - 1) - state.prefetched_policy
         if staleness <= spec.max_staleness:
             return scored
@@ -252,130 +247,73 @@ class Pipeline:
 
     # --- training ----------------------------------------------------------------------------------
 
-    async def _train(self, target: int, prepared: Prepared, last: Trained | None) -> TrainResult:
-        """Train ``target`` on the trainer that holds step ``target - 1``, or from its published checkpoint."""
+    async def _train(
+        self, target: int, prepared: Prepared, last: Trained | None
+    ) -> tuple[TrainResult, Prepared]:
+        """Train ``target`` on the trainer that holds step ``target - 1``, or from its published checkpoint; the
+        training, and the rollouts it trained on (rolled out again when a lost adapter sampled them)."""
         spec, state = self.host.spec, self.host.state
         step_input = self.host.train_step_input(target, prepared.scored)
-        inp = TrainInput(
-            run_id=spec.run_id,
-            step=target,
-            model=step_input.model,
-            advantages=prepared.advantages.ref,
-            train=spec.train,
-            chat_template_ref=step_input.chat_template_ref,
-        )
+        if self.servable_first:
+            prepared = await self._on_lineage(target, prepared)
+
+        def train_input(prepared: Prepared) -> TrainInput:
+            return TrainInput(
+                run_id=spec.run_id,
+                step=target,
+                model=step_input.model,
+                advantages=prepared.advantages.ref,
+                train=spec.train,
+                chat_template_ref=step_input.chat_template_ref,
+            )
+
+        inp = train_input(prepared)
         if last is None:  # this execution's first step: from the served checkpoint, on any trainer
             start_from = state.checkpoint
         elif not last.result.staged_id:  # a trainer that does not name its stagings
-            start_from = await last.published
+            start_from = await last.resumable
         else:
             staged = StagedRef(run_id=spec.run_id, step=last.step, worker_id=last.result.worker_id,
                                staged_id=last.result.staged_id)  # fmt: skip
             queue = worker_task_queue(spec.task_queues.trainer, staged.worker_id)
             try:
-                return await run_stage(TRAIN_BESIDE, inp.model_copy(update={"continue_from": staged}),
-                                       task_queue=queue, step=target, result_type=TrainResult, reraise=True,
-                                       scheduling=step_input.scheduling,
-                                       heartbeat_s=step_input.heartbeat_timeout_s)  # fmt: skip
+                beside = await run_stage(TRAIN_BESIDE, inp.model_copy(update={"continue_from": staged}),
+                                         task_queue=queue, step=target, result_type=TrainResult, reraise=True,
+                                         scheduling=step_input.scheduling,
+                                         heartbeat_s=step_input.heartbeat_timeout_s)  # fmt: skip
+                return beside, prepared
             except ActivityError as err:
-                if not (is_lost_worker(err) or _is_staged_state_lost(err)):
+                if not (is_lost_worker(err) or is_staged_state_lost(err)):
                     raise stage_failure(TRAIN, target, err) from err
                 workflow.logger.warning("step %d: trainer %s no longer holds step %d; training from checkpoint "
                                         "%d once it is published", target, staged.worker_id, last.step, last.step)  # fmt: skip
-            start_from = await last.published
-        return await run_stage(TRAIN, inp.model_copy(update={"start_from": start_from}),
-                               task_queue=spec.task_queues.trainer, step=target, result_type=TrainResult,
-                               scheduling=step_input.scheduling,
-                               heartbeat_s=step_input.heartbeat_timeout_s)  # fmt: skip
+            start_from = await last.resumable
+        if self.servable_first:  # waiting for that checkpoint may have found its adapter lost
+            prepared = await self._on_lineage(target, prepared)
+            inp = train_input(prepared)
+        trained = await run_stage(TRAIN, inp.model_copy(update={"start_from": start_from}),
+                                  task_queue=spec.task_queues.trainer, step=target, result_type=TrainResult,
+                                  scheduling=step_input.scheduling,
+                                  heartbeat_s=step_input.heartbeat_timeout_s)  # fmt: skip
+        return trained, prepared
 
-    # --- publish and reload, beside the next training ----------------------------------------------
+    async def _on_lineage(self, target: int, prepared: Prepared) -> Prepared:
+        """``prepared``, unless an adapter the run no longer holds sampled it (lost with its trainer, its step
+        trained again): then dropped, and step ``target`` rolled out again."""
+        if self.beside.holds(prepared.scored, prepared.policy):
+            return prepared
+        state = self.host.state
+        state.dropped_lost_adapter_groups += prepared.scored.n_groups
+        workflow.logger.warning("step %d: dropped %d groups sampled by policy %d's adapter, lost with its trainer; "
+                                "rolling out again", target, prepared.scored.n_groups, prepared.policy)  # fmt: skip
+        return await self._prepare(target)
 
-    def _serve_beside(
-        self, step: int, prepared: Prepared, result: TrainResult, last: Trained | None
-    ) -> Trained:
-        published = asyncio.create_task(self._publish(step, prepared, result, last))
-        trained = Trained(step, prepared, result, published)
-        trained.served = asyncio.create_task(self._serve(trained, last))
-        return trained
-
-    async def _publish(
-        self, step: int, prepared: Prepared, result: TrainResult, last: Trained | None
-    ) -> CheckpointRef:
-        """Publish ``step`` from the trainer that staged it; trained again from checkpoint ``step - 1`` first if
-        that trainer vanished before publishing it."""
-        spec, state = self.host.spec, self.host.state
-        publish = PublishInput(run_id=spec.run_id, step=step, staging_dir=result.staging_dir,
-                               metrics={"loss": result.loss, "grad_norm": result.grad_norm})  # fmt: skip
-        checkpoint = await publish_on_its_trainer(publish, result.worker_id, spec.task_queues.trainer,
-                                                  spec.scheduling(), spec.heartbeat_timeout_s, lost_ok=True)  # fmt: skip
-        if checkpoint is not None:
-            return checkpoint
-        workflow.logger.warning("step %d: trainer %s vanished before publishing; training again", step,
-                                result.worker_id)  # fmt: skip
-        start_from = state.checkpoint if last is None else await last.published
-        again = self.host.train_step_input(step, prepared.scored).model_copy(
-            update={"start_from": start_from}
-        )
-        _, checkpoint = await train_and_publish(again, prepared.advantages, PhaseClock())
-        return checkpoint
-
-    async def _serve(self, trained: Trained, last: Trained | None) -> None:
-        """Reload ``trained``'s checkpoint once published and once step ``trained.step - 1`` is served, then
-        advance the step counter."""
-        spec, state = self.host.spec, self.host.state
-        started = workflow.now()
-        checkpoint = await trained.published
-        published = workflow.now()
-        if last is not None:
-            await last.served  # in step order
-        reloading = workflow.now()
-        reloaded = await run_stage(
-            RELOAD,
-            ReloadInput(
-                model_name=spec.model.name,
-                checkpoint=checkpoint,
-                serving=spec.serving,
-                lora_rank=spec.model.lora.rank,
-                chat_template=spec.model.chat_template is not None,
-            ),
-            task_queue=spec.task_queues.inference,
-            step=trained.step,
-            scheduling=spec.scheduling(),
-            heartbeat_s=spec.heartbeat_timeout_s,
-            result_type=ReloadResult,
-        )
-        adapter = reloaded.adapter
-        now = workflow.now()
-        assert self._served_at is not None
-        prepared, result = trained.prepared, trained.result
-        seconds = {
-            **prepared.seconds,
-            **trained.seconds,
-            "publish": (published - started).total_seconds(),
-            "reload": (now - reloading).total_seconds(),
-            "step": (now - self._served_at).total_seconds(),
-        }
-        self._served_at = now
-        summary = StepSummary(
-            step=trained.step,
-            reward_mean=prepared.scored.reward_mean,
-            reward_std=prepared.scored.reward_std,
-            n_trajectories=prepared.scored.n_trajectories,
-            n_exceptions=prepared.scored.n_exceptions,
-            n_groups_zero_variance=prepared.advantages.n_groups_zero_variance,
-            policy_step=prepared.policy,
-            loss=result.loss,
-            checkpoint=checkpoint,
-            resampled=prepared.resampled,
-            seconds=seconds,
-            train_metrics=result.metrics,
-        )
-        # The step advances only now: its adapter is served.
-        state.step, state.checkpoint, state.adapter = trained.step, checkpoint, adapter
-        state.history = [*state.history, summary][-MAX_HISTORY:]
-        self.host.step_served(summary, prepared.scored)
-
-
-def _is_staged_state_lost(err: ActivityError) -> bool:
-    cause = err.cause
-    return isinstance(cause, ApplicationError) and cause.type == STAGED_STATE_LOST
+    def _carry_on_lineage(self) -> None:
+        """Rollouts carried over a continue-as-new, unless a lost adapter sampled them (dropped)."""
+        state = self.host.state
+        if state.prefetched is None or self.beside.holds(state.prefetched, state.prefetched_policy):
+            return
+        state.dropped_lost_adapter_groups += state.prefetched.n_groups
+        workflow.logger.warning("step %d: dropped %d groups sampled by an adapter lost with its trainer",
+                                state.prefetched.step, state.prefetched.n_groups)  # fmt: skip
+        state.prefetched = None

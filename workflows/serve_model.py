@@ -18,7 +18,7 @@ with workflow.unsafe.imports_passed_through():
     from schemas.run_state import ServeModelInput, ServeModelResult
 
 from workflows.stages import PUBLISH_INITIAL, RELOAD, run_stage
-from workflows.train_step import latest_checkpoint
+from workflows.step_chain import latest_checkpoint
 
 
 async def serve_newest(inp: ServeModelInput, on_phase: Callable[[str], None]) -> ServeModelResult:
@@ -58,7 +58,8 @@ async def serve_newest(inp: ServeModelInput, on_phase: Callable[[str], None]) ->
         heartbeat_s=inp.heartbeat_timeout_s,
         result_type=ReloadResult,
     )
-    return ServeModelResult(step=checkpoint.step, checkpoint=checkpoint, adapter=reloaded.adapter)
+    return ServeModelResult(step=checkpoint.step, checkpoint=checkpoint, adapter=reloaded.adapter,
+                            adapter_sha256=reloaded.adapter_sha256)  # fmt: skip
 
 
 @workflow.defn(name="ServeModel", failure_exception_types=[ValidationError])

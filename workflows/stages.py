@@ -19,7 +19,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError,
 with workflow.unsafe.imports_passed_through():
     from schemas.activities import ActivityName
     from schemas.config import HEARTBEAT_TIMEOUT_S, Scheduling
-    from schemas.errors import NON_RETRYABLE
+    from schemas.errors import NON_RETRYABLE, STAGED_STATE_LOST
 
 T = TypeVar("T")
 
@@ -90,6 +90,13 @@ TRAIN_BESIDE = Stage(
 PUBLISH = Stage(
     ActivityName.PUBLISH, timedelta(minutes=30), max_attempts=5, schedule_to_start=timedelta(minutes=1)
 )
+# The adapter alone, first (servable); the same worker, the same bounds (workflows/servable.py).
+PUBLISH_ADAPTER = Stage(
+    ActivityName.PUBLISH_ADAPTER,
+    timedelta(minutes=30),
+    max_attempts=5,
+    schedule_to_start=timedelta(minutes=1),
+)
 PUBLISH_INITIAL = Stage(ActivityName.PUBLISH_INITIAL, timedelta(minutes=30))
 REPUBLISH = Stage(ActivityName.REPUBLISH, timedelta(minutes=30))
 LATEST_CHECKPOINT = Stage(ActivityName.LATEST_CHECKPOINT, timedelta(minutes=2), max_attempts=10)
@@ -113,6 +120,13 @@ def is_lost_worker(err: ActivityError) -> bool:
     """True when the activity was never picked up: the worker (queue) it was pinned to is gone."""
     cause = err.cause
     return isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START
+
+
+def is_staged_state_lost(err: ActivityError) -> bool:
+    """True when the trainer the activity was pinned to no longer holds the step it staged (``StagedStateLost``:
+    it was started again without it)."""
+    cause = err.cause
+    return isinstance(cause, ApplicationError) and cause.type == STAGED_STATE_LOST
 
 
 def priority(scheduling: Scheduling) -> Priority:

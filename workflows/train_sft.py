@@ -23,12 +23,13 @@ with workflow.unsafe.imports_passed_through():
     from schemas.run_state import TrainSFTInput, TrainSFTResult
 
 from workflows.stages import (
+    PUBLISH,
     SERVING_CONTROL,
     TRAIN_SFT,
     StageFailed,
     run_stage,
 )
-from workflows.train_step import (
+from workflows.step_chain import (
     PhaseClock,
     latest_checkpoint,
     serve_checkpoint,
@@ -63,7 +64,9 @@ async def fine_tune_and_publish(
     def metrics(trained: SftResult) -> dict[str, float]:
         return {"loss": sum(trained.losses) / len(trained.losses), "grad_norm": trained.grad_norms[-1]}
 
-    return await staged_and_published(inp, clock, fine_tune, metrics, "fine-tuning again")
+    return await staged_and_published(
+        inp, clock, fine_tune, metrics, "fine-tuning again", stage=PUBLISH, result_type=CheckpointRef
+    )
 
 
 @workflow.defn(name="TrainSFT", failure_exception_types=[ValidationError])

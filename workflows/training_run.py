@@ -11,7 +11,6 @@ publishes and serves step 0.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
 from typing import Any
 
 from temporalio import workflow
@@ -22,8 +21,6 @@ with workflow.unsafe.imports_passed_through():
 
     from schemas.activities import (
         JudgeInput,
-        MetricsInput,
-        RetentionInput,
         RolloutsInput,
         RunTextKind,
         RunTexts,
@@ -45,19 +42,27 @@ with workflow.unsafe.imports_passed_through():
         TrainStepInput,
     )
 
+from workflows.bookkeeping import Bookkeeping
 from workflows.pipeline import Pipeline
 from workflows.rollout_shards import roll_out_step
+from workflows.servable import (
+    SERVABLE_PATCH,
+    ServedStep,
+    StepServed,
+    on_lineage,
+    serve_adapter_first,
+    until_resumable,
+)
 from workflows.serve_model import serve_newest
 from workflows.stages import (
     JUDGE,
-    METRICS,
-    RETAIN_CHECKPOINTS,
     STORE_RUN_TEXTS,
     STORE_SCENARIOS,
     NoLearningSignal,
     StageFailed,
     run_stage,
 )
+from workflows.step_chain import PhaseClock
 from workflows.train_step import train_and_serve
 
 BOOKKEEPING_PATCH = "bookkeeping-beside-next-step"
@@ -89,8 +94,12 @@ class TrainingRun:
         self._phase_seconds: dict[str, float] = {}
         self._error: str | None = None
         self._policy_by_step: dict[int, int] = {}
-        self._bookkeeping: asyncio.Task[None] | None = None
-        """The served steps' metrics and retention, still running beside the next step."""
+        self._bookkeeping: Bookkeeping | None = None
+        """The served steps' metrics and retention (workflows/bookkeeping.py)."""
+        self._servable_first = False
+        """``servable-before-resumable``: a step is served from its adapter; the rest is written beside."""
+        self._pending: ServedStep | None = None
+        """Sync mode: the served step whose checkpoint is not known to be resumable yet."""
 
     # --- control ---------------------------------------------------------------------------------
 
@@ -110,6 +119,7 @@ class TrainingRun:
             adapter=s.adapter,
             history=s.history,
             dropped_stale_groups=s.dropped_stale_groups,
+            dropped_lost_adapter_groups=s.dropped_lost_adapter_groups,
             phase_seconds=dict(self._phase_seconds),
             error=self._error,
             scheduling=spec.scheduling() if spec else Scheduling(),
@@ -168,6 +178,8 @@ class TrainingRun:
             await self._loop()
         except (StageFailed, NoLearningSignal) as err:
             self._error = err.message
+            if self._pending is not None:  # the served step's optimizer state is written all the same
+                await workflow.wait([self._pending.resumable])
             await self._settle_bookkeeping()  # the served steps' metrics are logged all the same
             self._phase = "failed"
             raise
@@ -199,6 +211,7 @@ class TrainingRun:
             served.checkpoint,
             served.adapter,
         )
+        self._state.adapter_sha256 = served.adapter_sha256
 
     async def _store_scenarios(self) -> None:
         """Store an inline scenario list once (a run continued as new carries its ref in its state)."""
@@ -266,7 +279,7 @@ class TrainingRun:
         return await self._rollouts_and_judge(target, policy_step, track=False, resample=resample)
 
     def step_served(self, summary: StepSummary, scored: TrajectoriesRef) -> None:
-        self._bookkeeping = asyncio.create_task(self._bookkeeping_after(summary, scored))
+        self._books().beside(summary, scored)
 
     def working(self, phase: str, step: int | None) -> None:
         self._phase, self._working_on = phase, step  # type: ignore[assignment]
@@ -277,11 +290,14 @@ class TrainingRun:
     async def _loop(self) -> None:
         spec, state = self._require_spec(), self._state
         if spec.mode == "pipelined" and workflow.patched(PIPELINE_PATCH):
-            if await Pipeline(self).run():
+            self._servable_first = self._books().keep_when_deleting = workflow.patched(SERVABLE_PATCH)
+            if await Pipeline(self, self._servable_first).run():
                 await self._settle_bookkeeping()
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(args=[spec, state])
             return
+        self._servable_first = spec.mode != "pipelined" and workflow.patched(SERVABLE_PATCH)
+        self._books().keep_when_deleting = self._servable_first
         steps_this_run = 0
         prefetch: asyncio.Task[TrajectoriesRef] | None = None
         while state.step < spec.steps:
@@ -297,6 +313,14 @@ class TrainingRun:
                 if state.stopping:
                     break
             if steps_this_run >= spec.continue_as_new_every:
+                if (
+                    self._servable_first and state.prefetched is None
+                ):  # beside the served step's optimizer state
+                    target = state.step + 1
+                    scored = await self._rollouts_and_judge(target, policy_step=state.step, track=True)
+                    state.prefetched = await self._from_resumable(target, scored)
+                    state.prefetched_policy = state.step
+                await self._settle_resumable()
                 await self._settle_bookkeeping()
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(args=[spec, state])
@@ -304,6 +328,7 @@ class TrainingRun:
             steps_this_run += 1
         if prefetch is not None:
             prefetch.cancel()
+        await self._settle_resumable()
 
     async def _step(self, target: int) -> asyncio.Task[TrajectoriesRef] | None:
         """Produce and serve step ``target``; in pipelined mode returns the next step's rollouts, running."""
@@ -314,13 +339,20 @@ class TrainingRun:
         scored = self._take_prefetched(target)
         if scored is None:
             scored = await self._rollouts_and_judge(target, policy_step=state.step, track=True)
+        if self._servable_first:  # the served step's optimizer state went up beside these rollouts
+            scored = await self._from_resumable(target, scored)
         prefetch: asyncio.Task[TrajectoriesRef] | None = None
         if spec.mode == "pipelined" and target < spec.steps and not state.stopping:
             prefetch = asyncio.create_task(self._rollouts_and_judge(target + 1, state.step, track=False))
         resampled = 0
         while True:
             try:
-                result = await train_and_serve(self._train_step_input(target, scored), self._on_chain_phase)
+                inp = self._train_step_input(target, scored)
+                if self._servable_first:
+                    served = await serve_adapter_first(inp, self._on_chain_phase)
+                    result = served.result()
+                else:
+                    result = StepServed.of(await train_and_serve(inp, self._on_chain_phase))
                 break
             except NoLearningSignal as err:
                 if resampled >= RESAMPLES_WITHOUT_SIGNAL:
@@ -343,42 +375,65 @@ class TrainingRun:
             resampled=resampled,
             seconds={**self._phase_seconds, "step": (workflow.now() - started).total_seconds()},
             train_metrics=result.metrics,
+            adapter_sha256=result.adapter_sha256,
         )
-        # The step advances only now: its adapter is served.
-        state.step, state.checkpoint, state.adapter = target, result.checkpoint, result.adapter
+        # The step advances only now: its adapter is served (its checkpoint resumable later, servable first).
+        state.step, state.adapter, state.adapter_sha256 = target, result.adapter, result.adapter_sha256
+        if self._servable_first:
+            self._pending = served
+        else:
+            state.checkpoint = result.checkpoint
         state.history = [*state.history, summary][-MAX_HISTORY:]
         await self._after_step(summary, scored)
         return prefetch
+
+    async def _from_resumable(self, target: int, scored: TrajectoriesRef) -> TrajectoriesRef:
+        """Wait until the served step's checkpoint is resumable (trained again and served again when its trainer
+        vanished first); rollouts for ``target`` that its lost adapter sampled are dropped and rolled out again."""
+        state = self._state
+        await self._settle_resumable()
+        if on_lineage(scored, state.adapter_sha256):
+            return scored
+        state.dropped_lost_adapter_groups += scored.n_groups
+        workflow.logger.warning("step %d: dropped %d groups sampled by an adapter lost with its trainer; rolling "
+                                "out again with policy %d", target, scored.n_groups, state.step)  # fmt: skip
+        return await self._rollouts_and_judge(target, policy_step=state.step, track=True)
+
+    async def _settle_resumable(self) -> None:
+        """The served step's checkpoint resumable: the run's ``checkpoint``, and its summary's."""
+        served, state = self._pending, self._state
+        if served is None:
+            return
+        again = await until_resumable(served, PhaseClock(self._on_chain_phase))
+        self._pending = None
+        assert served.checkpoint is not None
+        state.checkpoint = served.checkpoint
+        update: dict[str, Any] = {"checkpoint": served.checkpoint}
+        if again is not None:  # trained again: another adapter, served now
+            state.adapter_sha256 = again.adapter_sha256
+            update.update(trained_again=True, adapter_sha256=again.adapter_sha256, loss=served.trained.loss)
+        state.history = [h.model_copy(update=update) if h.step == served.step else h for h in state.history]
 
     async def _after_step(self, summary: StepSummary, scored: TrajectoriesRef) -> None:
         """Log the served step's metrics, then apply retention: beside the next step, after the previous
         step's (retention may pick the best checkpoint by the metrics)."""
         if workflow.patched(BOOKKEEPING_PATCH):
-            self._bookkeeping = asyncio.create_task(self._bookkeeping_after(summary, scored))
+            self._books().beside(summary, scored)
         else:
             self._phase = "metrics"
-            await self._bookkeeping_after(summary, scored)
+            await self._books().after(summary, scored)
 
-    def _bookkeeping_after(self, summary: StepSummary, scored: TrajectoriesRef) -> Coroutine[Any, Any, None]:
-        """The served step's metrics and retention, after the previous step's (the state they read is now's)."""
-        metrics = step_metrics(summary, scored.n_groups, self._state.dropped_stale_groups)
-        protect = self._protected()
-        previous = self._bookkeeping
-
-        async def bookkeeping() -> None:
-            if previous is not None:
-                await previous
-            await self._log_metrics(summary.step, metrics)
-            await self._retain_checkpoints(summary.step, protect)
-
-        return bookkeeping()
+    def _books(self) -> Bookkeeping:
+        if self._bookkeeping is None:
+            self._bookkeeping = Bookkeeping(self._require_spec(), lambda: self._state, self._policy_by_step)
+        return self._bookkeeping
 
     async def _settle_bookkeeping(self) -> None:
         """Wait for the served steps' metrics and retention."""
-        if self._bookkeeping is not None and not self._bookkeeping.done():
+        books = self._books()
+        if books.pending is not None and not books.pending.done():
             self._phase = "metrics"
-            await self._bookkeeping
-        self._bookkeeping = None
+        await books.settle()
 
     def _on_chain_phase(self, phase: str) -> None:
         self._phase = phase  # type: ignore[assignment]
@@ -480,85 +535,3 @@ class TrainingRun:
         else:
             state.prefetched_policy = policy_step
         return scored
-
-    async def _log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        """Best effort: a metrics sink that is down never fails the run."""
-        spec = self._require_spec()
-        try:
-            await run_stage(
-                METRICS,
-                MetricsInput(
-                    run_id=spec.run_id,
-                    project=spec.model.project,
-                    model_name=spec.model.name,
-                    step=step,
-                    metrics=metrics,
-                    wandb=spec.metrics.wandb,
-                ),
-                task_queue=spec.task_queues.control,
-                step=step,
-                scheduling=spec.scheduling(),
-                heartbeat_s=spec.heartbeat_timeout_s,
-            )
-        except StageFailed as err:
-            workflow.logger.warning("metrics for step %d not logged: %s", step, err.message)
-
-    def _protected(self) -> list[int]:
-        """Checkpoints retention must keep now: the newest step, the one being served, and the policy that
-        pipelined rollouts of a later step are sampling (a restarted server reloads it)."""
-        state = self._state
-        served = [state.checkpoint.step] if state.checkpoint is not None else []
-        sampling = [policy for step, policy in self._policy_by_step.items() if step > state.step]
-        return sorted({state.step, *served, *sampling})
-
-    async def _retain_checkpoints(self, step: int, protect: list[int]) -> None:
-        """Delete checkpoints beyond ``spec.checkpoints`` but ``protect`` (``keep_last`` >= 1 keeps the
-        newest too). Best effort, like metrics."""
-        spec = self._require_spec()
-        if spec.checkpoints.keep_last is None:
-            return
-        try:
-            await run_stage(
-                RETAIN_CHECKPOINTS,
-                RetentionInput(
-                    run_id=spec.run_id,
-                    keep_last=spec.checkpoints.keep_last,
-                    keep_best_metric=spec.checkpoints.keep_best_metric,
-                    protect=protect,
-                ),
-                task_queue=spec.task_queues.control,
-                step=step,
-                scheduling=spec.scheduling(),
-                heartbeat_s=spec.heartbeat_timeout_s,
-            )
-        except StageFailed as err:
-            workflow.logger.warning("checkpoint retention after step %d failed: %s", step, err.message)
-
-
-def step_metrics(summary: StepSummary, n_groups: int, dropped_stale_groups: int) -> dict[str, float]:
-    """A step's numbers under ART's metric names (``train/reward``, ``data/...``, ``loss/...``, ``time/...``).
-
-    ``train/reward_std_dev`` is the std of all the step's rewards (ART averages each group's std; the
-    workflow only sees the step's summary).
-    """
-    rollouts = summary.n_trajectories + summary.n_exceptions
-    nan = float("nan")
-    metrics: dict[str, float] = {
-        "train/reward": summary.reward_mean if summary.reward_mean is not None else nan,
-        "train/reward_std_dev": summary.reward_std if summary.reward_std is not None else nan,
-        "train/exception_rate": summary.n_exceptions / rollouts if rollouts else nan,
-        "data/step_num_scenarios": float(n_groups),
-        "data/step_num_groups_submitted": float(n_groups),
-        "data/step_num_groups_trainable": float(n_groups - summary.n_groups_zero_variance),
-        "data/step_num_trajectories": float(rollouts),
-        "data/step_num_resamples": float(summary.resampled),
-        "discarded/step/zero_variance_groups": float(summary.n_groups_zero_variance),
-        "discarded/cum/stale_groups": float(dropped_stale_groups),
-        "offpolicy/policy_age_steps": float(summary.step - 1 - summary.policy_step),
-    }
-    if summary.loss is not None:
-        metrics["loss/train"] = summary.loss
-    metrics.update(summary.train_metrics)
-    for phase, seconds in summary.seconds.items():
-        metrics["time/step_wall_s" if phase == "step" else f"time/step_{phase}_s"] = seconds
-    return metrics

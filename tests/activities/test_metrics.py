@@ -17,7 +17,7 @@ from schemas import layout
 from schemas.activities import MetricsInput
 from schemas.run_state import StepSummary
 from tests.wandb_records import history
-from workflows.training_run import step_metrics
+from workflows.bookkeeping import step_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -42,9 +42,11 @@ async def test_retention_keeps_newest_best_and_served_and_deletes_the_rest(
     assert object_store.is_complete(layout.checkpoint_prefix(RUN, 2))  # the best by train/reward
     # Idempotent: a retried activity finds nothing more to delete.
     assert await ActivityEnvironment().run(retain, inp) == []
-    # Without a metric only the newest and the protected stay.
+    # Without a metric only the newest and the protected stay; and every step from keep_from on.
+    inp = RetentionInput(run_id=RUN, keep_last=1, protect=[4], keep_from=2)
+    assert await ActivityEnvironment().run(retain, inp) == [1]
     inp = RetentionInput(run_id=RUN, keep_last=1, protect=[4])
-    assert await ActivityEnvironment().run(retain, inp) == [1, 2]
+    assert await ActivityEnvironment().run(retain, inp) == [2]
     assert complete_checkpoint_steps(object_store, RUN) == [4, 5]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -20,10 +21,13 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from transformers import AutoModelForCausalLM
 
+from activities.checkpoints import publish_adapter
 from activities.object_store import ObjectStore
 from activities.rollouts import RolloutActivities
 from activities.serving import ServingActivities
+from activities.trajectory_store import download_groups, download_table
 from base_models.resolve import SMOLLM2_NAME, ensure_smollm2
+from schemas import layout
 from schemas.activities import ReloadInput, ReloadResult, RolloutsInput, ServingControlInput
 from schemas.config import Scheduling, ServingSpec, TaskSpec
 from schemas.errors import CONFIG_ERROR, CORRUPT_CHECKPOINT
@@ -457,3 +461,57 @@ async def test_a_step_published_again_with_other_weights_is_served_with_them(
     assert same(await answer(first.adapter), before)  # not the weights it loaded under that name before
     for name in (first.adapter, "reference@1"):
         await client.unload_adapter(name)
+
+
+async def test_a_servable_checkpoint_is_reloaded_and_ensured_and_labels_the_rollouts_it_samples(
+    cpu_server: str,
+    object_store: ObjectStore,
+    adapter_dir: Path,
+    tmp_path: Path,
+) -> None:
+    run = f"run-servable-{uuid.uuid4().hex[:6]}"
+    staged = tmp_path / "staged"  # as a trainer stages a step: the adapter, the optimizer and trainer state
+    shutil.copytree(adapter_dir, staged)
+    (staged / "optimizer.safetensors").write_bytes(b"moments")
+    servable, _ = publish_adapter(object_store, staged, run, 1)
+    assert not object_store.is_complete(layout.checkpoint_prefix(run, 1))
+
+    acts = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path / "first")
+    inp = ReloadInput(model_name="agent", checkpoint=servable)
+    reloaded = await ActivityEnvironment().run(acts.reload, inp)
+    assert (reloaded.adapter, reloaded.adapter_sha256) == (f"{run}@1", servable.adapter_sha256)
+    local = tmp_path / "first" / run / "000001"
+    assert sorted(p.name for p in local.iterdir() if not p.name.startswith(".")) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]  # fmt: skip  (never the optimizer state)
+
+    # Another inference worker whose server lacks it: its rollouts load it (servable is enough) and say so.
+    other = ServingActivities([cpu_server], store=object_store, adapter_root=tmp_path / "second")
+    await ServingClient(cpu_server).unload_adapter(reloaded.adapter)
+    rollouts = RolloutActivities(cpu_server, object_store, serving=other, task_modules=("rollout_stubs",))
+    sampled = await ActivityEnvironment().run(
+        rollouts.rollouts,
+        RolloutsInput(
+            run_id=run, step=2, model_name="agent", adapter=reloaded.adapter, policy_step=1,
+            task=TaskSpec(rollout="rollout_stubs:ok", scenarios="rollout_stubs:scenarios"),
+            groups_per_step=2, group_size=2,
+        ),
+    )  # fmt: skip
+    assert sampled.policy_adapters == [servable.adapter_sha256]
+    table = download_table(object_store, sampled.ref.uri)
+    assert table.column("policy_sha256").to_pylist() == [servable.adapter_sha256] * 4
+    groups = download_groups(object_store, sampled.ref.uri)
+    assert {t.policy_sha256 for g in groups for t in g.trajectories} == {servable.adapter_sha256}
+
+    # Trained again (its trainer lost): the first adapter's ref no longer reloads; the new one replaces it.
+    again = tmp_path / "again"
+    shutil.copytree(staged, again)
+    (again / "adapter_model.safetensors").write_bytes(
+        (staged / "adapter_model.safetensors").read_bytes()[::-1]
+    )
+    with pytest.raises(ApplicationError) as lost:
+        publish_adapter(object_store, again, run, 1)
+        await ActivityEnvironment().run(acts.reload, inp)
+    assert lost.value.type == CORRUPT_CHECKPOINT and "its adapter changed" in lost.value.message
+    await ServingClient(cpu_server).unload_adapter(reloaded.adapter)

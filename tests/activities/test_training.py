@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from activities import trajectory_store
-from activities.checkpoints import OomState
+from activities.checkpoints import OomState, adapter_ref
 from activities.tokenize import build_sequences
 from activities.trainer import Trainer
 from activities.training import TrainerActivities, next_micro_batch
@@ -100,6 +100,7 @@ def test_next_micro_batch_halves_after_an_oom_down_to_one():
 
 
 def train_steps(acts: TrainerActivities, run_id: str, refs, steps: range, start, config: TrainConfig):
+    """Train ``steps``, each published as a step is: its adapter first (servable), then the rest (resumable)."""
     for step in steps:
         result = acts.train_sync(
             TrainInput(
@@ -107,7 +108,12 @@ def train_steps(acts: TrainerActivities, run_id: str, refs, steps: range, start,
             ),
             micro_batch=config.micro_batch_size,
         )
-        start = acts.publish_sync(PublishInput(run_id=run_id, step=step, staging_dir=result.staging_dir))
+        publish = PublishInput(run_id=run_id, step=step, staging_dir=result.staging_dir)
+        servable = acts.publish_adapter_sync(publish)  # from memory, as the trainer serialized it
+        start = acts.publish_sync(publish)
+        assert (
+            adapter_ref(acts.store, start)[0] == servable
+        )  # the adapter the servers load is the one resumed
     return start
 
 
@@ -164,6 +170,10 @@ def resume_and_continue(object_store, tmp_path, trainer) -> None:
     want = a.trainer.adapter_state()
     del a
     gc.collect()
+    # The same worker started again with its disk: its adapter goes up from the staged files, the same one.
+    publish = PublishInput(run_id="run-a", step=3, staging_dir=str(tmp_path / "a" / "run-a" / "000003"))
+    again = TrainerActivities(object_store, tmp_path / "a", "worker-a").publish_adapter_sync(publish)
+    assert again == adapter_ref(object_store, object_store.latest_checkpoint("run-a"))[0]
 
     # Interrupted: train 1..2, drop the worker (trainer, optimizer and all), resume from S3 on a new one.
     b = TrainerActivities(object_store, tmp_path / "b", "worker-b")

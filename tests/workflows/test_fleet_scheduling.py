@@ -64,8 +64,8 @@ async def fleet(
     ]  # fmt: skip
     workers = [
         Worker(client, task_queue=queue, workflows=[TrainingRun], activities=control, interceptors=interceptors(opts)),
-        Worker(client, task_queue=worker_task_queue(queue, WORKER_ID), activities=[stubs.publish],
-               interceptors=interceptors(opts)),
+        Worker(client, task_queue=worker_task_queue(queue, WORKER_ID),
+               activities=[stubs.publish, stubs.publish_adapter], interceptors=interceptors(opts)),
         Worker(client, task_queue=f"{queue}-inference", activities=[stubs.rollouts, stubs.reload],
                interceptors=interceptors(opts), max_concurrent_activities=1),
     ]  # fmt: skip

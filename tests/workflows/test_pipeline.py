@@ -16,8 +16,8 @@ from test_training_run_logic import eventually, make_spec, running, start
 from workflow_stubs import WORKER_ID, Failure, ScriptedActivities
 
 from schemas.errors import CONFIG_ERROR, STORE_UNAVAILABLE
-from workflows import pipeline, train_step
-from workflows.stages import PUBLISH, TRAIN_BESIDE
+from workflows import beside, pipeline, step_chain
+from workflows.stages import PUBLISH, PUBLISH_ADAPTER, TRAIN_BESIDE
 from workflows.training_run import TrainingRun
 
 
@@ -25,17 +25,20 @@ async def test_the_next_step_trains_while_the_last_one_publishes_and_the_counter
     client: Client, task_queue: str
 ) -> None:
     stubs = ScriptedActivities()
-    stubs.publish_gates[1], stubs.reload_gates[1] = asyncio.Event(), asyncio.Event()
+    stubs.publish_adapter_gates[1], stubs.reload_gates[1] = asyncio.Event(), asyncio.Event()
+    stubs.publish_gates[1] = asyncio.Event()
     spec = make_spec(task_queue, f"beside-{task_queue}", mode="pipelined", steps=4, continue_as_new_every=3)
     async with running(stubs, client, task_queue):
         handle = await start(client, spec)
-        # Step 2 trains while step 1 is being published ...
+        # Step 2 trains while step 1's adapter is being published ...
         await asyncio.wait_for(stubs.train_started[2].wait(), 20)
-        assert stubs.names("publish") == [1] and stubs.names("reload") == [0]
-        stubs.publish_gates[1].set()
-        # ... and while its adapter is being loaded, and is published ...
+        await eventually(lambda: asyncio.sleep(0, result=stubs.names("publish_adapter")[:1] == [1]))
+        assert stubs.names("reload") == [0]
+        stubs.publish_adapter_gates[1].set()
+        # ... and while its adapter is being loaded (servable: its optimizer state goes up once it is served) ...
         await asyncio.wait_for(stubs.reload_started[1].wait(), 20)
-        await eventually(lambda: asyncio.sleep(0, result=stubs.names("publish") == [1, 2]))
+        await eventually(lambda: asyncio.sleep(0, result=stubs.names("publish_adapter") == [1, 2]))
+        assert stubs.names("publish") == []
         [trained_2] = stubs.train_inputs[2]
         assert trained_2.start_from is None and trained_2.continue_from is not None
         assert (trained_2.continue_from.step, trained_2.continue_from.worker_id) == (1, WORKER_ID)
@@ -46,13 +49,22 @@ async def test_the_next_step_trains_while_the_last_one_publishes_and_the_counter
         assert status.step == 0 and status.adapter == f"{spec.run_id}@0"
         assert stubs.names("reload") == [0, 1] and stubs.names("train") == [1, 2]
         stubs.reload_gates[1].set()
+        await eventually(lambda: asyncio.sleep(0, result=stubs.names("publish") == [1]))
+        await asyncio.sleep(0.5)
+        assert stubs.names("publish") == [1]  # step 2's rest waits for step 1's: in step order
+        served = await handle.query(TrainingRun.status)
+        assert served.step >= 2 and served.last_checkpoint is not None and served.last_checkpoint.step == 0
+        assert served.history[0].checkpoint is None  # served, not resumable yet
+        stubs.publish_gates[1].set()
         final = await handle.result()
     assert final.step == 4 and [h.step for h in final.history] == [1, 2, 3, 4]
     assert stubs.names("reload") == [0, 1, 2, 3, 4]
     assert stubs.names("train") == [1, 2, 3, 4] and sorted(s for _, s in stubs.published) == [0, 1, 2, 3, 4]
-    # Continued as new after step 3: step 4 trains from the carried, served checkpoint 3.
+    assert stubs.names("publish") == [1, 2, 3, 4] and stubs.names("publish_adapter") == [1, 2, 3, 4]
+    # Continued as new after step 3, once checkpoint 3 was resumable: step 4 trains from it.
     [trained_4] = stubs.train_inputs[4]
     assert trained_4.continue_from is None and trained_4.start_from == final.history[2].checkpoint
+    assert [h.checkpoint for h in final.history] == [stubs.checkpoints[spec.run_id][n] for n in (1, 2, 3, 4)]
     assert all({"train", "publish", "reload", "step"} <= h.seconds.keys() for h in final.history)
 
 
@@ -77,9 +89,10 @@ async def test_a_trainer_lost_mid_pipeline_is_replaced_from_the_published_checkp
     """Step 1's trainer vanishes after training: its publish and step 2's training (sent to it) never start.
     Step 1 is trained again from checkpoint 0 and published; step 2 trains from that checkpoint, elsewhere."""
     quick = timedelta(seconds=2)
+    monkeypatch.setattr(step_chain, "PUBLISH", dataclasses.replace(PUBLISH, schedule_to_start=quick))
     monkeypatch.setattr(
-        train_step, "PUBLISH", dataclasses.replace(PUBLISH, schedule_to_start=quick)
-    )  # every publish
+        beside, "PUBLISH_ADAPTER", dataclasses.replace(PUBLISH_ADAPTER, schedule_to_start=quick)
+    )
     monkeypatch.setattr(pipeline, "TRAIN_BESIDE", dataclasses.replace(TRAIN_BESIDE, schedule_to_start=quick))
     stubs = ScriptedActivities(lost_workers=1)
     stubs.reload_gates[1] = asyncio.Event()

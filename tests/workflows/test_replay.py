@@ -1,8 +1,8 @@
 """Runs in flight survive a change to workflow code: histories recorded from real runs (histories/, made by
 histories/record.py: sync with a continue-as-new, pipelined, shared, the ART client's ServeModel and
 TrainSteps, its TrainSFT, a sync run with inline scenarios recorded before ``scenarios-by-reference``, and a
-judged run with its own chat template and rubric recorded before ``run-texts-by-reference``, and a pipelined run
-after ``durability-beside-training``) are
+judged run with its own chat template and rubric recorded before ``run-texts-by-reference``, a pipelined run
+after ``durability-beside-training``, and a sync and a pipelined run after ``servable-before-resumable``) are
 replayed with Temporal's ``Replayer`` against today's workflows. A change that would make a
 recorded run take another path (a new activity, a reordered timer, a removed step) fails here; guard such a
 change with ``workflow.patched`` so old histories keep their path."""
@@ -21,6 +21,7 @@ from temporalio.workflow import NondeterminismError
 
 from schemas.activities import ActivityName
 from schemas.config import RunSpec
+from workflows.servable import SERVABLE_PATCH
 from workflows.serve_model import ServeModel
 from workflows.train_sft import TrainSFT
 from workflows.train_step import TrainStep
@@ -53,6 +54,10 @@ def test_the_recorded_histories_cover_every_workflow_and_mode() -> None:
         "replay-texts__0",
         "replay-beside__0",
         "replay-beside__1",
+        "replay-servable-sync__0",
+        "replay-servable-sync__1",
+        "replay-servable-pipelined__0",
+        "replay-servable-pipelined__1",
     }
     assert expected <= names
     chain = load(Path(__file__).parent / "histories" / "replay-sync__0.json")
@@ -101,6 +106,48 @@ def test_the_beside_history_trains_a_step_while_the_one_before_it_is_published_a
     assert not overlaps("replay-pipelined__0.json")
     assert PIPELINE_PATCH in patches_of("replay-beside__0.json")
     assert PIPELINE_PATCH not in patches_of("replay-pipelined__0.json")
+
+
+@pytest.mark.parametrize("name", ["replay-servable-sync__0.json", "replay-servable-pipelined__0.json"])
+def test_the_servable_histories_reload_each_step_from_its_adapter_before_the_rest_is_written(
+    name: str,
+) -> None:
+    """``record.py --only servable``: after ``servable-before-resumable`` each step's adapter is published and
+    reloaded (the reload names the adapter manifest), the rest of its checkpoint written beside; the histories from
+    before it (replay-sync, replay-beside) publish each step whole and reload the whole checkpoint."""
+
+    def reloads(history_name: str) -> dict[int, tuple[list[str], str]]:
+        """Step -> (the publish activities completed before its reload was scheduled, what the reload names)."""
+        completed: dict[int, list[str]] = {}
+        scheduled: dict[int, tuple[str, int]] = {}
+        found = {}
+        for e in load(Path(__file__).parent / "histories" / history_name).events:
+            if e.HasField("activity_task_scheduled_event_attributes"):
+                attributes = e.activity_task_scheduled_event_attributes
+                kind, step = (
+                    attributes.activity_type.name,
+                    int(json.loads(e.user_metadata.summary.data).split()[1]),
+                )
+                scheduled[e.event_id] = (kind, step)
+                if kind == ActivityName.RELOAD and step > 0:
+                    [payload] = attributes.input.payloads
+                    ref = json.loads(payload.data)["checkpoint"]
+                    found[step] = (
+                        list(completed.get(step, [])),
+                        "adapter" if "adapter_sha256" in ref else "whole",
+                    )
+            elif e.HasField("activity_task_completed_event_attributes"):
+                kind, step = scheduled[e.activity_task_completed_event_attributes.scheduled_event_id]
+                if kind in (ActivityName.PUBLISH_ADAPTER, ActivityName.PUBLISH):
+                    completed.setdefault(step, []).append(kind)
+        return found
+
+    servable = reloads(name)
+    assert servable and all(seen == (["publish_adapter"], "adapter") for seen in servable.values()), servable
+    assert SERVABLE_PATCH in patches_of(name)
+    for before in ("replay-sync__0.json", "replay-beside__0.json"):
+        assert all(seen == (["publish"], "whole") for seen in reloads(before).values())
+        assert SERVABLE_PATCH not in patches_of(before)
 
 
 def patches_of(name: str) -> set[str]:

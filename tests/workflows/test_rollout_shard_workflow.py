@@ -85,7 +85,8 @@ async def test_a_sync_run_fans_each_step_out_and_merges_the_shards_in_order(
         assert stubs.merges[step] == [[0, 1, 2]]
     per_step = [name for name, step in stubs.calls if step == 2]
     assert per_step[:3] == ["rollouts"] * 3  # all shards before anything else
-    assert per_step[3:] == ["merge_rollouts", "compute_advantages", "train", "publish", "reload", "metrics"]
+    assert per_step[3:7] == ["merge_rollouts", "compute_advantages", "train", "publish_adapter"]
+    assert per_step[7] == "reload" and sorted(per_step[8:]) == ["metrics", "publish"]
     assert [h.n_trajectories for h in final.history] == [5 * spec.group_size] * 2
 
 

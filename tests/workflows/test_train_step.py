@@ -17,8 +17,8 @@ from workflow_stubs import ScriptedActivities
 from schemas.errors import CONFIG_ERROR
 from schemas.refs import ObjectRef, TrajectoriesRef
 from schemas.run_state import TrainStepInput
-from workflows import train_step
-from workflows.stages import PUBLISH
+from workflows import servable
+from workflows.stages import PUBLISH_ADAPTER
 from workflows.train_step import TrainStep
 
 
@@ -100,8 +100,9 @@ async def test_a_trainer_that_vanished_before_publishing_means_training_again(
     client: Client, task_queue: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Unsandboxed, so the shortened schedule-to-start deadline of publish reaches the workflow code.
+    quick = timedelta(seconds=2)
     monkeypatch.setattr(
-        train_step, "PUBLISH", dataclasses.replace(PUBLISH, schedule_to_start=timedelta(seconds=2))
+        servable, "PUBLISH_ADAPTER", dataclasses.replace(PUBLISH_ADAPTER, schedule_to_start=quick)
     )
     stubs = ScriptedActivities(lost_workers=1)
     async with contextlib.AsyncExitStack() as stack:
@@ -109,7 +110,27 @@ async def test_a_trainer_that_vanished_before_publishing_means_training_again(
             await stack.enter_async_context(worker)
         result = await run_step(client, step_input(task_queue, f"lost-{task_queue}", 1), f"lost-{task_queue}")
     assert result.checkpoint.step == 1
-    assert stubs.names("train") == [1, 1] and stubs.names("publish") == [1]
+    # The publish_adapter sent to the vanished trainer never started; the second training's did.
+    assert stubs.names("train") == [1, 1] and stubs.names("publish_adapter") == [1]
+    assert stubs.names("publish") == [1] and stubs.names("reload") == [1]
+
+
+@pytest.mark.parametrize("same", [False, True], ids=["another-adapter", "same-adapter"])
+async def test_a_trainer_lost_after_serving_its_adapter_means_training_again_and_serving_that(
+    client: Client, task_queue: str, same: bool
+) -> None:
+    """Served, not resumable: the step is trained again from the checkpoint before it, published whole and
+    served; ``model.train`` returns once the step is resumable, with the adapter the servers now hold."""
+    stubs = ScriptedActivities(lost_after_adapter={1}, same_adapter_when_trained_again=same)
+    run_id = f"lost-after-{task_queue}"
+    async with workers(stubs, client, task_queue):
+        result = await run_step(client, step_input(task_queue, run_id, 1), run_id)
+    assert stubs.names("train") == [1, 1] and stubs.names("reload") == [1, 1]
+    assert [t.start_from for t in stubs.train_inputs[1]] == [None, None]  # both from the fresh adapter
+    assert result.checkpoint == stubs.checkpoints[run_id][1]
+    assert result.adapter_sha256 == stubs.adapters[(run_id, 1)] == stubs.served[(run_id, 1)]
+    (_, first), (_, second) = stubs.reloaded
+    assert second == result.adapter_sha256 and (first == second) == same
 
 
 async def test_a_hostile_run_id_fails_the_workflow_at_once_and_runs_no_activity(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
@@ -79,15 +80,22 @@ async def test_sync_run_orders_the_stages_and_answers_status(client: Client, tas
     assert [h.reward_mean for h in final.history] == pytest.approx([0.0, 0.1, 0.2])
     assert all(h.seconds.get("train") is not None for h in final.history)
     per_step = [name for name, step in stubs.calls if step == 2]
-    assert per_step == [
+    # Servable first: the adapter goes up and is reloaded; the rest of the checkpoint beside what follows.
+    assert per_step[:6] == [
         "rollouts",
         "merge_rollouts",
         "compute_advantages",
         "train",
-        "publish",
+        "publish_adapter",
         "reload",
-        "metrics",
     ]
+    assert sorted(per_step[6:]) == ["metrics", "publish"]
+    # Step 1's rest went up beside step 2's rollouts, and step 2 trained from it once it was resumable.
+    assert stubs.calls.index(("publish", 1)) > stubs.calls.index(("reload", 1))
+    assert stubs.calls.index(("publish", 1)) < stubs.calls.index(("train", 2))
+    assert stubs.train_inputs[2][0].start_from == stubs.checkpoints[spec.run_id][1]
+    assert [h.checkpoint for h in final.history] == [stubs.checkpoints[spec.run_id][n] for n in (1, 2, 3)]
+    assert [h.adapter_sha256 for h in final.history] == [stubs.adapters[(spec.run_id, n)] for n in (1, 2, 3)]
     assert stubs.names("publish_initial") == [0] and stubs.names("reload")[0] == 0
     assert "judge" not in per_step  # judge.kind == "rollout": the rollout's own reward is the score
     assert [m.metrics["train/reward"] for m in stubs.metrics] == pytest.approx([0.0, 0.1, 0.2])
@@ -112,21 +120,25 @@ async def test_metrics_and_retention_run_beside_the_next_step_and_the_run_ends_a
         handle = await start(client, spec)
         await asyncio.wait_for(stubs.train_started[2].wait(), 20)  # step 1's metrics are still held
         assert stubs.metrics == [] and stubs.retained == []
-        stubs.metrics_gates[1].set()
 
-        async def last_metrics_held() -> bool:
+        async def metrics_held() -> bool:
             status = await handle.query(TrainingRun.status)
             return status.step == 3 and status.phase == "metrics"
 
-        await eventually(last_metrics_held)
+        await eventually(metrics_held)  # every step served, their bookkeeping behind step 1's metrics
+        assert stubs.retained == []
+        stubs.metrics_gates[1].set()
+        await eventually(lambda: asyncio.sleep(0, result=[m.step for m in stubs.metrics] == [1, 2]))
         assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
         stubs.metrics_gates[3].set()
         final = await handle.result()
     assert final.phase == "done" and final.step == 3
-    bookkeeping = [(name, step) for name, step in stubs.calls if name in ("metrics", "retain_checkpoints")]
-    assert bookkeeping == [(name, step) for step in (1, 2, 3) for name in ("metrics", "retain_checkpoints")]
+    bookkeeping = [name for name, _ in stubs.calls if name in ("metrics", "retain_checkpoints")]
+    assert bookkeeping == ["metrics", "retain_checkpoints"] * 3  # each step's retention after its metrics
     assert [m.step for m in stubs.metrics] == [1, 2, 3]
-    assert [r.protect for r in stubs.retained] == [[1], [2], [3]]
+    # What retention keeps is the run's when it deletes: step 1's retention, held behind its metrics until step 3
+    # was served, keeps from step 3 on (sync mode: the served step; keep_last keeps the newest resumable too).
+    assert [(r.protect, r.keep_from) for r in stubs.retained] == [([], 3), ([], 3), ([], 3)]
 
 
 async def test_judge_and_shared_mode_wrap_training_in_sleep_and_wake(client: Client, task_queue: str) -> None:
@@ -136,7 +148,7 @@ async def test_judge_and_shared_mode_wrap_training_in_sleep_and_wake(client: Cli
         final = await (await start(client, spec)).result()
     assert final.step == 1
     names = [name for name, _ in stubs.calls]
-    chain = names[names.index("rollouts") :]
+    chain = names[names.index("rollouts") : names.index("reload", names.index("rollouts")) + 1]
     assert chain == [
         "rollouts",
         "merge_rollouts",
@@ -144,11 +156,11 @@ async def test_judge_and_shared_mode_wrap_training_in_sleep_and_wake(client: Cli
         "compute_advantages",
         "sleep",
         "train",
-        "publish",
+        "publish_adapter",
         "wake_up",
         "reload",
-        "metrics",
     ]
+    assert sorted(names[len(chain) + names.index("rollouts") :]) == ["metrics", "publish"]
 
 
 async def test_pause_resume_and_stop_act_at_step_boundaries(client: Client, task_queue: str) -> None:
@@ -190,6 +202,21 @@ async def test_continue_as_new_carries_the_run_state(client: Client, task_queue:
     assert final.step == 5 and [h.step for h in final.history] == [1, 2, 3, 4, 5]
     assert stubs.names("latest_checkpoint") == [-1]  # recovery runs once, the state is carried
     assert stubs.names("train") == [1, 2, 3, 4, 5]
+    # Step 3's rollouts ran beside step 2's optimizer state going up, in the execution that continued as new
+    # carrying them (each step rolled out once).
+    assert stubs.names("rollouts") == [1, 2, 3, 4, 5]
+    scheduled = [
+        (
+            e.activity_task_scheduled_event_attributes.activity_type.name,
+            json.loads(e.user_metadata.summary.data),
+        )
+        async for e in client.get_workflow_handle(
+            spec.run_id, run_id=handle.result_run_id
+        ).fetch_history_events()
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert scheduled[-2:] == [("rollouts", "step 3 shard 1/1"), ("merge_rollouts", "step 3")]
+    assert ("publish", "step 2") in scheduled
 
 
 async def test_pipelined_rolls_out_ahead_and_keeps_fresh_groups(client: Client, task_queue: str) -> None:

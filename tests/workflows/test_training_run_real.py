@@ -125,12 +125,15 @@ async def test_a_real_sync_run_terminated_after_step_1_restarts_from_its_checkpo
 ) -> None:
     spec = small_spec(f"real-sync-{uuid.uuid4().hex[:6]}", queues)
     handle = await run_control.start_run(client, spec)
-    for _ in range(1800):
-        if (await handle.query(TrainingRun.status)).step >= 1:
+    store = ObjectStore(s3_settings)
+    for _ in range(
+        1800
+    ):  # step 1 served, and resumable (its optimizer state goes up beside step 2's rollouts)
+        newest = store.latest_checkpoint(spec.run_id)
+        if (await handle.query(TrainingRun.status)).step >= 1 and newest is not None and newest.step >= 1:
             break
         await asyncio.sleep(0.5)
     await handle.terminate("simulated crash after step 1")
-    store = ObjectStore(s3_settings)
     newest = store.latest_checkpoint(spec.run_id)
     assert newest is not None and newest.step == 1
 

@@ -10,7 +10,10 @@ records that one alone). ``--only resample`` records ``replay-resample``, alone:
 sums far beyond the model, whose first rollouts had no learning signal and were rolled out again (a
 recording may need a second try if the first draw happens to differ). ``--only beside`` records ``replay-beside``, alone: a pipelined run of 4 steps
 after ``durability-beside-training`` (each step trains while the one before it publishes and reloads; 4 epochs a
-step), continued as new after 3. ``--only inline`` records one more run, alone: a sync run of 2 steps whose
+step), continued as new after 3. ``--only servable`` records ``replay-servable-sync`` (3 steps, continued as new
+after 2) and ``replay-servable-pipelined`` (4 steps, after 3), alone: runs after ``servable-before-resumable``
+(each step's adapter published and reloaded before the rest of its checkpoint). ``--only inline`` records one
+more run, alone: a sync run of 2 steps whose
 ``task.scenarios`` is an inline list (``replay-inline``). Its recorded history predates the
 ``scenarios-by-reference`` patch (each rollouts activity carries the list itself), so it was recorded from the
 workflow code before that patch (commit 0f3fe03, with this script copied in); recording it again from today's
@@ -76,6 +79,13 @@ BESIDE_RUNS: dict[str, dict[str, Any]] = {
     # Pipelined after durability-beside-training: a step trains while the one before it publishes and reloads
     # (4 epochs: training is the longer phase); continued as new after 3 steps, carrying step 4's rollouts.
     "replay-beside": {"mode": "pipelined", "steps": 4, "continue_as_new_every": 3, "train": {"epochs": 4}},
+}
+
+SERVABLE_RUNS: dict[str, dict[str, Any]] = {
+    # After servable-before-resumable: each step's adapter is published and reloaded before the rest of its
+    # checkpoint, which goes up beside what follows; sync continued as new after 2 steps, pipelined after 3.
+    "replay-servable-sync": {"mode": "sync", "steps": 3, "continue_as_new_every": 2},
+    "replay-servable-pipelined": {"mode": "pipelined", "steps": 4, "continue_as_new_every": 3},
 }
 
 RESAMPLE_RUNS: dict[str, dict[str, Any]] = {
@@ -178,8 +188,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument(
         "--only",
-        choices=("sft", "inline", "resample", "texts", "beside"),
-        help="record only the TrainSFT run, or only replay-inline, replay-resample, replay-texts or replay-beside",
+        choices=("sft", "inline", "resample", "texts", "beside", "servable"),
+        help="record only the TrainSFT run, or only replay-inline, replay-resample, replay-texts, replay-beside or "
+        "replay-servable-sync and -pipelined",
     )
     args = parser.parse_args()
     out = args.out
@@ -199,13 +210,14 @@ def main() -> None:
                     asyncio.run(sft_program(worker.server_urls[0]))
                 else:
                     runs = {
-                        "inline": INLINE_RUNS, "resample": RESAMPLE_RUNS, "texts": TEXT_RUNS, "beside": BESIDE_RUNS
+                        "inline": INLINE_RUNS, "resample": RESAMPLE_RUNS, "texts": TEXT_RUNS, "beside": BESIDE_RUNS,
+                        "servable": SERVABLE_RUNS,
                     }[args.only]  # fmt: skip
                     asyncio.run(training_runs(runs))
             finally:
                 worker.stop()
             prefix = {"sft": "sft-", "inline": "replay-inline", "resample": "replay-resample",
-                      "texts": "replay-texts", "beside": "replay-beside"}[args.only]  # fmt: skip
+                      "texts": "replay-texts", "beside": "replay-beside", "servable": "replay-servable"}[args.only]  # fmt: skip
             asyncio.run(write_histories(out, prefix=prefix))
             return
         for n, phase in enumerate(("train", "serve again")):
