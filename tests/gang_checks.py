@@ -35,6 +35,11 @@ OFF_FRACTION = 0.02
 """The adapter's weights allowed beyond ``ADAPTER_ATOL`` (each by at most two updates)."""
 STATE_RTOL = 1e-2
 """Adam's moments, as far from the other's (by norm) as the gradients of those weights let them."""
+STATE_FLOOR = 1e-3
+"""...and a moment whose gradients nearly cancelled out (a sum far smaller than its terms, so rounding moves it by
+more than 1% of itself: 1.7% was seen on a 2-host gang's step, 3.8e-11 on 2.3e-9) as far as this fraction of the
+largest moment of its kind in the state, which is how large its terms' rounding can be. A rank's share lost or left
+unreduced moves the adapter itself far beyond its rule."""
 
 
 @dataclass
@@ -80,6 +85,10 @@ def step_differences(got: str | Path, want: str | Path, update_bound: float) -> 
     elif got_state is not None and want_state is not None:
         if got_state["param_groups"] != want_state["param_groups"]:
             problems.append("optimizer param groups differ")
+        largest: dict[str, float] = {}
+        for entry in want_state["state"].values():
+            for name, value in entry.items():
+                largest[name] = max(largest.get(name, 0.0), float(value.float().norm()))
         for index, entry in want_state["state"].items():
             theirs = got_state["state"].get(index, {})
             for name, value in entry.items():
@@ -87,7 +96,7 @@ def step_differences(got: str | Path, want: str | Path, update_bound: float) -> 
                     problems.append(f"optimizer state {index}.{name} missing")
                     continue
                 distance = float((theirs[name] - value).norm())
-                if distance > STATE_RTOL * float(value.norm()) + 1e-12:
+                if distance > STATE_RTOL * float(value.norm()) + STATE_FLOOR * largest[name] + 1e-12:
                     problems.append(
                         f"optimizer state {index}.{name} off by {distance:.2e} of {float(value.norm()):.2e}"
                     )
