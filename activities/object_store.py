@@ -474,14 +474,21 @@ class ObjectStore:
                 steps.append(int(match.group(1)))
         return sorted(steps)
 
+    def checkpoint_ref(self, run_id: str, step: int) -> CheckpointRef:
+        """The run's checkpoint of ``step`` as its manifest names it; CorruptCheckpointError when it has none (not
+        resumable) or an invalid one."""
+        prefix = layout.checkpoint_prefix(run_id, step)
+        _, sha256 = self.read_manifest(prefix)
+        return CheckpointRef(run_id=run_id, step=step, uri=self.uri(prefix), manifest_sha256=sha256)
+
     def latest_checkpoint(self, run_id: str) -> CheckpointRef | None:
         """The newest checkpoint of the run that has a manifest; incomplete ones are skipped."""
         for step in reversed(self.checkpoint_steps(run_id)):
-            prefix = layout.checkpoint_prefix(run_id, step)
             try:
-                _, sha256 = self.read_manifest(prefix)
+                return self.checkpoint_ref(run_id, step)
             except CorruptCheckpointError:
-                log.warning("skipping checkpoint %s: no valid manifest", self.uri(prefix))
-                continue
-            return CheckpointRef(run_id=run_id, step=step, uri=self.uri(prefix), manifest_sha256=sha256)
+                log.warning(
+                    "skipping checkpoint %s: no valid manifest",
+                    self.uri(layout.checkpoint_prefix(run_id, step)),
+                )
         return None

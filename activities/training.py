@@ -748,8 +748,7 @@ class TrainerActivities:
     def publish_initial_sync(self, inp: InitialAdapterInput) -> CheckpointRef:
         prefix = layout.checkpoint_prefix(inp.run_id, 0)
         if self.store.is_complete(prefix):
-            _, sha = self.store.read_manifest(prefix)
-            return CheckpointRef(run_id=inp.run_id, step=0, uri=self.store.uri(prefix), manifest_sha256=sha)
+            return self.store.checkpoint_ref(inp.run_id, 0)
         with self._lock:
             trainer = self.trainer_for(inp.model, "auto")  # as the steps train by default
             trainer.init_adapter(inp.seed)

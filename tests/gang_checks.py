@@ -26,8 +26,8 @@ from activities.object_store import ObjectStore
 from activities.state_files import ADAPTER_WEIGHTS, read_optimizer_state
 from schemas.activities import TrainInput
 from schemas.config import RunSpec
-from schemas.layout import advantages_key, checkpoint_prefix
-from schemas.refs import CheckpointRef, ObjectRef
+from schemas.layout import advantages_key
+from schemas.refs import ObjectRef
 
 ADAPTER_ATOL = 1e-5
 """fp32 rounding: summing a step's tokens in another order moves most of the adapter's weights by under 1e-6."""
@@ -104,12 +104,6 @@ def step_differences(got: str | Path, want: str | Path, update_bound: float) -> 
     return StepDistance(problems, n_off, n_weights, most, moved)
 
 
-def published(store: ObjectStore, run_id: str, step: int) -> CheckpointRef:
-    prefix = checkpoint_prefix(run_id, step)
-    sha = store.read_manifest(prefix)[1]
-    return CheckpointRef(run_id=run_id, step=step, uri=store.uri(prefix), manifest_sha256=sha)
-
-
 def retrained(store: ObjectStore, spec: RunSpec, steps: int) -> list[StepDistance]:
     """Each step of run ``spec`` trained again on one device, from the run's checkpoint before it and on the step's
     advantages, against the run's checkpoint of it: nothing lost, nothing trained twice, at any world size."""
@@ -124,7 +118,7 @@ def retrained(store: ObjectStore, spec: RunSpec, steps: int) -> list[StepDistanc
             uri = store.uri(advantages_key(spec.run_id, step))
             advantages = ObjectRef(uri=uri, size=len(data), sha256=hashlib.sha256(data).hexdigest())
             inp = TrainInput(run_id=spec.run_id, step=step, model=spec.model, advantages=advantages,
-                             train=spec.train, start_from=published(store, spec.run_id, step - 1))  # fmt: skip
+                             train=spec.train, start_from=store.checkpoint_ref(spec.run_id, step - 1))  # fmt: skip
             again = trainer.train_sync(inp, micro_batch=spec.train.micro_batch_size)
             written = Path(again.staging_dir) / TRAINER_STATE_FILE  # staged beside what follows: wait for it
             deadline = time.monotonic() + 120
@@ -132,6 +126,6 @@ def retrained(store: ObjectStore, spec: RunSpec, steps: int) -> list[StepDistanc
                 assert time.monotonic() < deadline, f"{again.staging_dir} never written"
                 time.sleep(0.05)
             theirs = Path(scratch) / f"published-{step}"
-            store.get_checkpoint(published(store, spec.run_id, step), theirs)
+            store.get_checkpoint(store.checkpoint_ref(spec.run_id, step), theirs)
             out.append(step_differences(theirs, again.staging_dir, bound))
     return out

@@ -228,8 +228,7 @@ class GangTrainerActivities(TrainerActivities):
         """Checkpoint 0, made without the ranks (activities/gang/initial.py)."""
         prefix = layout.checkpoint_prefix(inp.run_id, 0)
         if self.store.is_complete(prefix):
-            _, sha = self.store.read_manifest(prefix)
-            return CheckpointRef(run_id=inp.run_id, step=0, uri=self.store.uri(prefix), manifest_sha256=sha)
+            return self.store.checkpoint_ref(inp.run_id, 0)
         directory = staging_dir(self.staging_root, inp.run_id, 0)
         state = TrainerState(
             run_id=inp.run_id,
