@@ -20,7 +20,6 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,7 @@ from serving.batcher import GenerationEngine, GenerationRequest
 from serving.chat import ChatRenderer
 from serving.options import ServerOptions, add_arguments, options_from_args
 from serving.tool_calls import parse_tool_calls
-from serving.vllm_plugin.dgrpo_key_guard import OPEN_PATHS, authorized, refusal
+from serving.vllm_plugin.dgrpo_key_guard import require_key
 
 log = logging.getLogger(__name__)
 
@@ -175,18 +174,7 @@ def build_app(
         log.error("request failed: %s: %s", type(err).__name__, err)
         return JSONResponse(error_body(500, f"{type(err).__name__}: {err}"), status_code=500)
 
-    if options.api_key is not None:
-        api_key = options.api_key.get_secret_value()
-
-        @app.middleware("http")
-        async def _require_api_key(
-            request: Request, call_next: Callable[[Request], Awaitable[Response]]
-        ) -> Response:
-            if request.url.path not in OPEN_PATHS and not authorized(
-                request.headers.get("authorization", ""), api_key
-            ):
-                return JSONResponse(refusal(), status_code=401)
-            return await call_next(request)
+    require_key(app, options.api_key.get_secret_value() if options.api_key is not None else None)
 
     @app.get("/health")
     async def health() -> Response:

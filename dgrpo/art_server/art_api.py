@@ -15,13 +15,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dgrpo.art_server.auth import require_key
 from dgrpo.art_server.models import ArtModelJson, ServedModels
 from dgrpo.art_server.training import TrainModelRequest, train_rows
 from dgrpo.client.backup_bucket import BUCKET_ENV, BackupBucketUnset, backup_bucket_name
 from dgrpo.errors import BackendError, ModelConflictError, UnsupportedArtFeature
 from dgrpo.model import Model
 from schemas.errors import DgrpoError, RunSpecError
+from serving.vllm_plugin.dgrpo_key_guard import require_key
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from activities.rollout_model import route_request_body
-from dgrpo.art_server.auth import require_key
 from dgrpo.art_server.models import AmbiguousModelName, ServedModels
 from serving.api import error_body
 from serving.client import ServingClient, auth_headers, openai_base_url
+from serving.vllm_plugin.dgrpo_key_guard import require_key
 
 OPEN_PATHS = frozenset({"/health"})
 ROUTED = ("/v1/chat/completions", "/v1/completions")

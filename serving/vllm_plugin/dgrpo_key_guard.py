@@ -52,3 +52,21 @@ async def require_api_key(request: Any, call_next: Callable[[Any], Awaitable[Any
     ):
         return JSONResponse(refusal(), status_code=401)
     return await call_next(request)
+
+
+def require_key(app: Any, api_key: str | None, open_paths: frozenset[str] = OPEN_PATHS) -> None:
+    """Refuse (401) a request to Starlette/FastAPI ``app`` for any path outside ``open_paths`` without ``api_key``;
+    no key: nothing to check. Our CPU server's guard and ``dgrpo art-server``'s."""
+    if api_key is None:
+        return
+    key = api_key
+
+    @app.middleware("http")
+    async def _require_api_key(request: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+        from starlette.responses import JSONResponse
+
+        if request.url.path not in open_paths and not authorized(
+            request.headers.get("authorization", ""), key
+        ):
+            return JSONResponse(refusal(), status_code=401)
+        return await call_next(request)
