@@ -59,6 +59,13 @@ class EarlyUploads:
             log.warning("the early upload of %s's adapter did not go up (%s); uploading it now", staged, err)
             return False
 
+    def settle(self, staged: Path) -> None:
+        """Wait (at most ``WAIT_S``) until ``staged``'s early upload, if any, has ended, however it ended."""
+        with self._lock:
+            upload = self._uploads.get(staged)
+        if upload is not None:
+            concurrent.futures.wait([upload], timeout=WAIT_S)
+
     def forget(self, staged: Path) -> None:
         with self._lock:
             self._uploads.pop(staged, None)

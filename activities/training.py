@@ -651,6 +651,8 @@ class TrainerActivities:
             else:
                 adapter.set_result(files)
                 self._early.start(held.directory, files, run_id, step)
+                # The rest is written once the adapter is up: the servers wait for that upload, not for this write.
+                self._early.settle(held.directory)
             return stage_checkpoint(held.directory, lambda d: snapshot.write(d, files), state, metrics)
 
         written = self._writer.submit(write)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.activities import RunTexts, SftConfig, SftResult
+from schemas.activities import AdvantagesResult, RunTexts, SftConfig, SftResult, TrainResult
 from schemas.config import (
     HEARTBEAT_TIMEOUT_S,
     HeartbeatTimeout,
@@ -16,7 +16,7 @@ from schemas.config import (
     TaskQueues,
     TrainConfig,
 )
-from schemas.refs import CheckpointRef, Name, ObjectRef, TrajectoriesRef
+from schemas.refs import AdapterRef, CheckpointRef, Name, ObjectRef, TrajectoriesRef
 
 Phase = Literal[
     "starting",
@@ -70,6 +70,24 @@ class StepSummary(_Strict):
     training's)."""
 
 
+class UnsettledStep(_Strict):
+    """Pipelined mode: a served step whose checkpoint was not yet resumable when the run continued as new. The
+    continued run writes the rest of its checkpoint beside its first training, which continues from the step's
+    staging on the trainer that holds it (docs/pipelining.md#continue-as-new)."""
+
+    step: int = Field(ge=1)
+    scored: TrajectoriesRef
+    """The rollouts it trained on (trained again on them if its trainer is lost before the rest is written)."""
+    advantages: AdvantagesResult
+    policy: int = Field(ge=0)
+    """The policy step that sampled ``scored``."""
+    resampled: int = Field(0, ge=0)
+    result: TrainResult
+    """Its training: the trainer and the staging that hold it."""
+    adapter: AdapterRef
+    """Its served adapter (servable)."""
+
+
 class RunState(_Strict):
     """Carried across continue-as-new; a fresh start (no state) recovers it from the newest checkpoint."""
 
@@ -92,6 +110,12 @@ class RunState(_Strict):
     """Pipelined mode: rollouts already made for step ``step + 1``."""
     prefetched_policy: int = Field(0, ge=0)
     """The policy step that sampled ``prefetched``."""
+    prefetched_advantages: AdvantagesResult | None = None
+    """Pipelined mode: the advantages of ``prefetched``, computed before the run continued as new (None: computed
+    again)."""
+    unsettled: UnsettledStep | None = None
+    """Pipelined mode: the served step whose rest of checkpoint the continued run writes (``checkpoint`` is the
+    one before it until then)."""
     scenarios: ObjectRef | None = None
     """The spec's inline scenario list as stored once for the run (``layout.scenarios_key``); None until it
     is, or when the spec names a file or a ``module:function``."""

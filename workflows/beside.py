@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from temporalio import workflow
 
@@ -26,11 +26,13 @@ with workflow.unsafe.imports_passed_through():
     from schemas.activities import AdvantagesResult, PublishInput, ReloadInput, ReloadResult, TrainResult
     from schemas.config import RunSpec
     from schemas.refs import AdapterRef, CheckpointRef, TrajectoriesRef
-    from schemas.run_state import MAX_HISTORY, RunState, StepSummary, TrainStepInput
+    from schemas.run_state import MAX_HISTORY, RunState, StepSummary, TrainStepInput, UnsettledStep
 
 from workflows.servable import on_lineage
 from workflows.stages import PUBLISH_ADAPTER, RELOAD, run_stage
 from workflows.step_chain import PhaseClock, on_its_trainer, publish_on_its_trainer, train_and_publish
+
+T = TypeVar("T")
 
 
 class BesideHost(Protocol):
@@ -75,6 +77,12 @@ class Trained:
     """Done once the step counter reads ``step``."""
     seconds: dict[str, float] = field(default_factory=dict)
     trained_again: bool = False
+    rest_started: bool = False
+    """The rest of its checkpoint is being written (or was): from then on it is settled in this execution."""
+
+
+async def _done(value: T) -> T:
+    return value
 
 
 Reprepare = Callable[[int, Prepared], Awaitable[Prepared]]
@@ -92,6 +100,8 @@ class Beside:
         state = host.state
         self.lineage: dict[int, str | None] = {state.step: state.adapter_sha256}
         """Step -> the ``adapter_sha256`` of the adapter the run holds for it (served in this execution)."""
+        self.carrying = False
+        """The run continues as new: a served step whose rest has not started is left to the continued run."""
 
     def start(self, step: int, prepared: Prepared, result: TrainResult, last: Trained | None) -> Trained:
         trained = Trained(step, prepared, result)
@@ -101,6 +111,32 @@ class Beside:
         else:
             trained.servable = trained.resumable = asyncio.create_task(self.publish_whole(trained, last))
         trained.served = asyncio.create_task(self._serve(trained, last))
+        return trained
+
+    def unsettled(self, trained: Trained) -> UnsettledStep | None:
+        """``trained`` as the continued run takes it over, when it is served and the rest of its checkpoint has not
+        started (``carrying``): its rest task is cancelled. None when it is settled, or being settled, here."""
+        if not (self.carrying and trained.served.done() and not trained.rest_started):
+            return None
+        if trained.resumable.done() or trained.served.exception() is not None:
+            return None
+        servable = trained.servable.result()
+        if not isinstance(servable, AdapterRef):  # trained again and published whole: resumable already
+            return None
+        trained.resumable.cancel()
+        prepared = trained.prepared
+        return UnsettledStep(step=trained.step, scored=prepared.scored, advantages=prepared.advantages,
+                             policy=prepared.policy, resampled=prepared.resampled, result=trained.result,
+                             adapter=servable)  # fmt: skip
+
+    def take_over(self, unsettled: UnsettledStep) -> Trained:
+        """A step served by the run before it continued as new, whose rest this run writes: resumable beside the
+        next training, which continues from its staging (or, its trainer lost, trained again and served again)."""
+        prepared = Prepared(unsettled.scored, unsettled.advantages, unsettled.policy, unsettled.resampled, {})
+        trained = Trained(unsettled.step, prepared, unsettled.result)
+        trained.servable = asyncio.create_task(_done(unsettled.adapter))
+        trained.served = asyncio.create_task(_done(None))
+        trained.resumable = asyncio.create_task(self._resumable(trained, None))
         return trained
 
     def watched(self, last: Trained) -> list[asyncio.Task[Any]]:
@@ -163,6 +199,9 @@ class Beside:
             await workflow.wait([trained.served])
             if last is not None:
                 await last.resumable  # in step order
+            if self.carrying:  # the continued run writes it (``unsettled``); this task is cancelled
+                await workflow.wait_condition(lambda: False)
+            trained.rest_started = True
             written = await publish_on_its_trainer(self._publish_input(trained), trained.result.worker_id,
                                                    spec.task_queues.trainer, spec.scheduling(),
                                                    spec.heartbeat_timeout_s, lost_ok=True)  # fmt: skip

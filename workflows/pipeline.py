@@ -62,6 +62,11 @@ from workflows.step_chain import no_learning_signal
 
 T = TypeVar("T")
 
+CARRY_PATCH = "unsettled-step-across-continue-as-new"
+"""A pipelined run continues as new once its last step is served, leaving the rest of that step's checkpoint
+to the continued run (``RunState.unsettled``) with the next step's advantages; runs whose history predates it
+wait for that checkpoint to be resumable first (and the continued run computes the advantages again)."""
+
 
 class PipelineHost(Protocol):
     """What ``Pipeline`` needs of the ``TrainingRun`` it runs in."""
@@ -109,7 +114,7 @@ class Pipeline:
         served (or has failed the run) when this returns; rollouts made ahead are left in ``state.prefetched``."""
         spec, state = self.host.spec, self.host.state
         ahead: asyncio.Task[Prepared] | None = None
-        last: Trained | None = None
+        last: Trained | None = self._taken_over()
         before_last: Trained | None = None
         trained_now = 0
         continue_as_new = False
@@ -125,6 +130,8 @@ class Pipeline:
                         break
                 if trained_now >= spec.continue_as_new_every:
                     continue_as_new = True
+                    # The continued run writes the last step's rest, and trains on without waiting for it.
+                    self.beside.carrying = self.servable_first and workflow.patched(CARRY_PATCH)
                     break
                 self.host.working("rollouts", target)
                 if (
@@ -153,11 +160,17 @@ class Pipeline:
                 prepared = await self._beside(ahead, last)
                 ahead = None
                 state.prefetched, state.prefetched_policy = prepared.scored, prepared.policy
+                if self.beside.carrying:
+                    state.prefetched_advantages = prepared.advantages
             if last is not None:
                 self.host.working("reload", last.step)
                 await last.served
                 if self.servable_first:
-                    await last.resumable  # and every step's before it: a continued run trains from it
+                    if before_last is not None:
+                        await before_last.resumable  # a continued run trains from it, or from the last one
+                    state.unsettled = self.beside.unsettled(last)
+                    if state.unsettled is None:
+                        await last.resumable  # and every step's before it: a continued run trains from it
                     self._carry_on_lineage()
         except (StageFailed, NoLearningSignal):
             if last is not None:  # the step trained before the failure is still served, as in sync mode
@@ -167,6 +180,12 @@ class Pipeline:
             if ahead is not None:
                 ahead.cancel()
         return continue_as_new
+
+    def _taken_over(self) -> Trained | None:
+        """The step the run before this one served but left unsettled (``RunState.unsettled``), if any."""
+        state = self.host.state
+        unsettled, state.unsettled = state.unsettled, None
+        return None if unsettled is None else self.beside.take_over(unsettled)
 
     async def _beside(self, work: Awaitable[T], last: Trained | None) -> T:
         """``work``'s result; the failure of the newest step's publish or reload first, if it fails sooner."""
@@ -192,6 +211,8 @@ class Pipeline:
         spec, state = self.host.spec, self.host.state
         started = workflow.now()
         scored, policy = self._carried(target), state.prefetched_policy
+        carried_advantages = state.prefetched_advantages if scored is not None else None
+        state.prefetched_advantages = None
         resample = 0
         while True:
             if scored is None:
@@ -206,15 +227,18 @@ class Pipeline:
                 scored = await self.host.roll_out(target, policy, resample)
             self._rolled_out = max(self._rolled_out, target)
             rolled = workflow.now()
-            advantages = await run_stage(
-                ADVANTAGES,
-                AdvantagesInput(run_id=spec.run_id, step=target, trajectories=scored, train=spec.train),
-                task_queue=spec.task_queues.control,
-                step=target,
-                scheduling=spec.scheduling(),
-                heartbeat_s=spec.heartbeat_timeout_s,
-                result_type=AdvantagesResult,
-            )
+            advantages = carried_advantages
+            carried_advantages = None
+            if advantages is None:
+                advantages = await run_stage(
+                    ADVANTAGES,
+                    AdvantagesInput(run_id=spec.run_id, step=target, trajectories=scored, train=spec.train),
+                    task_queue=spec.task_queues.control,
+                    step=target,
+                    scheduling=spec.scheduling(),
+                    heartbeat_s=spec.heartbeat_timeout_s,
+                    result_type=AdvantagesResult,
+                )
             if advantages.n_trajectories > 0:
                 seconds = {
                     "rollouts": (rolled - started).total_seconds(),
@@ -316,4 +340,4 @@ class Pipeline:
         state.dropped_lost_adapter_groups += state.prefetched.n_groups
         workflow.logger.warning("step %d: dropped %d groups sampled by an adapter lost with its trainer",
                                 state.prefetched.step, state.prefetched.n_groups)  # fmt: skip
-        state.prefetched = None
+        state.prefetched = state.prefetched_advantages = None

@@ -2,7 +2,8 @@
 histories/record.py: sync with a continue-as-new, pipelined, shared, the ART client's ServeModel and
 TrainSteps, its TrainSFT, a sync run with inline scenarios recorded before ``scenarios-by-reference``, and a
 judged run with its own chat template and rubric recorded before ``run-texts-by-reference``, a pipelined run
-after ``durability-beside-training``, and a sync and a pipelined run after ``servable-before-resumable``) are
+after ``durability-beside-training``, a sync and a pipelined run after ``servable-before-resumable``, and a
+pipelined run after ``unsettled-step-across-continue-as-new``) are
 replayed with Temporal's ``Replayer`` against today's workflows. A change that would make a
 recorded run take another path (a new activity, a reordered timer, a removed step) fails here; guard such a
 change with ``workflow.patched`` so old histories keep their path."""
@@ -21,6 +22,7 @@ from temporalio.workflow import NondeterminismError
 
 from schemas.activities import ActivityName
 from schemas.config import RunSpec
+from workflows.pipeline import CARRY_PATCH
 from workflows.servable import SERVABLE_PATCH
 from workflows.serve_model import ServeModel
 from workflows.train_sft import TrainSFT
@@ -58,6 +60,8 @@ def test_the_recorded_histories_cover_every_workflow_and_mode() -> None:
         "replay-servable-sync__1",
         "replay-servable-pipelined__0",
         "replay-servable-pipelined__1",
+        "replay-carry-pipelined__0",
+        "replay-carry-pipelined__1",
     }
     assert expected <= names
     chain = load(Path(__file__).parent / "histories" / "replay-sync__0.json")
@@ -148,6 +152,33 @@ def test_the_servable_histories_reload_each_step_from_its_adapter_before_the_res
     for before in ("replay-sync__0.json", "replay-beside__0.json"):
         assert all(seen == (["publish"], "whole") for seen in reloads(before).values())
         assert SERVABLE_PATCH not in patches_of(before)
+
+
+def test_the_carry_history_continues_as_new_before_its_last_step_is_resumable() -> None:
+    """``record.py --only carry``: after ``unsettled-step-across-continue-as-new`` a pipelined run continues as new
+    once step 2 is served, and the continued run writes step 2's rest beside step 3's training, with step 3's
+    advantages carried over; the pipelined history from before it (replay-servable-pipelined) writes its last
+    step's rest first, and its continued run computes the carried rollouts' advantages again."""
+
+    def activities(name: str) -> list[tuple[str, int]]:
+        out = []
+        for e in load(Path(__file__).parent / "histories" / name).events:
+            if e.HasField("activity_task_scheduled_event_attributes"):
+                step = int(json.loads(e.user_metadata.summary.data).split()[1])
+                out.append((e.activity_task_scheduled_event_attributes.activity_type.name, step))
+        return out
+
+    first, continued = (
+        activities("replay-carry-pipelined__0.json"),
+        activities("replay-carry-pipelined__1.json"),
+    )
+    assert (ActivityName.RELOAD, 2) in first and (ActivityName.PUBLISH, 2) not in first
+    assert continued.index((ActivityName.PUBLISH, 2)) < continued.index((ActivityName.TRAIN, 3))
+    assert (ActivityName.ADVANTAGES, 3) not in continued
+    assert CARRY_PATCH in patches_of("replay-carry-pipelined__0.json")
+    before, its_continued = (activities(f"replay-servable-pipelined__{n}.json") for n in (0, 1))
+    assert (ActivityName.PUBLISH, 3) in before and (ActivityName.ADVANTAGES, 4) in its_continued
+    assert CARRY_PATCH not in patches_of("replay-servable-pipelined__0.json")
 
 
 def patches_of(name: str) -> set[str]:

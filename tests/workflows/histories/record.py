@@ -12,7 +12,10 @@ recording may need a second try if the first draw happens to differ). ``--only b
 after ``durability-beside-training`` (each step trains while the one before it publishes and reloads; 4 epochs a
 step), continued as new after 3. ``--only servable`` records ``replay-servable-sync`` (3 steps, continued as new
 after 2) and ``replay-servable-pipelined`` (4 steps, after 3), alone: runs after ``servable-before-resumable``
-(each step's adapter published and reloaded before the rest of its checkpoint). ``--only inline`` records one
+(each step's adapter published and reloaded before the rest of its checkpoint). ``--only carry`` records
+``replay-carry-pipelined`` (4 steps, continued as new after 2), alone: a run after
+``unsettled-step-across-continue-as-new`` (the continued run writes the rest of step 2's checkpoint beside step 3's
+training). ``--only inline`` records one
 more run, alone: a sync run of 2 steps whose
 ``task.scenarios`` is an inline list (``replay-inline``). Its recorded history predates the
 ``scenarios-by-reference`` patch (each rollouts activity carries the list itself), so it was recorded from the
@@ -86,6 +89,12 @@ SERVABLE_RUNS: dict[str, dict[str, Any]] = {
     # checkpoint, which goes up beside what follows; sync continued as new after 2 steps, pipelined after 3.
     "replay-servable-sync": {"mode": "sync", "steps": 3, "continue_as_new_every": 2},
     "replay-servable-pipelined": {"mode": "pipelined", "steps": 4, "continue_as_new_every": 3},
+}
+
+CARRY_RUNS: dict[str, dict[str, Any]] = {
+    # After unsettled-step-across-continue-as-new: a pipelined run continued as new after 2 steps once step 2 was
+    # served, the continued run writing the rest of step 2's checkpoint beside step 3's training.
+    "replay-carry-pipelined": {"mode": "pipelined", "steps": 4, "continue_as_new_every": 2},
 }
 
 RESAMPLE_RUNS: dict[str, dict[str, Any]] = {
@@ -188,9 +197,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument(
         "--only",
-        choices=("sft", "inline", "resample", "texts", "beside", "servable"),
-        help="record only the TrainSFT run, or only replay-inline, replay-resample, replay-texts, replay-beside or "
-        "replay-servable-sync and -pipelined",
+        choices=("sft", "inline", "resample", "texts", "beside", "servable", "carry"),
+        help="record only the TrainSFT run, or only replay-inline, replay-resample, replay-texts, replay-beside, "
+        "replay-servable-sync and -pipelined, or replay-carry-pipelined",
     )
     args = parser.parse_args()
     out = args.out
@@ -211,13 +220,14 @@ def main() -> None:
                 else:
                     runs = {
                         "inline": INLINE_RUNS, "resample": RESAMPLE_RUNS, "texts": TEXT_RUNS, "beside": BESIDE_RUNS,
-                        "servable": SERVABLE_RUNS,
+                        "servable": SERVABLE_RUNS, "carry": CARRY_RUNS,
                     }[args.only]  # fmt: skip
                     asyncio.run(training_runs(runs))
             finally:
                 worker.stop()
             prefix = {"sft": "sft-", "inline": "replay-inline", "resample": "replay-resample",
-                      "texts": "replay-texts", "beside": "replay-beside", "servable": "replay-servable"}[args.only]  # fmt: skip
+                      "texts": "replay-texts", "beside": "replay-beside", "servable": "replay-servable",
+                      "carry": "replay-carry"}[args.only]  # fmt: skip
             asyncio.run(write_histories(out, prefix=prefix))
             return
         for n, phase in enumerate(("train", "serve again")):
