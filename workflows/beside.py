@@ -100,8 +100,9 @@ class Beside:
         state = host.state
         self.lineage: dict[int, str | None] = {state.step: state.adapter_sha256}
         """Step -> the ``adapter_sha256`` of the adapter the run holds for it (served in this execution)."""
-        self.carrying = False
-        """The run continues as new: a served step whose rest has not started is left to the continued run."""
+        self.carrying: int | None = None
+        """The run continues as new after this step: once served, its rest is left to the continued run unless it has
+        started (the steps before it are settled here)."""
 
     def start(self, step: int, prepared: Prepared, result: TrainResult, last: Trained | None) -> Trained:
         trained = Trained(step, prepared, result)
@@ -116,7 +117,7 @@ class Beside:
     def unsettled(self, trained: Trained) -> UnsettledStep | None:
         """``trained`` as the continued run takes it over, when it is served and the rest of its checkpoint has not
         started (``carrying``): its rest task is cancelled. None when it is settled, or being settled, here."""
-        if not (self.carrying and trained.served.done() and not trained.rest_started):
+        if not (self.carrying == trained.step and trained.served.done() and not trained.rest_started):
             return None
         if trained.resumable.done() or trained.served.exception() is not None:
             return None
@@ -199,8 +200,9 @@ class Beside:
             await workflow.wait([trained.served])
             if last is not None:
                 await last.resumable  # in step order
-            if self.carrying:  # the continued run writes it (``unsettled``); this task is cancelled
-                await workflow.wait_condition(lambda: False)
+            # Left to the continued run (this task is cancelled), unless the run fails first.
+            if self.carrying == trained.step:
+                await workflow.wait_condition(lambda: self.carrying != trained.step)
             trained.rest_started = True
             written = await publish_on_its_trainer(self._publish_input(trained), trained.result.worker_id,
                                                    spec.task_queues.trainer, spec.scheduling(),

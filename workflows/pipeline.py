@@ -131,7 +131,8 @@ class Pipeline:
                 if trained_now >= spec.continue_as_new_every:
                     continue_as_new = True
                     # The continued run writes the last step's rest, and trains on without waiting for it.
-                    self.beside.carrying = self.servable_first and workflow.patched(CARRY_PATCH)
+                    if last is not None and self.servable_first and workflow.patched(CARRY_PATCH):
+                        self.beside.carrying = last.step
                     break
                 self.host.working("rollouts", target)
                 if (
@@ -160,7 +161,7 @@ class Pipeline:
                 prepared = await self._beside(ahead, last)
                 ahead = None
                 state.prefetched, state.prefetched_policy = prepared.scored, prepared.policy
-                if self.beside.carrying:
+                if self.beside.carrying is not None:
                     state.prefetched_advantages = prepared.advantages
             if last is not None:
                 self.host.working("reload", last.step)
@@ -173,6 +174,7 @@ class Pipeline:
                         await last.resumable  # and every step's before it: a continued run trains from it
                     self._carry_on_lineage()
         except (StageFailed, NoLearningSignal):
+            self.beside.carrying = None  # the run ends here: its last step's rest too
             if last is not None:  # the step trained before the failure is still served, as in sync mode
                 await workflow.wait(self.beside.watched(last))
             raise

@@ -61,9 +61,11 @@ async def test_the_next_step_trains_while_the_last_one_publishes_and_the_counter
     assert stubs.names("reload") == [0, 1, 2, 3, 4]
     assert stubs.names("train") == [1, 2, 3, 4] and sorted(s for _, s in stubs.published) == [0, 1, 2, 3, 4]
     assert stubs.names("publish") == [1, 2, 3, 4] and stubs.names("publish_adapter") == [1, 2, 3, 4]
-    # Continued as new after step 3, once checkpoint 3 was resumable: step 4 trains from it.
+    # Continued as new after step 3 once it was served: step 4 continues from step 3's staging on its trainer, while
+    # the continued run writes the rest of checkpoint 3 (tests/workflows/test_pipeline_continue_as_new.py).
     [trained_4] = stubs.train_inputs[4]
-    assert trained_4.continue_from is None and trained_4.start_from == final.history[2].checkpoint
+    assert trained_4.start_from is None and trained_4.continue_from is not None
+    assert (trained_4.continue_from.step, trained_4.continue_from.worker_id) == (3, WORKER_ID)
     assert [h.checkpoint for h in final.history] == [stubs.checkpoints[spec.run_id][n] for n in (1, 2, 3, 4)]
     assert all({"train", "publish", "reload", "step"} <= h.seconds.keys() for h in final.history)
 

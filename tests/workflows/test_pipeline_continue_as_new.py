@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 
-from temporalio.client import Client
+import pytest
+from temporalio.client import Client, WorkflowFailureError
 from test_training_run_logic import eventually, make_spec, running, start
 from workflow_stubs import WORKER_ID, ScriptedActivities
+
+from schemas.history_bounds import RESAMPLES_WITHOUT_SIGNAL
 
 
 async def executions(client: Client, run_id: str) -> int:
@@ -80,3 +83,21 @@ async def test_the_carried_steps_trainer_lost_before_its_rest_is_written_trains_
     assert second.adapter_sha256 == stubs.adapters[(spec.run_id, 2)]
     assert [h.checkpoint for h in final.history] == [stubs.checkpoints[spec.run_id][n] for n in (1, 2, 3, 4)]
     stubs.assert_each_checkpoint_trained_from_the_one_before(spec.run_id, 4)
+
+
+async def test_a_run_that_fails_as_it_continues_as_new_still_writes_its_last_steps_checkpoint(
+    client: Client, task_queue: str
+) -> None:
+    """Step 3's rollouts, awaited as the run continues as new after step 2, never have a learning signal: the run
+    fails there, and step 2's rest, which a continued run would have written, is written before it does."""
+    stubs = ScriptedActivities(no_signal={3: RESAMPLES_WITHOUT_SIGNAL + 1})
+    spec = make_spec(
+        task_queue, f"carry-fail-{task_queue}", mode="pipelined", steps=4, continue_as_new_every=2
+    )
+    async with running(stubs, client, task_queue):
+        handle = await start(client, spec)
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), 60)
+    assert (await executions(client, spec.run_id)) == 1
+    assert stubs.names("publish") == [1, 2]
+    assert 2 in stubs.checkpoints[spec.run_id]
