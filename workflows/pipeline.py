@@ -212,9 +212,8 @@ class Pipeline:
         out again on other scenarios when no group's rewards differ."""
         spec, state = self.host.spec, self.host.state
         started = workflow.now()
-        scored, policy = self._carried(target), state.prefetched_policy
-        carried_advantages = state.prefetched_advantages if scored is not None else None
-        state.prefetched_advantages = None
+        policy = state.prefetched_policy
+        scored, carried_advantages = self._carried(target) or (None, None)
         resample = 0
         while True:
             if scored is None:
@@ -255,17 +254,17 @@ class Pipeline:
             )
             scored, started = None, workflow.now()
 
-    def _carried(self, target: int) -> TrajectoriesRef | None:
-        """Rollouts for ``target`` carried over a continue-as-new (taken), unless their policy is too stale
-        (dropped); rollouts carried for another step stay."""
+    def _carried(self, target: int) -> tuple[TrajectoriesRef, AdvantagesResult | None] | None:
+        """Rollouts for ``target`` carried over a continue-as-new, with their advantages when computed before it
+        (taken), unless their policy is too stale (dropped); rollouts carried for another step stay."""
         spec, state = self.host.spec, self.host.state
-        scored = state.prefetched
+        scored, advantages = state.prefetched, state.prefetched_advantages
         if scored is None or scored.step != target:
             return None
-        state.prefetched = None
+        state.prefetched = state.prefetched_advantages = None
         staleness = (target - 1) - state.prefetched_policy
         if staleness <= spec.max_staleness:
-            return scored
+            return scored, advantages
         state.dropped_stale_groups += scored.n_groups
         workflow.logger.info("step %d: dropped %d groups sampled by policy %d (staleness %d > max_staleness %d)",
                              target, scored.n_groups, state.prefetched_policy, staleness, spec.max_staleness)  # fmt: skip
