@@ -107,6 +107,10 @@ T = TypeVar("T")
 HEARTBEAT_INTERVAL_S = 5.0
 STUCK_CHECK_S = 1.0
 """How often an attempt waiting on the compute thread looks whether that thread is stuck."""
+REST_WAIT_S = 2.0
+"""How long a staged step's rest (optimizer and trainer state) waits, once its adapter is up, for something to ask
+for it (its publish follows the reload, a fraction of a second later) before it is written anyway: the bound on
+what a trainer that stops with a staging nobody asked for takes longer to exit."""
 
 
 def worker_task_queue(trainer_queue: str, worker_id: str) -> str:
@@ -267,6 +271,9 @@ class TrainerActivities:
         # what follows (the next step's training); publishing and continuing from the files wait for the write.
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stager")
         self._writing: dict[Path, concurrent.futures.Future[Path]] = {}
+        # The rest (optimizer and trainer state) is written once something asks for it (``_written``: its publish,
+        # a continue from the files, the next staging) or after ``REST_WAIT_S``, not beside the adapter's reload.
+        self._wanted: dict[Path, threading.Event] = {}
         # The adapter's files are serialized first and go up at once (activities/early_upload.py):
         # ``publish_adapter`` writes their manifest, not waiting for the optimizer state to be written.
         self._adapters: dict[Path, concurrent.futures.Future[AdapterFiles]] = {}
@@ -627,6 +634,9 @@ class TrainerActivities:
         memory is now this step's. Call holding ``_lock``."""
         held = Held(run_id, step, uuid.uuid4().hex[:16], staging_dir(self.staging_root, run_id, step))
         self._written(held.directory)  # an earlier staging of this step is written before this one
+        with self._held_lock:  # and no earlier step's rest holds up this one's adapter on the writer thread
+            for earlier in self._wanted.values():
+                earlier.set()
         state = TrainerState(
             staged_id=held.staged_id,
             run_id=run_id,
@@ -640,6 +650,7 @@ class TrainerActivities:
         )
         snapshot = trainer.snapshot()
         adapter: concurrent.futures.Future[AdapterFiles] = concurrent.futures.Future()
+        wanted = threading.Event()
 
         def write() -> Path:
             files = None
@@ -651,13 +662,15 @@ class TrainerActivities:
             else:
                 adapter.set_result(files)
                 self._early.start(held.directory, files, run_id, step)
-                # The rest is written once the adapter is up: the servers wait for that upload, not for this write.
+                # The rest is written once the adapter is up, and served: the servers wait for that upload and the
+                # reload after it (on a host they share, the same cores), not for this write.
                 self._early.settle(held.directory)
+                wanted.wait(REST_WAIT_S)
             return stage_checkpoint(held.directory, lambda d: snapshot.write(d, files), state, metrics)
 
-        written = self._writer.submit(write)
         with self._held_lock:
-            self._writing[held.directory] = written
+            self._wanted[held.directory] = wanted
+            self._writing[held.directory] = self._writer.submit(write)
             self._adapters[held.directory] = adapter
         self._hold(held)
         return held
@@ -668,9 +681,13 @@ class TrainerActivities:
             self.held = held
 
     def _written(self, directory: Path) -> None:
-        """Wait for the staged files of ``directory`` to be written (raising the write's failure)."""
+        """Wait for the staged files of ``directory`` to be written (raising the write's failure), asking for them
+        now."""
         with self._held_lock:
             pending = self._writing.get(directory)
+            wanted = self._wanted.get(directory)
+        if wanted is not None:
+            wanted.set()
         if pending is not None:
             pending.result()
 
@@ -690,6 +707,7 @@ class TrainerActivities:
                     with self._held_lock:
                         self._writing.pop(old, None)
                         self._adapters.pop(old, None)
+                        self._wanted.pop(old, None)
                     self._early.forget(old)
 
     def _staged(self, inp: PublishInput, written: bool = True) -> Path:

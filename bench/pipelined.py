@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_stack import (
+    ActivitySpan,
     TimedRun,
     activity_spans,
     command_line,
@@ -92,14 +93,55 @@ async def simulate(
             for mode in ("sync", "pipelined"):
                 spec = demo_run_spec(f"bench-sim-{mode}-{uuid.uuid4().hex[:6]}", steps, on, mode=mode)
                 run = await timed_run(client, spec)
-                idle = trainer_idle(await activity_spans(client, spec.run_id))
+                spans = await activity_spans(client, spec.run_id)
+                idle = trainer_idle(spans)
                 steady = steady_steps(run)  # the mean: a pipelined run alternates shorter and longer steps
                 step = sum(steady) / len(steady)
-                row[mode] = {"step_s": step, "steps": run.step_seconds(), "trainer_idle_s": idle}
+                chain = step_chain(spans, mode, rollout_s, train_s)
+                row[mode] = {
+                    "step_s": step,
+                    "steps": run.step_seconds(),
+                    "trainer_idle_s": idle,
+                    "chain": chain,
+                }
                 print(f"R={rollout_s} T={train_s} {mode}: {step:.2f} s/step, trainer idle median "
                       f"{median([v for n, v in idle.items() if n >= 3]):.2f} s", flush=True)  # fmt: skip
             rows.append(row)
     return rows
+
+
+def step_chain(spans: list[ActivitySpan], mode: str, rollout_s: float, train_s: float) -> dict[str, float]:
+    """Medians over steps 3..N of the pieces of work a step's cycle is made of, read from the run's history:
+
+    - ``rollouts_extra``, ``train_extra``: a rollouts or train activity's seconds beyond its simulated R or T (the
+      rollouts' upload, the trainer's reads, tokenization and staging);
+    - ``scored``: step n's rollouts closed -> its advantages closed (merge, advantages, the workflow tasks);
+    - ``served``: step n's training closed -> its reload closed (the adapter's upload and manifest, the reload, the
+      workflow tasks).
+
+    Nothing else waits in these, so they bound a step from below (``bound_s``, leaving out the workflow tasks that
+    start the training and the rollouts): a sync step is R + T + all four. In pipelined mode with
+    ``max_staleness = 1`` step n's rollouts, its training and step n + 2's rollouts (sampled by step n's adapter)
+    follow one another, a cycle two steps long: a step is at least half of R + T + all four, whatever overlaps."""
+    last: dict[tuple[str, int], ActivitySpan] = {}
+    for s in spans:  # a step's last of each (a round rolled out again, a step trained again)
+        last[(s.name, s.step)] = s
+    parts: dict[str, list[float]] = {"rollouts_extra": [], "train_extra": [], "scored": [], "served": []}
+    for n in sorted({step for _, step in last}):
+        rollouts, train = last.get((ActivityName.ROLLOUTS, n)), last.get((ActivityName.TRAIN, n))
+        advantages, reload = last.get((ActivityName.ADVANTAGES, n)), last.get((ActivityName.RELOAD, n))
+        if n < 3 or rollouts is None or train is None or advantages is None or reload is None:
+            continue
+        parts["rollouts_extra"].append(rollouts.closed - rollouts.started - rollout_s)
+        parts["train_extra"].append(train.closed - train.started - train_s)
+        parts["scored"].append(advantages.closed - rollouts.closed)
+        parts["served"].append(reload.closed - train.closed)
+    if not all(parts.values()):
+        return {}
+    out = {k: median(v) for k, v in parts.items()}
+    cycle = rollout_s + train_s + sum(out.values())
+    out["bound_s"] = cycle / 2 if mode == "pipelined" else cycle
+    return out
 
 
 async def real(steps: int, rounds: int, epochs: int, home: Path) -> dict[str, Any]:
@@ -178,6 +220,26 @@ def report(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {r} | {t} | {s:.2f} | {p:.2f} | {p / max(r, t):.3f} | {s / (r + t):.3f} | {_summary(idle)} |"
             )
+        lines += [
+            "",
+            "What a step is made of (medians over steps 3..N, s; see ``step_chain``): the rollouts' and the training's "
+            "seconds beyond R and T, rollouts closed -> advantages closed (scored), training closed -> reload "
+            "closed (served); the step they bound it to from below, and the step measured",
+            "",
+            "| rollout s | train s | mode | rollouts extra | train extra | scored | served | bound s/step "
+            "| measured s/step |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in results["simulated"]:
+            for mode in ("sync", "pipelined"):
+                chain = row[mode].get("chain")
+                if not chain:
+                    continue
+                pieces = " | ".join(
+                    f"{chain[k]:.3f}" for k in ("rollouts_extra", "train_extra", "scored", "served")
+                )
+                lines.append(f"| {row['rollout_s']} | {row['train_s']} | {mode} | {pieces} | {chain['bound_s']:.2f} "
+                             f"| {row[mode]['step_s']:.2f} |")  # fmt: skip
     if "real" in results:
         real_out = results["real"]
         lines += [

@@ -7,6 +7,7 @@ import gc
 import logging
 import math
 import random
+import time
 from collections.abc import Callable
 
 import pytest
@@ -240,6 +241,59 @@ def resume_and_continue(object_store, tmp_path, trainer) -> None:
     )
     with pytest.raises(StagedStateLostError, match="no longer holds step 3"):
         d.train_sync(inp, micro_batch=config.micro_batch_size)
+
+
+def test_a_steps_rest_is_written_once_asked_for_not_beside_its_adapters_reload(
+    object_store, tmp_path, trainer, monkeypatch: pytest.MonkeyPatch
+):
+    """The optimizer and trainer state of a trained step are written once its publish (or the next staging) asks,
+    not while its adapter, up already, is being reloaded on a host the trainer may share."""
+    from activities import training
+    from activities.advantages import compute_step_advantages
+
+    monkeypatch.setattr(training, "REST_WAIT_S", 600.0)  # nothing but a request writes it during this test
+    config = TrainConfig(learning_rate=5e-3, micro_batch_size=4)
+    refs = {}
+    for step in (1, 2):
+        adv = compute_step_advantages(synthetic_groups(trainer, 2, 4, seed=step), config)
+        refs[step] = trajectory_store.upload_groups(object_store, adv.groups, "rest", step,
+                                                    key=layout.advantages_key("rest", step),
+                                                    advantages=adv.advantages).ref  # fmt: skip
+    acts = TrainerActivities(object_store, tmp_path / "w", "worker-w")
+    start = acts.publish_initial_sync(InitialAdapterInput(run_id="rest", model=MODEL, seed=7))
+    first = acts.train_sync(TrainInput(run_id="rest", step=1, model=MODEL, advantages=refs[1], train=config,
+                                       start_from=start), micro_batch=4)  # fmt: skip
+    publish = PublishInput(run_id="rest", step=1, staging_dir=first.staging_dir)
+    servable = acts.publish_adapter_sync(publish)
+    staged = tmp_path / "w" / "rest" / "000001"
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        time.sleep(1.0)  # the rest's write takes milliseconds once it may start
+        assert not staged.exists()  # servable, the rest not written
+        resumable = acts.publish_sync(publish)  # asks for it
+        assert object_store.latest_checkpoint("rest") == resumable
+        assert adapter_ref(object_store, resumable)[0] == servable
+        assert {"optimizer.safetensors", "trainer_state.json"} <= {p.name for p in staged.iterdir()}
+
+        # Step 2, its rest never asked for: the next staging writes it, and its adapter does not queue behind it.
+        second = acts.train_sync(TrainInput(run_id="rest", step=2, model=MODEL, advantages=refs[2], train=config,
+                                            continue_from=StagedRef(run_id="rest", step=1, worker_id="worker-w",
+                                                                    staged_id=first.staged_id)),
+                                 micro_batch=4)  # fmt: skip
+        third = acts.train_sync(TrainInput(run_id="rest", step=3, model=MODEL, advantages=refs[2], train=config,
+                                           continue_from=StagedRef(run_id="rest", step=2, worker_id="worker-w",
+                                                                   staged_id=second.staged_id)),
+                                micro_batch=4)  # fmt: skip
+        up = pool.submit(
+            acts.publish_adapter_sync, PublishInput(run_id="rest", step=3, staging_dir=third.staging_dir)
+        )
+        assert up.result(timeout=60).step == 3  # a rest that held up the writer thread fails the test here
+        assert (tmp_path / "w" / "rest" / "000002" / "trainer_state.json").is_file()
+        assert acts.publish_sync(PublishInput(run_id="rest", step=3, staging_dir=third.staging_dir)).step == 3
+    finally:
+        for wanted in acts._wanted.values():  # a failed test leaves no write waiting for the process to end
+            wanted.set()
+        pool.shutdown(wait=False)
 
 
 @pytest.mark.parametrize("neighbour_busy", [False, True])
