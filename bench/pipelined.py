@@ -122,7 +122,8 @@ def step_chain(spans: list[ActivitySpan], mode: str, rollout_s: float, train_s: 
     Nothing else waits in these, so they bound a step from below (``bound_s``, leaving out the workflow tasks that
     start the training and the rollouts): a sync step is R + T + all four. In pipelined mode with
     ``max_staleness = 1`` step n's rollouts, its training and step n + 2's rollouts (sampled by step n's adapter)
-    follow one another, a cycle two steps long: a step is at least half of R + T + all four, whatever overlaps."""
+    follow one another, a cycle two steps long: a step is at least half of R + T + all four, whatever overlaps
+    (and at least the busier device's activity)."""
     last: dict[tuple[str, int], ActivitySpan] = {}
     for s in spans:  # a step's last of each (a round rolled out again, a step trained again)
         last[(s.name, s.step)] = s
@@ -140,7 +141,8 @@ def step_chain(spans: list[ActivitySpan], mode: str, rollout_s: float, train_s: 
         return {}
     out = {k: median(v) for k, v in parts.items()}
     cycle = rollout_s + train_s + sum(out.values())
-    out["bound_s"] = cycle / 2 if mode == "pipelined" else cycle
+    busy = max(rollout_s + out["rollouts_extra"], train_s + out["train_extra"])  # each device, alone
+    out["bound_s"] = max(busy, cycle / 2) if mode == "pipelined" else cycle
     return out
 
 

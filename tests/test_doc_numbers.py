@@ -12,6 +12,7 @@ import pytest
 from urllib3.connection import HTTPConnection
 
 from activities.object_store import _CHUNK, WORKER_OUTAGE_S
+from activities.training import REST_WAIT_S
 from dgrpo.client.fleet_view import RECENT_STEPS
 from schemas.config import FAIRNESS_KEY_BYTES, HEARTBEAT_TIMEOUT_S
 from schemas.settings import DEFAULT_STAGE_BOUNDS_S, EngineSettings, WorkerLifecycle
@@ -60,6 +61,7 @@ CLAIMS: list[tuple[str, str]] = [
         f"a {SLOW.ADAPTER_BYTES >> 20} MiB checkpoint through a link of {SLOW.RATE >> 20} MiB/s, both ways, under "
         f"bounds of {number(SLOW.BOUND_S)} s",
     ),
+    ("docs/pipelining.md", f"or {number(REST_WAIT_S)} s after the adapter went up (`REST_WAIT_S`)"),
     ("docs/fleet.md", f"from its newest {RECENT_STEPS} steps' wall time"),
     ("docs/fleet.md", f"a key longer than Temporal's {FAIRNESS_KEY_BYTES} bytes is cut"),
 ]
