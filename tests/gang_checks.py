@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from safetensors.torch import load_file
 
-from activities.checkpoints import TRAINER_STATE_FILE
 from activities.object_store import ObjectStore
 from activities.state_files import ADAPTER_WEIGHTS, read_optimizer_state
 from schemas.activities import TrainInput
@@ -120,11 +118,7 @@ def retrained(store: ObjectStore, spec: RunSpec, steps: int) -> list[StepDistanc
             inp = TrainInput(run_id=spec.run_id, step=step, model=spec.model, advantages=advantages,
                              train=spec.train, start_from=store.checkpoint_ref(spec.run_id, step - 1))  # fmt: skip
             again = trainer.train_sync(inp, micro_batch=spec.train.micro_batch_size)
-            written = Path(again.staging_dir) / TRAINER_STATE_FILE  # staged beside what follows: wait for it
-            deadline = time.monotonic() + 120
-            while not written.is_file():
-                assert time.monotonic() < deadline, f"{again.staging_dir} never written"
-                time.sleep(0.05)
+            trainer._written(Path(again.staging_dir))  # staged beside what follows: written once asked for
             theirs = Path(scratch) / f"published-{step}"
             store.get_checkpoint(store.checkpoint_ref(spec.run_id, step), theirs)
             out.append(step_differences(theirs, again.staging_dir, bound))

@@ -112,6 +112,7 @@ def assert_same_fine_tuning(
         first = acts.publish_initial_sync(InitialAdapterInput(run_id=run_id, model=model, seed=3))
         inp = SftInput(run_id=run_id, step=1, model=model, examples=examples, sft=config, start_from=first)
         results.append(acts.train_sft_sync(inp, micro_batch=1))
+        acts.publish_sync(PublishInput(run_id=run_id, step=1, staging_dir=results[-1].staging_dir))
     alone, ranked = results
     assert ranked.losses == pytest.approx(alone.losses, abs=1e-6)
     assert ranked.grad_norms == pytest.approx(alone.grad_norms, rel=1e-5)
