@@ -634,9 +634,6 @@ class TrainerActivities:
         memory is now this step's. Call holding ``_lock``."""
         held = Held(run_id, step, uuid.uuid4().hex[:16], staging_dir(self.staging_root, run_id, step))
         self._written(held.directory)  # an earlier staging of this step is written before this one
-        with self._held_lock:  # and no earlier step's rest holds up this one's adapter on the writer thread
-            for earlier in self._wanted.values():
-                earlier.set()
         state = TrainerState(
             staged_id=held.staged_id,
             run_id=run_id,
@@ -669,6 +666,9 @@ class TrainerActivities:
             return stage_checkpoint(held.directory, lambda d: snapshot.write(d, files), state, metrics)
 
         with self._held_lock:
+            # No earlier step's rest, still waiting to be asked for, holds this adapter up on the writer thread.
+            for earlier in self._wanted.values():
+                earlier.set()
             self._wanted[held.directory] = wanted
             self._writing[held.directory] = self._writer.submit(write)
             self._adapters[held.directory] = adapter
